@@ -1,0 +1,29 @@
+# Two commands for a newcomer (README.md): `make lab` opens the labs, `make test` runs every test.
+# Both create or reuse the virtual environment .venv inside the repo.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: lab test setup doctor notebooks references bench clean-venv
+
+setup: $(STAMP)
+
+# Reinstall whenever the pins change.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+test: setup
+	$(BIN)/python -m pytest -q -rs
+
+doctor: setup
+	$(BIN)/distlab doctor
+
+clean-venv:
+	rm -rf $(VENV)

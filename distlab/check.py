@@ -1,0 +1,52 @@
+"""Comparisons that fail with a message a student can act on.
+
+Every graded check in ``distlab.checks`` ends in one of these: it names what was compared, on which
+rank, what was expected and what came, and by how much it is off.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """A graded check found a wrong value; the message says what, where and by how much."""
+
+
+def fresh_seed() -> int:
+    """A seed nobody can know in advance: hidden tests draw their inputs from it at grading time."""
+    return int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {list(x.shape)}, dtype {str(x.dtype).removeprefix('torch.')}"
+    return f"{type(x).__name__} {x!r}"[:200]
+
+
+def assert_close(got, expected, *, what: str, rank: int | None = None,
+                 atol: float = 1e-5, rtol: float = 1e-5, hint: str = "") -> None:
+    """Raise CheckFailed unless ``got`` matches ``expected`` (tensors elementwise within
+    ``atol + rtol * |expected|``, other values by equality)."""
+    where = f" on rank {rank}" if rank is not None else ""
+    tail = f"\n{hint}" if hint else ""
+    if not isinstance(expected, torch.Tensor):
+        if got != expected:
+            raise CheckFailed(f"{what}{where}: expected {expected!r}, got {got!r}.{tail}")
+        return
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed(f"{what}{where}: expected a {_describe(expected)}, got {_describe(got)}.{tail}")
+    if got.shape != expected.shape:
+        raise CheckFailed(f"{what}{where}: expected shape {list(expected.shape)}, "
+                          f"got shape {list(got.shape)}.{tail}")
+    got_f, exp_f = got.detach().cpu().double(), expected.detach().cpu().double()
+    err = (got_f - exp_f).abs()
+    bad = err > atol + rtol * exp_f.abs()
+    if bool(bad.any()) or bool(torch.isnan(got_f).any() != torch.isnan(exp_f).any()):
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0]) if bool(bad.any()) else ()
+        first = (f" First wrong element at index {list(idx)}: expected {exp_f[idx].item():.6g}, "
+                 f"got {got_f[idx].item():.6g}." if idx or got_f.dim() == 0 else "")
+        raise CheckFailed(
+            f"{what}{where}: {int(bad.sum())} of {bad.numel()} elements differ "
+            f"(max abs error {err.max().item():.3g}, allowed {atol:g} + {rtol:g}*|expected|).{first}{tail}")

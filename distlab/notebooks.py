@@ -1,0 +1,274 @@
+"""Student labs from their single source: ``distlab build [LAB...]``.
+
+A lab's source is ``solutions/<lab>/<lab>.py``, a jupytext percent script whose cell headers carry
+nbgrader metadata. ``build`` turns it into nbgrader's source notebook and runs
+``nbgrader generate_assignment`` on it in a throw-away course directory; the release version
+(solutions replaced by stubs, hidden tests removed, outputs cleared) is copied to
+``notebooks/<lab>/``. Everything is deterministic (cell ids, metadata), so a test can rebuild and
+compare byte for byte: ``distlab build --check`` fails when ``notebooks/`` is stale.
+
+``lint`` states the rules a source lab must follow for the grader to treat it fairly: unique
+grade ids, balanced solution and hidden-test markers, locked test cells with points, at least one
+autograded cell, and no unlocked code cell that is not a solution.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = REPO / "solutions"
+NOTEBOOKS = REPO / "notebooks"
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def labs() -> list[str]:
+    """Every lab with a source: the folders ``solutions/NN_name/`` holding ``NN_name.py``."""
+    return sorted(p.parent.name for p in SOLUTIONS.glob("*/*.py") if p.stem == p.parent.name)
+
+
+def source_notebook(lab: str) -> nbformat.NotebookNode:
+    """nbgrader's source notebook (solutions and hidden tests included) for ``lab``."""
+    import jupytext
+
+    nb = jupytext.read(SOLUTIONS / lab / f"{lab}.py", fmt="py:percent")
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    seen: dict[str, int] = {}
+    for i, cell in enumerate(nb.cells):
+        # Stable ids keep rebuilt notebooks byte-identical (nbformat would draw random ones).
+        base = cell.metadata.get("nbgrader", {}).get("grade_id") or f"{cell.cell_type}-{i}"
+        base = re.sub(r"[^A-Za-z0-9_-]", "-", base)[:60]
+        seen[base] = seen.get(base, 0) + 1
+        cell.id = base if seen[base] == 1 else f"{base}-{seen[base]}"
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def write_source(lab: str, dest: Path) -> Path:
+    """Write ``lab``'s source notebook and its companion files into ``dest/<lab>/``."""
+    folder = dest / lab
+    folder.mkdir(parents=True, exist_ok=True)
+    for extra in (SOLUTIONS / lab).iterdir():
+        # Companion files (images, small data) travel with the lab; the .py source does not.
+        if extra.name in (f"{lab}.py", "__pycache__", ".ipynb_checkpoints") or extra.suffix == ".ipynb":
+            continue
+        copy = shutil.copytree if extra.is_dir() else shutil.copy2
+        copy(extra, folder / extra.name)
+    path = folder / f"{lab}.ipynb"
+    nbformat.write(source_notebook(lab), path)
+    return path
+
+
+def nbgrader_api(root: Path, db: Path | None = None, config=None):
+    """An in-process nbgrader API on the course directory ``root`` (its gradebook in ``db``)."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    cfg = Config(config or {})
+    cfg.CourseDirectory.root = str(root)
+    cfg.CourseDirectory.db_url = f"sqlite:///{db or root / 'gradebook.db'}"
+    cfg.CourseDirectory.course_id = "distlab"
+    log = logging.getLogger("distlab.nbgrader")
+    log.setLevel(logging.ERROR)
+    coursedir = CourseDirectory(config=cfg, log=log)
+    return NbGraderAPI(coursedir=coursedir, config=cfg, log=log)
+
+
+def generate(labs_: list[str], root: Path) -> Path:
+    """Run ``nbgrader generate_assignment`` for ``labs_`` in course directory ``root``."""
+    for lab in labs_:
+        write_source(lab, root / "source")
+    api = nbgrader_api(root)
+    for lab in labs_:
+        result = api.generate_assignment(lab, force=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment failed for {lab}:\n{result['error']}"
+                               f"\n{result.get('log', '')}")
+    return root / "release"
+
+
+def student_notebook_text(path: Path) -> str:
+    """A released notebook as committed: nbformat's canonical JSON, one trailing newline."""
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    return nbformat.writes(nb) + "\n"
+
+
+def build(labs_: list[str], out: Path = NOTEBOOKS) -> dict[str, dict[str, str]]:
+    """Build the student version of ``labs_``: {lab: {relative file name: text}} (not written)."""
+    files: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="distlab-build-") as tmp:
+        release = generate(labs_, Path(tmp))
+        for lab in labs_:
+            files[lab] = {}
+            for f in sorted((release / lab).rglob("*")):
+                if f.is_file():
+                    rel = str(f.relative_to(release / lab))
+                    files[lab][rel] = (student_notebook_text(f) if f.suffix == ".ipynb"
+                                       else f.read_text())
+    return files
+
+
+def stale(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> list[str]:
+    """The files of ``notebooks/<lab>/`` that differ from (or are missing in) a fresh build."""
+    have = {str(f.relative_to(out / lab)) for f in (out / lab).rglob("*") if f.is_file()
+            and ".ipynb_checkpoints" not in f.parts} if (out / lab).exists() else set()
+    problems = [name for name, text in built.items()
+                if not (out / lab / name).exists() or (out / lab / name).read_text() != text]
+    return problems + sorted(have - set(built))
+
+
+def write(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> None:
+    shutil.rmtree(out / lab, ignore_errors=True)
+    for name, text in built.items():
+        (out / lab / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / lab / name).write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules a source lab follows (checked by tests/test_notebooks.py and before every build).
+
+def _regions(source: str, begin: str, end: str) -> tuple[list[str], str | None]:
+    """Lines inside begin/end markers, or an error when the markers do not pair up."""
+    inside, lines = False, []
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == begin:
+            if inside:
+                return [], f"nested '{begin}'"
+            inside = True
+        elif stripped == end:
+            if not inside:
+                return [], f"'{end}' without '{begin}'"
+            inside = False
+        elif inside:
+            lines.append(stripped)
+    return lines, (f"'{begin}' without '{end}'" if inside else None)
+
+
+def lint(lab: str) -> list[str]:
+    """Problems with ``lab``'s nbgrader metadata; empty when the lab is fit to grade."""
+    nb = source_notebook(lab)
+    problems, ids, autograded = [], set(), 0
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader")
+        where = f"{lab} cell {i} ({(meta or {}).get('grade_id', cell.source[:40]).strip()!r})"
+        for begin, end in ((BEGIN_SOLUTION, END_SOLUTION), (BEGIN_HIDDEN, END_HIDDEN)):
+            _, error = _regions(cell.source, begin, end)
+            if error:
+                problems.append(f"{where}: {error}")
+        if cell.cell_type != "code" and meta is None:
+            continue
+        if meta is None:
+            problems.append(f"{where}: code cell without nbgrader metadata (lock it or make it a solution)")
+            continue
+        gid = meta.get("grade_id")
+        if not gid:
+            problems.append(f"{where}: no grade_id")
+        elif gid in ids:
+            problems.append(f"{where}: grade_id {gid!r} used twice")
+        ids.add(gid)
+        solution, grade, locked = meta.get("solution"), meta.get("grade"), meta.get("locked")
+        has_solution = BEGIN_SOLUTION in cell.source
+        has_hidden = BEGIN_HIDDEN in cell.source
+        if cell.cell_type == "code" and not solution and not locked:
+            problems.append(f"{where}: code cell neither locked nor a solution")
+        if has_solution and not solution:
+            problems.append(f"{where}: solution markers in a cell not marked solution")
+        if solution and cell.cell_type == "code" and not has_solution:
+            problems.append(f"{where}: solution cell without '{BEGIN_SOLUTION}' region")
+        if has_hidden and not grade:
+            problems.append(f"{where}: hidden tests in a cell that is not graded")
+        if grade:
+            if not isinstance(meta.get("points"), (int, float)) or meta["points"] <= 0:
+                problems.append(f"{where}: graded cell without positive points")
+            if cell.cell_type == "code" and not solution:
+                autograded += 1
+                if not locked:
+                    problems.append(f"{where}: test cell not locked")
+    if autograded == 0:
+        problems.append(f"{lab}: no autograded test cell")
+    return problems
+
+
+def leaks(lab: str, student_text: str) -> list[str]:
+    """Solution or hidden-test lines of ``lab`` that appear in its student notebook's text."""
+    nb = source_notebook(lab)
+    secret, public = set(), set()
+    for cell in nb.cells:
+        sol, _ = _regions(cell.source, BEGIN_SOLUTION, END_SOLUTION)
+        hidden, _ = _regions(cell.source, BEGIN_HIDDEN, END_HIDDEN)
+        secret |= set(sol) | set(hidden)
+        public |= {line.strip() for line in _strip_regions(cell.source).splitlines()}
+    student = nbformat.reads(student_text, as_version=4)
+    shown = {line.strip() for cell in student.cells for line in cell.source.splitlines()}
+    # Lines that also appear outside the secret regions (a blank, `return out`) are not secrets.
+    found = sorted(line for line in secret - public if len(line) > 3 and line in shown)
+    markers = [m for m in (BEGIN_SOLUTION, BEGIN_HIDDEN, END_HIDDEN) if m in student_text]
+    return markers + found
+
+
+def _strip_regions(source: str) -> str:
+    out, skip = [], False
+    for line in source.splitlines():
+        if line.strip() in (BEGIN_SOLUTION, BEGIN_HIDDEN):
+            skip = True
+        elif line.strip() in (END_SOLUTION, END_HIDDEN):
+            skip = False
+        elif not skip:
+            out.append(line)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="distlab build",
+        description="Regenerate notebooks/<lab>/ from solutions/<lab>/<lab>.py with nbgrader.")
+    parser.add_argument("labs", nargs="*", metavar="LAB", help="labs to build (default: all)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if notebooks/ differs from a fresh build")
+    args = parser.parse_args(argv)
+    chosen = args.labs or labs()
+    unknown = sorted(set(chosen) - set(labs()))
+    if unknown:
+        print(f"no such lab: {', '.join(unknown)} (labs: {', '.join(labs())})", file=sys.stderr)
+        return 2
+    problems = [p for lab in chosen for p in lint(lab)]
+    if problems:
+        print("nbgrader metadata problems:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    status = 0
+    for lab, files in build(chosen).items():
+        changed = stale(lab, files)
+        leaked = leaks(lab, files.get(f"{lab}.ipynb", "{}"))
+        if leaked:
+            print(f"{lab}: solution or hidden-test text in the student version: {leaked}", file=sys.stderr)
+            status = 1
+        if args.check:
+            if changed:
+                print(f"{lab}: notebooks/{lab}/ is stale ({', '.join(changed)}); run `distlab build {lab}`",
+                      file=sys.stderr)
+                status = 1
+        elif changed:
+            write(lab, files)
+            print(f"{lab}: wrote notebooks/{lab}/ ({', '.join(sorted(files))})")
+        else:
+            print(f"{lab}: up to date")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""What one rank does, in the process the zygote forked for it.
+
+Protocol on the control connection (``multiprocessing.connection.Connection``), rank -> launcher:
+``("pid", pid)``, then ``("enter", Comm)`` / ``("exit", index, end)`` for every torch.distributed
+call, then ``("result", bytes)`` or ``("error", type, message, traceback)``. Launcher -> rank: the
+cloudpickled ``Task`` first; closing the connection later means "all ranks are done, tear down".
+Everything the rank prints, from Python or from C++, goes to the output socket, which is the
+rank's fd 1 and fd 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+
+@dataclasses.dataclass
+class Task:
+    fn: object
+    args: tuple
+    kwargs: dict
+    world_size: int
+    backend: str
+    store_host: str
+    store_port: int
+    timeout: float
+    cwd: str
+    path: list
+    env: dict
+    threads: int
+
+
+def _to_cpu(value):
+    """Return values travel to the launcher, which may have no GPU: tensors come back on the CPU."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value.detach()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _redirect_output(out_fd: int) -> None:
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+
+
+def _close_output() -> None:
+    """Flush and close the output socket so the launcher has every line before the result."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _setup(rank: int, task: Task) -> None:
+    os.chdir(task.cwd)
+    sys.path[:] = task.path
+    os.environ.update(task.env)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(task.world_size),
+                      LOCAL_WORLD_SIZE=str(task.world_size), MASTER_ADDR=task.store_host,
+                      MASTER_PORT=str(task.store_port), DISTLAB_RANK="1")
+    import torch
+    # Ranks share the machine's cores; more threads than cores would only thrash.
+    torch.set_num_threads(task.threads)
+
+
+def _init_group(rank: int, task: Task) -> None:
+    import torch
+    import torch.distributed as dist
+    store = dist.TCPStore(task.store_host, task.store_port, task.world_size, is_master=False,
+                          timeout=timedelta(seconds=task.timeout + 30))
+    kwargs = {}
+    if task.backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    # The group's own timeout is longer than the launcher's, so the launcher's diagnosis comes first.
+    dist.init_process_group(task.backend, store=store, rank=rank, world_size=task.world_size,
+                            timeout=timedelta(seconds=task.timeout + 30), **kwargs)
+
+
+def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
+    os.setsid()  # its own process group: the launcher can kill the rank and all it started
+    _redirect_output(out_fd)
+    conn = Connection(ctrl_fd)
+    lock = threading.Lock()
+
+    def report(*message) -> None:
+        with lock:
+            conn.send(message)
+
+    report("pid", os.getpid())
+    try:
+        import cloudpickle
+        task: Task = cloudpickle.loads(conn.recv_bytes())
+    except EOFError:
+        return 0
+    code = _run_task(rank, task, report)
+    try:  # wait until every rank is done: a peer may still be talking to this rank
+        conn.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+def _run_task(rank: int, task: Task, report) -> int:
+    from distlab.comms import Recorder
+    try:
+        _setup(rank, task)
+        Recorder(rank, lambda kind, comm, index: report(kind, comm) if kind == "enter"
+                 else report(kind, index, comm.end)).install()
+        _init_group(rank, task)
+        value = task.fn(rank, task.world_size, *task.args, **task.kwargs)
+        import cloudpickle
+        try:
+            payload = cloudpickle.dumps(_to_cpu(value))
+        except Exception as exc:
+            raise TypeError(f"rank {rank} returned a {type(value).__name__}, which cannot be sent "
+                            f"back to the launcher ({exc}). Return tensors, numbers, lists or "
+                            f"dicts of them.") from exc
+        _close_output()
+        report("result", payload)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        # Start the traceback at the student's code, not at this launcher frame.
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+        _close_output()
+        report("error", type(exc).__name__, str(exc), text)
+        return 1

@@ -1,0 +1,116 @@
+"""Stored reference outputs for the visible tests: ``distlab references [LAB...]``.
+
+Each lab's checks module (``distlab.checks.labNN`` for lab ``NN_name``) has
+``make_references() -> {name: {"seed": int, <key>: tensor, ...}}``: for each reference set, the
+seed it was drawn from and the named tensors (inputs and the plain single-process result). This
+command writes every set to ``data/<lab>/<name>.pt`` (``torch.save`` of the dict of tensors, which
+is byte-for-byte reproducible) and ``data/<lab>/manifest.json`` with the seed, the shape and
+dtype of every tensor, the torch version and the sha256 of every file.
+
+Checks read a set with ``load(lab, name)``, which refuses a file whose sha256 is not the
+manifest's: a stale or edited reference is an error, not a silent wrong grade.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+MANIFEST = "manifest.json"
+
+
+def checks_module(lab: str):
+    """``distlab.checks.lab01`` for lab ``01_collectives``."""
+    return importlib.import_module(f"distlab.checks.lab{lab.split('_', 1)[0]}")
+
+
+def serialize(tensors: dict[str, torch.Tensor]) -> bytes:
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buf)
+    return buf.getvalue()
+
+
+def make(lab: str) -> tuple[dict[str, bytes], dict]:
+    """The files of ``data/<lab>/`` and its manifest, computed afresh (nothing written)."""
+    sets = checks_module(lab).make_references()
+    files, entries = {}, {}
+    for name, content in sorted(sets.items()):
+        tensors = {k: v for k, v in content.items() if k != "seed"}
+        blob = serialize(tensors)
+        files[f"{name}.pt"] = blob
+        entries[f"{name}.pt"] = {
+            "seed": content["seed"],
+            "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+                        for k, v in tensors.items()},
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        }
+    manifest = {"lab": lab, "torch": torch.__version__.split("+")[0], "files": entries}
+    return files, manifest
+
+
+def write(lab: str, out: Path = DATA) -> Path:
+    files, manifest = make(lab)
+    folder = out / lab
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.pt"):
+        if old.name not in files:
+            old.unlink()
+    for name, blob in files.items():
+        (folder / name).write_bytes(blob)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return folder
+
+
+def load(lab: str, name: str, data: Path = DATA) -> dict[str, torch.Tensor]:
+    """Reference set ``name`` of ``lab``, verified against the manifest's sha256."""
+    folder = data / lab
+    fix = f"Rebuild the references with `distlab references {lab}` (or `make references`)."
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        entry = manifest["files"][f"{name}.pt"]
+        blob = (folder / f"{name}.pt").read_bytes()
+    except (OSError, KeyError, ValueError) as err:
+        raise FileNotFoundError(f"reference set {name!r} of {lab} is missing in {folder} ({err}). {fix}")
+    if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+        raise ValueError(f"{folder / (name + '.pt')} does not match its sha256 in the manifest. {fix}")
+    return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+def labs_with_references() -> list[str]:
+    """Labs whose checks module defines ``make_references``."""
+    from distlab.notebooks import labs
+
+    found = []
+    for lab in labs():
+        try:
+            module = checks_module(lab)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, "make_references"):
+            found.append(lab)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="distlab references",
+        description="Write data/<lab>/ from distlab.checks.labNN.make_references(), with a manifest.")
+    parser.add_argument("labs", nargs="*", metavar="LAB", help="labs (default: every lab that has references)")
+    args = parser.parse_args(argv)
+    for lab in args.labs or labs_with_references():
+        folder = write(lab)
+        manifest = json.loads((folder / MANIFEST).read_text())
+        print(f"{lab}: wrote {len(manifest['files'])} reference sets to {folder.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
