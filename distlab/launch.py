@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import pickle
 import selectors
 import signal
 import socket
@@ -42,6 +43,11 @@ from distlab import _zygote
 from distlab.comms import Comm
 from distlab.diagnosis import RankState, describe, exit_text, find_mismatch, find_orphan_wait, hint_for
 from distlab.rank import Task
+
+
+# What a rank's error says when a peer's connection dropped under it (gloo, NCCL).
+PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "Socket closed",
+             "connection closed", "Connection refused", "NCCL communicator was aborted")
 
 
 class DistributedError(RuntimeError):
@@ -204,17 +210,16 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
     zygote.drain()
     store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                                        wait_for_workers=False)
-    task = Task(fn=fn, args=args, kwargs=kwargs, world_size=world_size, backend=backend,
-                store_host="127.0.0.1", store_port=store.port, timeout=timeout, cwd=os.getcwd(),
-                path=list(sys.path), env=dict(os.environ),
-                threads=threads or max(1, (os.cpu_count() or 1) // world_size))
     try:
-        payload = cloudpickle.dumps(task)
+        call = cloudpickle.dumps((fn, args, kwargs))
     except Exception as exc:
         raise DistributedError(
             f"distlab.run could not send your function or its arguments to the ranks: {exc}. "
             f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
-    return _Launch(zygote, world_size, backend, timeout).go(payload)
+    task = Task(call=call, world_size=world_size, backend=backend, store_host="127.0.0.1",
+                store_port=store.port, timeout=timeout, cwd=os.getcwd(), path=list(sys.path),
+                env=dict(os.environ), threads=threads or max(1, (os.cpu_count() or 1) // world_size))
+    return _Launch(zygote, world_size, backend, timeout).go(pickle.dumps(task))
 
 
 class _Launch:
@@ -330,12 +335,29 @@ class _Launch:
         elif kind == "error":
             _, exc_type, text, tb = message
             state.status = "error"
+            if any(mark in text for mark in PEER_LOST):
+                self._blame_dead_peer(rank, f"{exc_type}: {text.splitlines()[0][:300]}")
             self._kill()
             self._catch_up()
             self._flush_partial()
             raise RankError(f"rank {rank} raised {exc_type}: {text}\n\n"
                             f"--- traceback on rank {rank} ---\n{tb.rstrip()}\n\n"
                             f"--- the other ranks ---\n" + self._others(rank), rank, exc_type, tb)
+
+    def _blame_dead_peer(self, rank: int, symptom: str) -> None:
+        """A rank failing because a peer's connection dropped is a symptom: if a peer died, say
+        that instead. Its end-of-file and exit notice arrive within moments."""
+        deadline = time.perf_counter() + 1.0
+        while time.perf_counter() < deadline:
+            for other, conn in enumerate(self.conns):
+                if other != rank and self.states[other].status in ("starting", "running"):
+                    try:
+                        while conn.poll(0):
+                            conn.recv()
+                    except (EOFError, OSError):
+                        self.states[rank].status = "error"
+                        self._rank_died(other, f"\nRank {rank} then failed with {symptom}")
+            time.sleep(0.02)
 
     def _read_zygote(self) -> None:
         try:
@@ -347,7 +369,7 @@ class _Launch:
             return
         self.zygote.note(message)
 
-    def _rank_died(self, rank: int) -> None:
+    def _rank_died(self, rank: int, aftermath: str = "") -> None:
         state = self.states[rank]
         state.status = "dead"
         deadline = time.perf_counter() + 2.0  # the zygote's exit notice follows the EOF closely
@@ -369,7 +391,8 @@ class _Launch:
             why = (f"\nIt died inside {call.describe()}. On gloo a rank aborts when the peers' "
                    f"tensors do not match this call (shape or dtype): compare the shapes each "
                    f"rank passes.")
-        self._fail(RankCrashed, f"rank {rank} died: {exit_text(state.exit_status)}.{why}", hint="")
+        self._fail(RankCrashed, f"rank {rank} died: {exit_text(state.exit_status)}.{why}{aftermath}",
+                   hint="")
 
     def _check_orphans(self) -> None:
         orphan = find_orphan_wait(self.states)

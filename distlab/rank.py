@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -20,9 +21,10 @@ from multiprocessing.connection import Connection
 
 @dataclasses.dataclass
 class Task:
-    fn: object
-    args: tuple
-    kwargs: dict
+    """What a rank needs to know. ``call`` is ``cloudpickle.dumps((fn, args, kwargs))``, unpickled
+    only after the rank has taken the caller's cwd and sys.path, so that functions from the
+    caller's own modules import, and a failure to unpickle is reported like any other error."""
+    call: bytes
     world_size: int
     backend: str
     store_host: str
@@ -105,8 +107,7 @@ def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
 
     report("pid", os.getpid())
     try:
-        import cloudpickle
-        task: Task = cloudpickle.loads(conn.recv_bytes())
+        task: Task = pickle.loads(conn.recv_bytes())
     except EOFError:
         return 0
     code = _run_task(rank, task, report)
@@ -126,9 +127,10 @@ def _run_task(rank: int, task: Task, report) -> int:
         _setup(rank, task)
         Recorder(rank, lambda kind, comm, index: report(kind, comm) if kind == "enter"
                  else report(kind, index, comm.end)).install()
-        _init_group(rank, task)
-        value = task.fn(rank, task.world_size, *task.args, **task.kwargs)
         import cloudpickle
+        fn, args, kwargs = cloudpickle.loads(task.call)
+        _init_group(rank, task)
+        value = fn(rank, task.world_size, *args, **kwargs)
         try:
             payload = cloudpickle.dumps(_to_cpu(value))
         except Exception as exc:

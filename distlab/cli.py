@@ -1,0 +1,35 @@
+"""The ``distlab`` command: ``distlab doctor | grade | build | references``."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "doctor": ("distlab.doctor", "check this machine: versions, backends, GPUs, a 2-rank smoke test"),
+    "grade": ("distlab.grade", "autograde a folder of submissions into scores.csv and feedback"),
+    "build": ("distlab.notebooks", "regenerate the student labs in notebooks/ from solutions/"),
+    "references": ("distlab.references", "rebuild the reference outputs in data/"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: distlab COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"distlab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``distlab doctor``: is this machine ready for the labs? Prints what it finds, runs a 2-rank
+all-reduce on gloo (and on NCCL where two GPUs exist), exits non-zero with what to fix."""
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+
+
+def _line(name: str, value: str) -> None:
+    print(f"  {name:<22} {value}")
+
+
+def _smoke(backend: str) -> str | None:
+    """None when a 2-rank all-reduce gives the right sum, else what went wrong."""
+    import distlab
+    try:
+        out = distlab.run(_all_reduce_ranks, 2, backend=backend, timeout=60)
+    except Exception as exc:  # doctor reports every failure, whatever it is
+        return f"{type(exc).__name__}: {exc}"
+    return None if out == [1.0, 1.0] else f"wrong all-reduce result {out} (expected [1.0, 1.0])"
+
+
+def _all_reduce_ranks(rank: int, world_size: int) -> float:
+    import torch
+    import torch.distributed as dist
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(rank)], device=device)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    problems = []
+    print("distlab doctor")
+    _line("python", f"{platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        print(f"\nFAIL: torch does not import ({exc}). Run `make setup` (or `make test`) from the "
+              f"repository root: it installs the pinned versions into .venv.")
+        return 1
+    _line("torch", torch.__version__)
+    _line("torch.distributed", "available" if dist.is_available() else "NOT available")
+    backends = [b for b, ok in (("gloo", dist.is_gloo_available()),
+                                ("nccl", dist.is_nccl_available()),
+                                ("mpi", dist.is_mpi_available())) if ok]
+    _line("backends", ", ".join(backends) or "none")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
+    _line("GPUs", f"{gpus}" + (f" ({names})" if names else " (labs run on CPU with gloo)"))
+    _line("nsys on PATH", shutil.which("nsys") or "no (Lab 6 reads a stored nsys export instead)")
+    if "gloo" not in backends:
+        problems.append("gloo is missing from this torch build: reinstall with `make clean-venv setup`.")
+    else:
+        error = _smoke("gloo")
+        _line("2-rank gloo all-reduce", "ok" if error is None else "FAILED")
+        if error:
+            problems.append(f"the gloo smoke test failed: {error}")
+    if gpus >= 2 and "nccl" in backends:
+        error = _smoke("nccl")
+        _line("2-rank NCCL all-reduce", "ok" if error is None else "FAILED")
+        if error:
+            problems.append(f"the NCCL smoke test failed: {error}. Check the driver (nvidia-smi) "
+                            f"and try NCCL_DEBUG=INFO; the labs still run on gloo.")
+    if problems:
+        print("\nFAIL:\n" + "\n".join(f"  - {p}" for p in problems))
+        return 1
+    print("\nOK: ready for the labs.")
+    return 0

@@ -1,0 +1,339 @@
+"""distlab.run: results, errors, hangs, output, records, on real gloo ranks."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.launch import DistributedError, HangError, RankCrashed, RankError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sum_ranks(rank, world_size, scale):
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    return t * scale
+
+
+def test_results_come_back_in_rank_order():
+    out = distlab.run(lambda rank, world_size: (rank, world_size), 4)
+    assert list(out) == [(r, 4) for r in range(4)]
+    assert out.backend == "gloo"
+
+
+def test_args_kwargs_and_tensors_travel():
+    out = distlab.run(_sum_ranks, 2, scale=2.0)
+    expected = torch.full((3,), float(sum(range(2)) * 2))
+    for value in out:
+        torch.testing.assert_close(value, expected)
+
+
+def test_closure_over_a_local_tensor():
+    data = torch.arange(6.0)
+
+    def shard(rank, world_size):
+        return data.chunk(world_size)[rank].sum().item()
+
+    assert distlab.run(shard, 3) == [1.0, 5.0, 9.0]
+
+
+def test_exception_names_rank_type_and_traceback():
+    def fn(rank, world_size):
+        if rank == 1:
+            raise ValueError("bad shard")
+        dist.barrier()
+
+    start = time.perf_counter()
+    with pytest.raises(RankError) as info:
+        distlab.run(fn, 3, timeout=30)
+    assert time.perf_counter() - start < 10
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "rank 1 raised ValueError: bad shard" in str(err)
+    assert 'raise ValueError("bad shard")' in err.rank_traceback
+    assert "rank 0: in barrier #1" in str(err) or "rank 0: running" in str(err)
+
+
+def _recv_from_each_other(rank, world_size):
+    dist.recv(torch.zeros(3), 1 - rank)
+
+
+def test_deadlock_times_out_with_each_rank_located():
+    start = time.perf_counter()
+    with pytest.raises(HangError) as info:
+        distlab.run(_recv_from_each_other, 2, timeout=3)
+    assert 2.5 < time.perf_counter() - start < 15
+    text = str(info.value)
+    assert "did not finish within 3 s" in text
+    assert "rank 0: in recv #1 from rank 1 on [3] float32, entered and never returned" in text
+    assert "rank 1: in recv #1 from rank 0 on [3] float32, entered and never returned" in text
+
+
+def _different_collectives(rank, world_size):
+    t = torch.zeros(4)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.all_gather([torch.zeros(4) for _ in range(world_size)], t)
+
+
+def test_different_collectives_are_named_without_waiting_for_the_timeout():
+    start = time.perf_counter()
+    with pytest.raises(HangError) as info:
+        distlab.run(_different_collectives, 2, timeout=60)
+    assert time.perf_counter() - start < 15
+    assert "rank 0 is in all_reduce #3 on [4] float32, rank 1 in all_gather #3 on [4]" in str(info.value)
+
+
+def test_different_shapes_at_the_same_step_are_named():
+    def fn(rank, world_size):
+        dist.all_reduce(torch.zeros(4 if rank == 0 else 8))
+
+    with pytest.raises(HangError) as info:
+        distlab.run(fn, 2, timeout=60)
+    assert "rank 0 is in all_reduce #1 on [4] float32, rank 1 in all_reduce #1 on [8] float32" \
+        in str(info.value)
+
+
+def test_receive_buffer_of_the_wrong_size_is_named():
+    def fn(rank, world_size):
+        if rank == 0:
+            dist.send(torch.zeros(4), 1)
+        else:
+            dist.recv(torch.zeros(5), 0)
+
+    with pytest.raises(HangError, match=r"rank 0 sends \[4\] float32 .* rank 1 receives into \[5\]"):
+        distlab.run(fn, 2, timeout=60)
+
+
+def test_waiting_on_a_rank_that_returned_fails_at_once():
+    def fn(rank, world_size):
+        if rank == 1:
+            dist.recv(torch.zeros(2), 0)
+
+    start = time.perf_counter()
+    with pytest.raises(HangError, match="rank 0 has already returned"):
+        distlab.run(fn, 2, timeout=60)
+    assert time.perf_counter() - start < 15
+
+
+def test_endless_loop_outside_collectives_is_bounded():
+    def fn(rank, world_size):
+        while rank == 0:
+            pass
+        dist.barrier()
+
+    with pytest.raises(HangError) as info:
+        distlab.run(fn, 2, timeout=2)
+    text = str(info.value)
+    assert "rank 0: running your function, no collective called yet" in text
+    assert "rank 1: in barrier #1, entered and never returned" in text
+
+
+@pytest.mark.parametrize("how,expected", [("exit", "exited with code 7"),
+                                          ("abort", "killed by SIGABRT"),
+                                          ("segv", "killed by SIGSEGV")])
+def test_a_dying_rank_is_reported(how, expected):
+    def fn(rank, world_size):
+        if rank == 1:
+            if how == "exit":
+                os._exit(7)
+            os.kill(os.getpid(), signal.SIGABRT if how == "abort" else signal.SIGSEGV)
+        dist.barrier()
+
+    with pytest.raises(RankCrashed, match=f"rank 1 died: its process was {expected}|rank 1 died: its process {expected}"):
+        distlab.run(fn, 2, timeout=30)
+
+
+def test_rank_output_is_prefixed_and_goes_to_stdout(capfd):
+    def fn(rank, world_size):
+        print(f"python says {rank}")
+        print(f"stderr says {rank}", file=sys.stderr)
+        os.write(1, f"C level {rank}\n".encode())
+
+    distlab.run(fn, 2)
+    out, err = capfd.readouterr()
+    for rank in range(2):
+        for text in (f"python says {rank}", f"stderr says {rank}", f"C level {rank}"):
+            assert f"[rank {rank}] {text}" in out
+    assert "says" not in err
+
+
+def test_collective_record():
+    def fn(rank, world_size):
+        t = torch.ones(8)
+        dist.all_reduce(t)
+        gathered = torch.zeros(8 * world_size)
+        dist.all_gather_into_tensor(gathered, t)
+        peer = (rank + 1) % world_size
+        send = dist.isend(t, peer)
+        dist.recv(torch.zeros(8), (rank - 1) % world_size)
+        send.wait()
+        sub = dist.new_group([0, 1])
+        if rank in (0, 1):
+            dist.broadcast(t, 0, group=sub)
+        return True
+
+    out = distlab.run(fn, 3)
+    rank1 = out.comms[1]
+    assert [c.op for c in rank1] == ["all_reduce", "all_gather_into_tensor", "isend", "recv", "broadcast"]
+    all_reduce, all_gather, isend, recv, bcast = rank1
+    assert (all_reduce.seq, all_reduce.shapes, all_reduce.dtype, all_reduce.bytes) == (1, [(8,)], "float32", 32)
+    assert all_gather.seq == 2 and all_gather.bytes == 8 * 3 * 4
+    assert (isend.peer, isend.async_op, recv.peer) == (2, True, 0)
+    assert bcast.group == (0, 1) and bcast.seq == 1
+    assert all(c.end is not None and c.end >= c.start for c in rank1)
+    assert [c.op for c in out.comms[2]][-1] == "recv"
+    # One clock for all ranks: rank 0's all-reduce overlaps rank 1's.
+    a, b = out.comms[0][0], out.comms[1][0]
+    assert a.start <= b.end and b.start <= a.end
+
+
+def test_back_to_back_runs_get_fresh_processes():
+    pids = [distlab.run(lambda r, w: os.getpid(), 2) for _ in range(3)]
+    assert len({pid for run in pids for pid in run}) == 6
+
+
+def test_zygote_runs_no_threads():
+    """Forking is only safe for OpenMP and CUDA if the zygote never started a thread."""
+    zygote = distlab.warm_up()
+    zygote.wait_ready()
+    with open(f"/proc/{zygote.proc.pid}/status") as status:
+        threads = next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+    assert threads == 1
+
+
+def test_openmp_in_the_parent_then_in_the_ranks():
+    """The parent uses its OpenMP pool first; ranks must still compute (no fork deadlock)."""
+    torch.set_num_threads(2)
+    a = torch.randn(512, 512)
+    (a @ a).sum()
+
+    def fn(rank, world_size):
+        b = torch.randn(512, 512)
+        return torch.get_num_threads(), float((b @ b).abs().sum() > 0)
+
+    out = distlab.run(fn, 2, timeout=60)
+    assert all(ok == 1.0 for _, ok in out)
+
+
+def test_run_inside_a_rank_is_refused():
+    with pytest.raises(RankError, match="called inside a rank"):
+        distlab.run(lambda r, w: distlab.run(lambda a, b: 0, 1), 1)
+
+
+def test_unpicklable_return_value_is_explained():
+    with pytest.raises(RankError, match="cannot be sent back"):
+        distlab.run(lambda r, w: (x for x in range(3)), 1)
+
+
+def test_nccl_without_gpus_is_explained():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs: the NCCL path is tested in test_nccl_all_reduce")
+    with pytest.raises(DistributedError, match="needs a GPU per rank"):
+        distlab.run(lambda r, w: 0, 2, backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs for NCCL ranks")
+def test_nccl_all_reduce():
+    def fn(rank, world_size):
+        t = torch.full((4,), float(rank), device="cuda")
+        dist.all_reduce(t)
+        return t, torch.cuda.current_device()
+
+    out = distlab.run(fn, 2)
+    assert out.backend == "nccl"
+    assert [device for _, device in out] == [0, 1]
+    for t, _ in out:
+        assert t.device.type == "cpu"
+        torch.testing.assert_close(t, torch.full((4,), 1.0))
+
+
+def _script(tmp_path, body: str):
+    path = tmp_path / "lab_script.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+SCRIPT = """
+    import torch, torch.distributed as dist, distlab
+
+    def fn(rank, world_size):
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t)
+        return t.item()
+
+    print("RESULT", distlab.run(fn, 2))
+"""
+
+
+def test_script_without_main_guard(tmp_path):
+    """What `jupyter nbconvert --to script` makes of a lab: top-level code, no __main__ guard."""
+    path = _script(tmp_path, SCRIPT)
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "RESULT [3.0, 3.0]" in done.stdout
+
+
+def test_torchrun_uses_the_existing_processes(tmp_path):
+    path = _script(tmp_path, SCRIPT)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("RESULT [3.0, 3.0]") == 2
+
+
+def test_torchrun_with_the_wrong_world_size_is_explained(tmp_path):
+    path = _script(tmp_path, SCRIPT.replace("distlab.run(fn, 2)", "distlab.run(fn, 4)"))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "--nproc-per-node=4" in done.stderr
+
+
+def test_two_launchers_at_once(tmp_path):
+    """Two notebooks on one machine: each has its own zygote and store port."""
+    path = _script(tmp_path, SCRIPT.replace('print("RESULT", distlab.run(fn, 2))',
+                                            'print("RESULT", [distlab.run(fn, 2) for _ in range(5)][-1])'))
+    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        assert "RESULT [3.0, 3.0]" in out
+
+
+def test_notebook_defined_function_through_a_real_kernel(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import torch, torch.distributed as dist, distlab",
+        "class Scale(torch.nn.Module):\n    def forward(self, x):\n        return 2 * x\n"
+        "def fn(rank, world_size):\n    t = Scale()(torch.tensor([rank + 1.0]))\n"
+        "    dist.all_reduce(t)\n    print('partial', rank)\n    return t.item()",
+        "out = distlab.run(fn, 2)\nprint('RESULT', list(out))",
+        "print('LAMBDA', list(distlab.run(lambda r, w: r * w, 2)))",
+    )]
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in nb.cells for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("name") == "stderr" or o["output_type"] == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "RESULT [6.0, 6.0]" in text and "LAMBDA [0, 2]" in text
+    assert "[rank 0] partial 0" in text and "[rank 1] partial 1" in text
