@@ -111,7 +111,7 @@ def describe(state: RankState) -> str:
     if state.status == "done":
         return f"rank {state.rank}: returned its result"
     if state.status == "starting":
-        return f"rank {state.rank}: never started running your function (still setting up)"
+        return f"rank {state.rank}: still joining the process group (your function had not started)"
     if state.status == "dead":
         return f"rank {state.rank}: {exit_text(state.exit_status)}" + _last(state)
     if not state.comms:

@@ -2,6 +2,7 @@
 all-reduce on gloo (and on NCCL where two GPUs exist), exits non-zero with what to fix."""
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import sys
@@ -57,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         error = _smoke("gloo")
         _line("2-rank gloo all-reduce", "ok" if error is None else "FAILED")
         if error:
-            problems.append(f"the gloo smoke test failed: {error}")
+            ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+            fix = (f" GLOO_SOCKET_IFNAME={ifname} is set: unset it or name an interface that "
+                   f"exists (`ip addr`)." if ifname else
+                   " Check that this machine can open TCP connections to 127.0.0.1.")
+            problems.append(f"the gloo smoke test failed.{fix}\n    {error.splitlines()[0]}")
     if gpus >= 2 and "nccl" in backends:
         error = _smoke("nccl")
         _line("2-rank NCCL all-reduce", "ok" if error is None else "FAILED")

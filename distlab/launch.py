@@ -316,7 +316,7 @@ class _Launch:
                 self._rank_died(rank)
             return
         kind = message[0]
-        if kind == "pid":
+        if kind == "ready":  # joined the process group; now in the student's function
             state.status = "running"
         elif kind == "enter":
             comm = message[1]

@@ -122,6 +122,7 @@ def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
 
 
 def _run_task(rank: int, task: Task, report) -> int:
+    """Set up, join the group, call the function; report its result or its exception."""
     from distlab.comms import Recorder
     try:
         _setup(rank, task)
@@ -130,6 +131,7 @@ def _run_task(rank: int, task: Task, report) -> int:
         import cloudpickle
         fn, args, kwargs = cloudpickle.loads(task.call)
         _init_group(rank, task)
+        report("ready")
         value = fn(rank, task.world_size, *args, **kwargs)
         try:
             payload = cloudpickle.dumps(_to_cpu(value))
