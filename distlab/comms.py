@@ -25,10 +25,13 @@ import torch.distributed.distributed_c10d as c10d
 
 # Collectives that every rank of the group must call in the same order with the same shapes.
 SAME_SHAPE_OPS = {"all_reduce", "broadcast", "reduce", "all_gather_into_tensor",
-                  "reduce_scatter_tensor", "barrier"}
+                  "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single", "barrier"}
 POINT_TO_POINT = {"send", "recv", "isend", "irecv"}
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single (the old names
+# still work and call the new ones; a nested call is recorded once, under the name called).
 COLLECTIVES = ["broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+               "reduce_scatter_single", "all_to_all", "all_to_all_single",
                "gather", "scatter", "barrier", "monitored_barrier", "all_gather_object",
                "broadcast_object_list", "gather_object", "scatter_object_list"]
 RECORDED = COLLECTIVES + sorted(POINT_TO_POINT)
@@ -86,12 +89,12 @@ def _message(op: str, bound: inspect.BoundArguments) -> tuple[list, int]:
     if op in ("all_gather", "gather"):
         shown = _tensors(a.get("tensor"))
         return shown, _nbytes(_tensors(a.get("tensor_list") or a.get("gather_list"))) or _nbytes(shown)
-    if op in ("all_gather_into_tensor",):
+    if op in ("all_gather_into_tensor", "all_gather_single"):
         return _tensors(a.get("input_tensor")), _nbytes(_tensors(a.get("output_tensor")))
     if op in ("reduce_scatter", "scatter"):
         shown = _tensors(a.get("output") if op == "reduce_scatter" else a.get("tensor"))
         return shown, _nbytes(_tensors(a.get("input_list") or a.get("scatter_list"))) or _nbytes(shown)
-    if op == "reduce_scatter_tensor":
+    if op in ("reduce_scatter_tensor", "reduce_scatter_single"):
         return _tensors(a.get("input")), _nbytes(_tensors(a.get("input")))
     if op in ("all_to_all", "all_to_all_single"):
         shown = _tensors(a.get("input_tensor_list") or a.get("input"))

@@ -13,7 +13,8 @@ import signal
 from distlab.comms import POINT_TO_POINT, SAME_SHAPE_OPS, Comm
 
 # Ops that are the same collective under two names (list and tensor flavours).
-FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+FAMILY = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+          "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
           "all_to_all_single": "all_to_all", "monitored_barrier": "barrier"}
 
 

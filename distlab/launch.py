@@ -40,7 +40,7 @@ import cloudpickle
 import torch
 
 from distlab import _zygote
-from distlab.comms import Comm
+from distlab.comms import SAME_SHAPE_OPS, Comm
 from distlab.diagnosis import RankState, describe, exit_text, find_mismatch, find_orphan_wait, hint_for
 from distlab.rank import Task
 
@@ -386,8 +386,7 @@ class _Launch:
         state.exit_status = self.zygote.exits.get((self.run_id, rank))
         call = state.open_call()
         why = ""
-        if call is not None and call.op in ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor",
-                                            "reduce_scatter_tensor", "send", "recv"):
+        if call is not None and (call.op in SAME_SHAPE_OPS or call.op in ("send", "recv")):
             why = (f"\nIt died inside {call.describe()}. On gloo a rank aborts when the peers' "
                    f"tensors do not match this call (shape or dtype): compare the shapes each "
                    f"rank passes.")

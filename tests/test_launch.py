@@ -337,3 +337,18 @@ def test_notebook_defined_function_through_a_real_kernel(tmp_path):
     text = "".join(o.get("text", "") for o in outputs)
     assert "RESULT [6.0, 6.0]" in text and "LAMBDA [0, 2]" in text
     assert "[rank 0] partial 0" in text and "[rank 1] partial 1" in text
+
+
+def test_new_and_old_names_of_the_tensor_collectives_are_recorded_once():
+    def fn(rank, world_size):
+        x = torch.ones(4)
+        out = torch.zeros(4 * world_size)
+        dist.all_gather_single(out, x)
+        dist.all_gather_into_tensor(out, x)
+        dist.reduce_scatter_single(x, out)
+        return True
+
+    out = distlab.run(fn, 2)
+    ops = [(c.op, c.bytes) for c in out.comms[0]]
+    assert ops == [("all_gather_single", 32), ("all_gather_into_tensor", 32),
+                   ("reduce_scatter_single", 32)]
