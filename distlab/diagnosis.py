@@ -107,6 +107,50 @@ def find_orphan_wait(states: list[RankState]) -> str | None:
     return None
 
 
+# Collectives in which every member needs every other member's contribution before it returns.
+ALL_WAIT = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"}
+
+
+def _waits_on(states: list[RankState], state: RankState) -> set[int] | None:
+    """The ranks this blocked rank still needs something from, or None if it may yet progress
+    (not blocked, blocked in a send that the backend may buffer, or in a rooted collective)."""
+    call = state.open_call() if state.status == "running" else None
+    if call is None:
+        return None
+    if call.op == "recv":
+        peer = states[call.peer] if call.peer is not None and call.peer < len(states) else None
+        if peer is None or peer.count(("send", state.rank)) >= call.seq:
+            return None
+        return {call.peer}
+    if FAMILY.get(call.op, call.op) in ALL_WAIT:
+        missing = {r for r in call.group if r != state.rank and states[r].count(_key(call)) < call.seq}
+        return missing or None
+    return None
+
+
+def find_deadlock(states: list[RankState]) -> str | None:
+    """Ranks blocked waiting on each other in a cycle can never move: say so at once.
+
+    Each rank's events arrive in order, so what the launcher sees of a rank is a prefix of what it
+    did. A rank blocked in a recv (or an all-member collective) whose counterpart the peer has not
+    issued, where that peer is itself blocked the same way, is stuck for good.
+    """
+    waits = {s.rank: _waits_on(states, s) for s in states}
+    stuck = {r for r, w in waits.items() if w is not None}
+    changed = True
+    while changed:  # keep only ranks all of whose awaited peers are stuck too
+        changed = False
+        for r in list(stuck):
+            if not waits[r] <= stuck:
+                stuck.discard(r)
+                changed = True
+    if not stuck:
+        return None
+    lines = [f"rank {r} waits in {states[r].open_call().describe()} for rank(s) "
+             f"{', '.join(map(str, sorted(waits[r])))}" for r in sorted(stuck)]
+    return "; ".join(lines) + ". Each waits for the other, so none can go on (a deadlock)."
+
+
 def describe(state: RankState) -> str:
     """One line per rank: what it was doing when everything stopped."""
     if state.status == "done":

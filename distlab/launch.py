@@ -41,7 +41,8 @@ import torch
 
 from distlab import _zygote
 from distlab.comms import SAME_SHAPE_OPS, Comm
-from distlab.diagnosis import RankState, describe, exit_text, find_mismatch, find_orphan_wait, hint_for
+from distlab.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
+                               find_orphan_wait, hint_for)
 from distlab.rank import Task
 
 
@@ -324,14 +325,14 @@ class _Launch:
             mismatch = find_mismatch(self.states, comm)
             if mismatch:
                 self._fail(HangError, "the ranks disagree about a collective: " + mismatch, hint="")
-            self._check_orphans()
+            self._check_stuck()
         elif kind == "exit":
             index, end = message[1], message[2]
             state.comms[index].end = end
         elif kind == "result":
             self.results[rank] = cloudpickle.loads(message[1])
             state.status = "done"
-            self._check_orphans()
+            self._check_stuck()
         elif kind == "error":
             _, exc_type, text, tb = message
             state.status = "error"
@@ -393,10 +394,13 @@ class _Launch:
         self._fail(RankCrashed, f"rank {rank} died: {exit_text(state.exit_status)}.{why}{aftermath}",
                    hint="")
 
-    def _check_orphans(self) -> None:
+    def _check_stuck(self) -> None:
         orphan = find_orphan_wait(self.states)
         if orphan:
             self._fail(HangError, "a rank can never finish: " + orphan)
+        deadlock = find_deadlock(self.states)
+        if deadlock:
+            self._fail(HangError, "the ranks are deadlocked: " + deadlock)
 
     def _others(self, rank: int) -> str:
         return "\n".join(describe(s) for s in self.states if s.rank != rank)
