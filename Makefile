@@ -27,3 +27,11 @@ doctor: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Regenerate the student labs (notebooks/) from solutions/ with nbgrader; `--check` only compares.
+notebooks: setup
+	$(BIN)/python -m distlab.notebooks
+
+# Rewrite data/<lab>/ reference outputs (with their manifest) from each lab's make_references().
+references: setup
+	$(BIN)/python -m distlab.references

@@ -42,6 +42,9 @@ class Setup:
     depth: int = 3          # number of Linear layers
     lr: float = 1e-2
     weight_decay: float = 0.01
+    # float64 for the checks: a wrong factor (2x) and a rounding difference (1e-16) are then
+    # fourteen orders of magnitude apart, so a tight tolerance never fails a right answer.
+    dtype: torch.dtype = torch.float64
 
     def model(self) -> nn.Module:
         """The same initial weights in every process: drawn from ``seed`` with the global RNG
@@ -52,13 +55,13 @@ class Setup:
             layers: list[nn.Module] = []
             for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
                 layers += [nn.Linear(a, b)] + ([nn.Tanh()] if i < len(dims) - 2 else [])
-            return nn.Sequential(*layers)
+            return nn.Sequential(*layers).to(self.dtype)
 
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The global batch (x: (batch, d_in), y: (batch, d_out)), identical on every rank."""
         g = torch.Generator().manual_seed(self.seed + 1)
-        x = torch.randn(self.batch, self.d_in, generator=g)
-        y = torch.randn(self.batch, self.d_out, generator=g)
+        x = torch.randn(self.batch, self.d_in, generator=g, dtype=self.dtype)
+        y = torch.randn(self.batch, self.d_out, generator=g, dtype=self.dtype)
         return x, y
 
     def optimizer(self, params) -> torch.optim.Optimizer:
@@ -145,7 +148,7 @@ def train_steps(model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, s
     record = {"losses": [], "backward_end": [], "step_start": [], "step_end": []}
     for _ in range(steps):
         record["step_start"].append(time.perf_counter())
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # torch's default sets the gradients to None
         loss = loss_fn(model(x), y)
         loss.backward()
         record["backward_end"].append(time.perf_counter())
@@ -241,7 +244,8 @@ def backend_features(rank: int, world_size: int) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------
 # Step-time comparison: naive / bucketed / overlapped / DDP on the same model.
 
-BENCH_SETUP = Setup(batch=64, d_in=256, d_hidden=256, d_out=256, depth=6)
+# Timing runs in float32, the dtype training uses, on a model large enough for communication to show.
+BENCH_SETUP = Setup(batch=64, d_in=256, d_hidden=256, d_out=256, depth=6, dtype=torch.float32)
 
 
 def _sync_for(kind: str, impl, params: list, bucket_bytes: int):
@@ -345,8 +349,114 @@ def plot_step_times(rows: list[dict], ax=None):
     return ax
 
 
+# ---------------------------------------------------------------------------------------------
+# ZeRO-1: optimizer-state memory per rank.
+
+def _state_bytes_rank(rank: int, world_size: int, cls, setup: Setup) -> int:
+    model, x, y = rank_problem(setup, rank, world_size)
+    optimizer = cls(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+    train_steps(model, optimizer, x, y, 1)  # AdamW allocates its state at the first step
+    return optimizer_state_bytes(getattr(optimizer, "local_optimizer", optimizer))
+
+
+def optimizer_memory(cls, world_sizes=(2, 4), setup: Setup = BENCH_SETUP) -> list[dict]:
+    """Optimizer-state bytes per rank of ZeRO-1 (``cls``, whose ``local_optimizer`` holds the
+    rank's AdamW) against replicated AdamW, one row per world size; the row for 1 is plain AdamW.
+    Replicated AdamW keeps 8 bytes per float32 parameter on every rank; ZeRO-1 keeps 8 per
+    element of the rank's shard, ceil(P / W) elements."""
+    from distlab import run
+    full = reference_training(setup, 1)["state_bytes"]
+    rows = [{"world_size": 1, "adamw": full, "zero1": full}]
+    for world_size in world_sizes:
+        out = run(_state_bytes_rank, world_size, cls, setup, timeout=120)
+        rows.append({"world_size": world_size, "adamw": full, "zero1": max(out)})
+    for row in rows:
+        row["ratio"] = row["zero1"] / full
+    return rows
+
+
+def format_memory(rows: list[dict]) -> str:
+    lines = [f"{'ranks':>5} {'AdamW state/rank':>17} {'ZeRO-1 state/rank':>18} {'ratio':>6}"]
+    lines += [f"{r['world_size']:>5} {r['adamw']:>17,} {r['zero1']:>18,} {r['ratio']:>6.3f}"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def plot_memory(rows: list[dict], ax=None):
+    """Optimizer-state bytes per rank against the world size, with the 1/W line."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3))
+    ws = [r["world_size"] for r in rows]
+    ax.plot(ws, [r["adamw"] / 2**10 for r in rows], "o-", label="AdamW, replicated")
+    ax.plot(ws, [r["zero1"] / 2**10 for r in rows], "s-", label="ZeRO-1 (measured)")
+    ax.plot(ws, [rows[0]["adamw"] / w / 2**10 for w in ws], "k:", label="1 / world size")
+    ax.set_xticks(ws)
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("optimizer state per rank (KiB)")
+    ax.legend(fontsize=8)
+    return ax
+
+
 def shard_bounds(numel: int, rank: int, world_size: int) -> tuple[int, int]:
     """ZeRO's partition of P flattened elements: shards of ceil(P / W), the last one padded.
     Rank r owns elements [r*s, min((r+1)*s, P)) with s = ceil(P / W)."""
     s = math.ceil(numel / world_size)
     return min(rank * s, numel), min((rank + 1) * s, numel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Demonstrations the lab's cells call.
+
+def gradient_average_demo(world_size: int = 4, setup: Setup = Setup()) -> str:
+    """In one process: split the batch into ``world_size`` shards, compute each shard's loss and
+    gradient, and compare the mean and the sum of the shard gradients with the full-batch gradient.
+    Returns the table as text (it shows the losses differ and that the *mean* is the full gradient)."""
+    model = setup.model()
+    x, y = setup.data()
+
+    def grad(xs, ys) -> tuple[float, torch.Tensor]:
+        model.zero_grad()
+        loss = loss_fn(model(xs), ys)
+        loss.backward()
+        return loss.item(), flat(p.grad for p in model.parameters())  # (P,)
+
+    full_loss, full = grad(x, y)
+    shards = [grad(xs, ys) for xs, ys in zip(x.chunk(world_size), y.chunk(world_size))]
+    lines = [f"{'':<16} {'loss':>8} {'|grad|':>8} {'max |g - full-batch g|':>23}"]
+    for r, (loss, g) in enumerate(shards):
+        lines.append(f"rank {r}'s rows   {loss:>8.4f} {g.norm():>8.4f} {(g - full).abs().max():>23.2e}")
+    mean = sum(g for _, g in shards) / world_size
+    total = sum(g for _, g in shards)
+    lines.append(f"{'full batch':<16} {full_loss:>8.4f} {full.norm():>8.4f} {0:>23.2e}")
+    lines.append(f"{'mean of ranks':<16} {'':>8} {mean.norm():>8.4f} {(mean - full).abs().max():>23.2e}")
+    lines.append(f"{'sum of ranks':<16} {'':>8} {total.norm():>8.4f} {(total - full).abs().max():>23.2e}")
+    return "\n".join(lines)
+
+
+def show_backend_features(world_size: int = 2, backend: str = "auto") -> str:
+    """Run ``backend_features`` on ranks and return rank 0's answers as a table."""
+    from distlab import run
+    out = run(backend_features, world_size, backend=backend)
+    width = max(len(name) for name, _ in out[0])
+    return f"backend: {out.backend}\n" + "\n".join(f"{name:<{width}}  {result}"
+                                                  for name, result in out[0])
+
+
+def compare_with_ddp(world_size: int = 2, steps: int = 3, bucket_bytes: int = 8192,
+                     setup: Setup = Setup()) -> str:
+    """Train the lab's model with DDP on ranks and with plain AdamW in this process; report the
+    largest parameter difference per rank and the buckets DDP all-reduced in each step."""
+    from distlab import run
+    out = run(ddp_training, world_size, setup, steps, bucket_bytes, timeout=120)
+    ref = reference_training(setup, steps)
+    lines = []
+    for rank in range(world_size):
+        diff = max((a - b).abs().max().item() for a, b in zip(out[rank]["params"], ref["params"]))
+        lines.append(f"rank {rank}: max |DDP - single process| after {steps} steps = {diff:.2e}")
+    hooked, ends = out[0]["buckets"], out[0]["step_end"]
+    for step, end in enumerate(ends):
+        start = out[0]["step_start"][step]
+        sizes = [b for b, t in hooked if start <= t <= end]
+        lines.append(f"step {step}: {len(sizes)} bucket all-reduce(s) of {sizes} bytes")
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -77,8 +78,18 @@ def nbgrader_api(root: Path, db: Path | None = None, config=None):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
+    # nbgrader runs the `alembic` command to open a gradebook: make this interpreter's scripts
+    # findable even when the virtual environment is not activated.
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     cfg = Config(config or {})
+    (root / "exchange").mkdir(parents=True, exist_ok=True)  # unused, but nbgrader wants one
+    cfg.Exchange.root = str(root / "exchange")
     cfg.CourseDirectory.root = str(root)
+    # A private course folder in nbgrader's default layout (the course config maps the repo's).
+    for kind in ("source", "release", "submitted", "autograded", "feedback"):
+        setattr(cfg.CourseDirectory, f"{kind}_directory", kind)
     cfg.CourseDirectory.db_url = f"sqlite:///{db or root / 'gradebook.db'}"
     cfg.CourseDirectory.course_id = "distlab"
     log = logging.getLogger("distlab.nbgrader")

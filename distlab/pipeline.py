@@ -290,10 +290,15 @@ def library_step(schedule: str):
 
 def _library_step(schedule, rank, world_size, stage, x, target, num_microbatches):
     from torch.distributed import pipelining
-    pstage = pipelining.PipelineStage(stage, rank, world_size, x.device)
-    # scale_grads=True divides the summed microbatch grads by m, matching loss_fn's mean
-    sched = getattr(pipelining, schedule)(pstage, n_microbatches=num_microbatches,
-                                          loss_fn=loss_fn, scale_grads=True)
+    key = (schedule, num_microbatches)
+    if getattr(stage, "_library", (None,))[0] != key:
+        # Built once per stage: the first step infers shapes with an extra forward and backward,
+        # which a warm-up step absorbs; later steps reuse the buffers.
+        pstage = pipelining.PipelineStage(stage, rank, world_size, x.device)
+        # scale_grads=True divides the summed microbatch grads by m, matching loss_fn's mean
+        stage._library = (key, getattr(pipelining, schedule)(
+            pstage, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True))
+    sched = stage._library[1]
     if rank == 0:
         sched.step(x)
     elif rank == world_size - 1:
@@ -438,7 +443,8 @@ def plot_schedule(events: list[Event], *, title: str = "", ax=None, unit: str = 
     ax.set_xlabel(unit if unit == "ms" else "time (forward = 1)")
     ax.set_title(title, fontsize=10, loc="left")
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
-              labels=["forward", "backward"], loc="lower right", fontsize=7)
+              labels=["forward", "backward"], loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              fontsize=7, frameon=False)
     return ax
 
 
@@ -517,6 +523,37 @@ def simulate(kind: str, num_stages: int, num_microbatches: int, *, t_fwd: float 
             stuck = ", ".join(f"stage {s} at {orders[s][nxt[s]]}" for s in range(p) if nxt[s] < len(orders[s]))
             raise RuntimeError(f"schedule {kind} deadlocks: {stuck}")
     return events
+
+
+def plot_simulations(kinds, num_stages: int, num_microbatches: int, t_bwd: float = 2.0):
+    """Simulated Gantt charts of several schedules for the same ``p`` and ``m``, stacked."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(kinds), 1, squeeze=False,
+                             figsize=(10, 0.8 + 0.5 * num_stages * len(kinds)))
+    for ax, kind in zip(axes[:, 0], kinds):
+        events = simulate(kind, num_stages, num_microbatches, t_bwd=t_bwd)
+        m = 1 if kind == "naive" else num_microbatches
+        plot_schedule(events, ax=ax, unit="step", title=(
+            f"{kind} (simulated): p={num_stages}, m={m}, bubble {bubble_fraction(events):.3f} = "
+            f"(p-1)/(m+p-1) = {theoretical_bubble(num_stages, m):.3f}; microbatches in flight per "
+            f"stage {list(peak_in_flight(events).values())}"))
+    fig.tight_layout()
+    return fig
+
+
+def boundary_traffic(batch: int, seq: int, hidden: int, layers_per_stage: int, tp: int,
+                     bytes_per_element: int = 2) -> str:
+    """Bytes one microbatch moves per rank, per stage, forward + backward: pipeline parallelism
+    sends one ``(b, s, h)`` activation forward and one gradient back across each stage boundary;
+    Megatron tensor parallelism all-reduces a ``(b, s, h)`` tensor twice per layer forward and
+    twice backward, each ring all-reduce moving ``2 (t-1)/t`` of it per rank."""
+    act = batch * seq * hidden * bytes_per_element
+    pp = 2 * act
+    tp_bytes = 4 * layers_per_stage * 2 * (tp - 1) / tp * act
+    return (f"one (b={batch}, s={seq}, h={hidden}) activation: {act / 2**20:.1f} MiB\n"
+            f"PP, per stage boundary (1 forward + 1 backward message): {pp / 2**20:8.1f} MiB\n"
+            f"TP={tp}, per rank, {layers_per_stage} layers (4 all-reduces each): "
+            f"{tp_bytes / 2**20:8.1f} MiB  ({tp_bytes / pp:.0f} x PP)")
 
 
 def schedule_explorer():

@@ -1,0 +1,35 @@
+"""Tensor-parallel MLP step time: dense vs hand-written TP vs DTensor TP, on 1, 2 and 4 ranks.
+
+    python bench/tp_mlp.py                      # default shape, gloo on CPU (NCCL where GPUs)
+    python bench/tp_mlp.py --hidden 1024 --steps 10
+
+Prints one table: median forward+backward milliseconds of the slowest rank, one thread per rank
+(one core standing in for one device). Also prints the per-block communication from the Megatron
+formula for the same shape. No assertions: read the numbers.
+"""
+from __future__ import annotations
+
+import argparse
+
+from distlab.tensor_parallel import format_table, megatron_comm_bytes, timing_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--ffn", type=int, default=None, help="default 4 * hidden")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args()
+    ffn = args.ffn or 4 * args.hidden
+    timing_table(None, tuple(args.world_sizes), args.batch, args.seq, args.hidden, ffn, args.steps)
+    formula = megatron_comm_bytes(args.batch, args.seq, args.hidden)
+    print("\nper block, per rank (nccl-tests message bytes):")
+    print(format_table([{"variant": v, "pass": ph, "collectives": ", ".join(f"{op} {n} B" for op, n in ops.items())}
+                        for v, phases in formula.items() for ph, ops in phases.items()]))
+
+
+if __name__ == "__main__":
+    main()

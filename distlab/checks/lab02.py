@@ -1,0 +1,303 @@
+"""Graded checks of lab 2, data parallelism.
+
+Every check runs the student's code on real ranks (``distlab.run``), trains the lab's MLP for a
+few AdamW steps, and compares each rank with single-process training on the full batch
+(``distlab.data_parallel.reference_training``): stored references for the visible tests (seed 0),
+computed afresh for the hidden ones (any seed, width and world size). Where the exercise is about
+communication, the rank's collective record (``out.comms``) is checked too.
+
+Tolerances. The ranks compute the mean loss of their own rows and the gradients are averaged
+afterwards, so the sums happen in another order than in the full-batch reference: equal up to
+rounding, not bitwise. In float32, AdamW's m / (sqrt(v) + eps) amplifies that rounding on elements
+whose gradient is near zero (measured: parameters 1.2e-4 apart after 3 steps, worst of 1200
+runs), which is as large as some real bugs. The checks therefore train in float64, where the
+same measurement gives 1e-12 (parameters) and 1e-18 (gradients beyond rtol 1e-9): tolerances of
+1e-9 leave a margin of 1000 and still catch a factor of 2 by twelve orders of magnitude. The
+ranks must agree with each other exactly: an all-reduce gives every rank the same bits.
+
+Why gradients are checked and not only parameters: Adam's update m / (sqrt(v) + eps) is nearly
+invariant to the scale of the gradient, so a missing division by the world size changes the
+parameters by ~1e-7 only. The gradients (and AdamW's first moment) show it at once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distlab.check import CheckFailed, assert_close
+from distlab.data_parallel import (Setup, device, final_state, flat, optimizer_state_bytes,
+                                   param_bytes, rank_problem, reference_training, shard_bounds,
+                                   train_steps)
+
+LAB = "02_data_parallel"
+STEPS = 3
+GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single"}
+GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
+PARAM_TOL = dict(atol=1e-9, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+
+def _setup(seed: int | None, d_hidden: int) -> Setup:
+    return Setup(seed=0 if seed is None else seed, d_hidden=d_hidden)
+
+
+def make_references() -> dict:
+    """The visible tests' reference: 3 AdamW steps of the lab's MLP (seed 0) on the full batch."""
+    setup = Setup(seed=0)
+    ref = reference_training(setup, STEPS)
+    return {"adamw_3_steps": {"seed": setup.seed, "params": flat(ref["params"]),
+                              "grads": flat(ref["grads"]), "exp_avg": ref["exp_avg"],
+                              "losses": torch.tensor(ref["losses"])}}
+
+
+def _unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    pieces = vector.split([t.numel() for t in like])
+    return [piece.view_as(t) for piece, t in zip(pieces, like)]
+
+
+def _reference(seed: int | None, d_hidden: int) -> dict:
+    """Stored reference for the visible test (seed None), else computed here and now."""
+    setup = _setup(seed, d_hidden)
+    if seed is not None:
+        return reference_training(setup, STEPS)
+    from distlab.references import load
+    stored = load(LAB, "adamw_3_steps")
+    shapes = [p.detach() for p in setup.model().parameters()]
+    return {"params": _unflatten(stored["params"], shapes),
+            "grads": _unflatten(stored["grads"], shapes), "exp_avg": stored["exp_avg"],
+            "losses": stored["losses"].tolist(),
+            "state_bytes": reference_training(setup, 1)["state_bytes"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons shared by the checks
+
+def _names(setup: Setup) -> list[str]:
+    return [name for name, _ in setup.model().named_parameters()]
+
+
+def _compare(out, ref: dict, setup: Setup, world_size: int, *, grads: bool = True) -> None:
+    """Ranks identical to each other, gradients and parameters equal to the reference."""
+    names = _names(setup)
+    for rank in range(world_size):
+        if grads:
+            for name, got, exp in zip(names, out[rank]["grads"], ref["grads"]):
+                if got is None:
+                    raise CheckFailed(f"gradient of {name} on rank {rank} is None after the step: "
+                                      f"leave the averaged gradients in p.grad (zero them at the "
+                                      f"start of a step, not at the end).")
+                assert_close(got, exp, what=f"averaged gradient of {name} after step {STEPS}",
+                             rank=rank, hint=_grad_hint(got, exp, world_size), **GRAD_TOL)
+        for name, got, exp in zip(names, out[rank]["params"], ref["params"]):
+            assert_close(got, out[0]["params"][names.index(name)], atol=0, rtol=0,
+                         what=f"parameter {name} compared with rank 0's", rank=rank,
+                         hint="Data-parallel ranks must stay identical: every rank has to apply "
+                              "the same averaged gradient.")
+            assert_close(got, exp, what=f"parameter {name} after {STEPS} AdamW steps", rank=rank,
+                         hint="Compare with single-process training on the full batch.",
+                         **PARAM_TOL)
+
+
+def _grad_hint(got: torch.Tensor, exp: torch.Tensor, world_size: int) -> str:
+    # A gradient that points the same way but is W times longer: the division was forgotten.
+    ratio = (got.norm() / exp.norm()).item() if exp.norm() > 0 else 0.0
+    aligned = torch.nn.functional.cosine_similarity(got.reshape(-1), exp.reshape(-1), dim=0) > 0.99
+    if abs(ratio - world_size) < 0.05 * world_size and bool(aligned):
+        return (f"Your gradient is {world_size} times the expected one: all_reduce sums over the "
+                f"ranks. Divide by the world size to get the average.")
+    return ("Each rank's gradient must be the average over all ranks of the gradients of their "
+            "own rows (that is the gradient of the full-batch loss).")
+
+
+def _comms(out, rank: int, ops=None) -> list:
+    return [c for c in out.comms[rank] if c.op != "barrier" and (ops is None or c.op in ops)]
+
+
+def _run(fn, world_size: int, *args):
+    from distlab import run
+    return run(fn, world_size, *args, timeout=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: a data-parallel training step
+
+def _dp_step_rank(rank: int, world_size: int, step_fn, setup: Setup, steps: int) -> dict:
+    dev = device()
+    model = setup.model().to(dev)
+    optimizer = setup.optimizer(model.parameters())
+    x, y = (t.to(dev) for t in setup.data())
+    for _ in range(steps):
+        step_fn(model, optimizer, x, y)
+    return final_state(model)
+
+
+def check_data_parallel_step(step_fn, *, world_size: int = 2, seed: int | None = None,
+                             d_hidden: int = 64) -> None:
+    """``step_fn(model, optimizer, x, y)`` (x, y: the full batch, on every rank) run for 3 steps
+    must give the parameters of single-process AdamW on the full batch, with one all-reduce per
+    parameter per step."""
+    setup = _setup(seed, d_hidden)
+    out = _run(_dp_step_rank, world_size, step_fn, setup, STEPS)
+    n_params = len(list(setup.model().parameters()))
+    for rank in range(world_size):
+        reduces = _comms(out, rank, {"all_reduce"})
+        if len(reduces) != n_params * STEPS:
+            raise CheckFailed(
+                f"rank {rank} issued {len(reduces)} all_reduce calls in {STEPS} steps; expected "
+                f"{n_params * STEPS}: one per parameter ({n_params} parameters) per step.")
+    _compare(out, _reference(seed, d_hidden), setup, world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: bucketed all-reduce
+
+def _sync_rank(rank: int, world_size: int, make_sync, setup: Setup, steps: int) -> dict:
+    """Train with ``after_backward = make_sync(params)``: the checks' harness for exercises 2, 3."""
+    model, x, y = rank_problem(setup, rank, world_size)
+    after_backward = make_sync(list(model.parameters()))
+    record = train_steps(model, setup.optimizer(model.parameters()), x, y, steps, after_backward)
+    return {**final_state(model), **record}
+
+
+def _bucketed(fn, bucket_bytes: int):
+    """make_sync for exercise 2 (a closure cloudpickle carries to the ranks)."""
+    return lambda params: (lambda: fn(params, bucket_bytes))
+
+
+def check_bucketed_all_reduce(fn, *, bucket_bytes: int = 8192, world_size: int = 2,
+                              seed: int | None = None, d_hidden: int = 64) -> None:
+    """``fn(params, bucket_bytes)`` must average the gradients with all-reduces of flat buckets:
+    at most ceil(P / bucket_bytes) all-reduces per step for P gradient bytes, none larger than
+    bucket_bytes, every gradient byte reduced exactly once, and the values of the reference."""
+    setup = _setup(seed, d_hidden)
+    out = _run(_sync_rank, world_size, _bucketed(fn, bucket_bytes), setup, STEPS)
+    total = param_bytes(setup.model().parameters())
+    most = math.ceil(total / bucket_bytes)
+    for rank in range(world_size):
+        comms = _comms(out, rank)
+        wrong = [c for c in comms if c.op != "all_reduce"]
+        if wrong:
+            raise CheckFailed(f"rank {rank} called {wrong[0].describe()}; a bucketed gradient "
+                              f"sync uses only all_reduce.")
+        big = [c for c in comms if c.bytes > bucket_bytes]
+        if big:
+            raise CheckFailed(
+                f"rank {rank}: {big[0].describe()} moves {big[0].bytes} bytes, more than the "
+                f"bucket of {bucket_bytes} bytes. A bucket holds bucket_bytes // element_size "
+                f"elements ({bucket_bytes // 4} float32 values), not bucket_bytes.")
+        if len(comms) > most * STEPS:
+            raise CheckFailed(
+                f"rank {rank} issued {len(comms) / STEPS:g} all-reduces per step; {total} bytes "
+                f"of gradients in buckets of {bucket_bytes} bytes need at most "
+                f"ceil({total}/{bucket_bytes}) = {most}. Fill every bucket before sending it "
+                f"(flatten the gradients into one buffer and cut it into bucket-sized pieces).")
+        sent = sum(c.bytes for c in comms)
+        if sent != total * STEPS:
+            raise CheckFailed(
+                f"rank {rank} all-reduced {sent / STEPS:g} bytes per step; the gradients are "
+                f"{total} bytes and each must be reduced exactly once.")
+    _compare(out, _reference(seed, d_hidden), setup, world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3: overlap the all-reduce with backward
+
+def _overlapped(cls):
+    return lambda params: cls(params).wait
+
+
+def check_overlapped_all_reduce(cls, *, world_size: int = 2, seed: int | None = None,
+                                d_hidden: int = 64) -> None:
+    """``cls(params)`` registers gradient hooks that start async all-reduces during backward;
+    ``.wait()`` finishes them before the optimizer step. Checks the values, that the collectives
+    are asynchronous, waited on, and that all but the last of each step were issued before
+    backward returned."""
+    setup = _setup(seed, d_hidden)
+    out = _run(_sync_rank, world_size, _overlapped(cls), setup, STEPS)
+    total = param_bytes(setup.model().parameters())
+    for rank in range(world_size):
+        record = out[rank]
+        for step in range(STEPS):
+            lo, hi = record["step_start"][step], record["step_end"][step]
+            comms = [c for c in _comms(out, rank) if lo <= c.start <= hi]
+            _check_overlap_step(comms, rank, step, record["backward_end"][step], hi, total)
+    _compare(out, _reference(seed, d_hidden), setup, world_size)
+
+
+def _check_overlap_step(comms: list, rank: int, step: int, backward_end: float,
+                        step_end: float, total: int) -> None:
+    where = f"rank {rank}, step {step}"
+    if not comms:
+        raise CheckFailed(f"{where}: no collective was issued; the hooks must all-reduce the "
+                          f"gradients.")
+    sync = [c for c in comms if not c.async_op]
+    if sync:
+        raise CheckFailed(f"{where}: {sync[0].describe()} is blocking; call it with "
+                          f"async_op=True so backward continues while it runs.")
+    late = [c for c in comms[:-1] if c.start > backward_end]
+    if late:
+        raise CheckFailed(
+            f"{where}: {len(late)} of {len(comms)} all-reduces started after backward had "
+            f"returned, so nothing overlapped. Start each one from a gradient hook "
+            f"(Tensor.register_post_accumulate_grad_hook), as soon as its gradient is ready.")
+    unwaited = [c for c in comms if c.end is None or c.end > step_end]
+    if unwaited:
+        raise CheckFailed(f"{where}: {unwaited[0].describe()} was not waited on before the "
+                          f"optimizer step; wait() on every Work that all_reduce returned.")
+    sent = sum(c.bytes for c in comms)
+    if sent != total:
+        raise CheckFailed(f"{where}: all-reduced {sent} bytes; the gradients are {total} bytes "
+                          f"and each must be reduced exactly once per step (register each hook "
+                          f"once, in __init__).")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: ZeRO-1
+
+def _zero_rank(rank: int, world_size: int, cls, setup: Setup, steps: int) -> dict:
+    model, x, y = rank_problem(setup, rank, world_size)
+    optimizer = cls(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+    train_steps(model, optimizer, x, y, steps)
+    local = getattr(optimizer, "local_optimizer", None)
+    if not isinstance(local, torch.optim.Optimizer):
+        raise TypeError("the ZeRO-1 optimizer must keep its rank's torch.optim.AdamW in the "
+                        "attribute local_optimizer")
+    shards = [p for group in local.param_groups for p in group["params"]]
+    exp_avg = [local.state[p]["exp_avg"] for p in shards if "exp_avg" in local.state[p]]
+    return {**final_state(model), "state_bytes": optimizer_state_bytes(local),
+            "exp_avg": flat(exp_avg) if exp_avg else torch.zeros(0)}
+
+
+def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
+                        d_hidden: int = 64) -> None:
+    """``cls(params, lr=, weight_decay=)`` with ``step()``/``zero_grad()``: ZeRO-1 AdamW. After 3
+    steps the parameters equal single-process AdamW's on every rank; rank r's AdamW first moment
+    is elements shard_bounds(P, r, W) of the reference's; its state takes ~1/W of the bytes."""
+    setup = _setup(seed, d_hidden)
+    out = _run(_zero_rank, world_size, cls, setup, STEPS)
+    ref = _reference(seed, d_hidden)
+    numel = ref["exp_avg"].numel()
+    for rank in range(world_size):
+        lo, hi = shard_bounds(numel, rank, world_size)
+        got = out[rank]["exp_avg"]
+        if got.numel() not in (hi - lo, math.ceil(numel / world_size)):
+            raise CheckFailed(
+                f"rank {rank} keeps AdamW state for {got.numel()} elements; its shard is "
+                f"elements [{lo}, {hi}) of the {numel} flattened parameters "
+                f"(shards of ceil(P / world_size), the last one padded).")
+        assert_close(got[:hi - lo], ref["exp_avg"][lo:hi], rank=rank,
+                     what=f"AdamW's exp_avg of the shard [{lo}, {hi})",
+                     hint=_grad_hint(got[:hi - lo], ref["exp_avg"][lo:hi], world_size), **GRAD_TOL)
+        allowed = ref["state_bytes"] / world_size + 8 * world_size + 256
+        if out[rank]["state_bytes"] > allowed:
+            raise CheckFailed(
+                f"rank {rank} holds {out[rank]['state_bytes']} bytes of optimizer state; ZeRO-1 "
+                f"keeps about 1/{world_size} of AdamW's {ref['state_bytes']} bytes "
+                f"(at most {allowed:.0f}).")
+        if not _comms(out, rank, GATHERS):
+            raise CheckFailed(f"rank {rank} never all-gathered: after updating its shard, each "
+                              f"rank must collect the other ranks' updated shards.")
+    _compare(out, ref, setup, world_size, grads=False)

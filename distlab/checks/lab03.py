@@ -1,0 +1,544 @@
+"""Graded checks of Lab 3, "Tensor-parallel MLP".
+
+Exercises, each run on real ranks (2 visible, 4 hidden) except the pure sharding functions:
+1. ``shard_column(weight, bias, rank, world_size)`` and ``shard_row(...)``: rank r's contiguous
+   slice of an nn.Linear's (out, in) weight: rows (output features) for column parallel, columns
+   (input features) for row parallel, whose bias stays whole.
+2. ``CopyToTensorParallel`` (identity forward, all-reduce backward) and
+   ``ReduceFromTensorParallel`` (all-reduce forward, identity backward), ``.apply(x, group)``.
+3. ``ColumnParallelLinear(dense, group)``, ``RowParallelLinear(dense, group)``,
+   ``TensorParallelMLP(dense_mlp, group)`` and ``TensorParallelSwiGLU(dense_swiglu, group)``.
+4. ``GatherFromSequenceParallel`` / ``ReduceScatterToSequenceParallel`` (``.apply(x, group)``,
+   along the sequence dim 1) and ``SequenceParallelBlock(dense_block, group)``.
+
+References are the dense single-process modules of ``distlab.tensor_parallel`` (``MLP``,
+``SwiGLU``, ``Block``, ``nn.Linear``) run on the full input; a shard's gradient must equal the
+matching slice of the dense gradient.
+
+Tolerance: atol = rtol = 1e-3 in float32. A rank computes the same dot products as the dense layer
+but sums them in a different order (p partial sums added by the all-reduce), which changes float32
+results by a few ulps times sqrt(fan-in), about 1e-6 for these sizes; any real mistake (a partial
+sum missing or counted twice, a wrong slice) changes values by O(0.1). 1e-3 sits between the two
+with room for GPUs (NCCL, other kernels) and for the larger fan-ins of the hidden tests.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+import torch.nn as nn
+
+from distlab import tensor_parallel as tp
+from distlab.check import CheckFailed, assert_close
+
+LAB = "03_tensor_parallel_mlp"
+SEED = 3
+SHAPE = dict(batch=2, seq=8, hidden=16, ffn=64)   # seq and ffn divisible by 2 and 4
+ATOL = RTOL = 1e-3
+ALL_GATHER = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base"}
+REDUCE_SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+                  "_reduce_scatter_base"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Problems: inputs and the dense single-process results
+
+def _dense_run(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, prefix: str = "") -> dict:
+    """Forward x, backward with upstream gradient dy; weights, output, dL/dx and dL/dparams."""
+    x = x.clone().requires_grad_(True)
+    y = model(x)
+    (y * dy).sum().backward()
+    out = {f"{prefix}y": y.detach(), f"{prefix}dx": x.grad}
+    for name, p in model.named_parameters():
+        out[f"{prefix}param.{name}"] = p.detach().clone()
+        out[f"{prefix}grad.{name}"] = p.grad
+    return out
+
+
+def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
+            world_size: int = 2) -> dict:
+    """Inputs and dense results for one exercise family, all drawn from ``seed``.
+
+    "mlp" / "swiglu" / "block": x, dy (b, s, h) and the dense module's y, dx, param.*, grad.*.
+    "linear": a column layer h->f with input x and upstream dy_col (b, s, f), a row layer f->h
+    with input z (b, s, f) and upstream dy (b, s, h); keys prefixed col. and row.
+    "ops": per-rank tensors xs, gs of shape (p, b, s, h) for the communication operators.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq, hidden, generator=g)          # (b, s, h)
+    dy = torch.randn(batch, seq, hidden, generator=g)         # (b, s, h)
+    if kind == "ops":
+        return {"seed": seed, "xs": torch.randn(world_size, batch, seq, hidden, generator=g),
+                "gs": torch.randn(world_size, batch, seq, hidden, generator=g)}
+    if kind == "linear":
+        z = torch.randn(batch, seq, ffn, generator=g)          # (b, s, f)
+        dy_col = torch.randn(batch, seq, ffn, generator=g)     # (b, s, f)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            col, row = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+        return {"seed": seed, "x": x, "dy_col": dy_col, "z": z, "dy": dy,
+                **_dense_run(col, x, dy_col, "col."), **_dense_run(row, z, dy, "row.")}
+    model = tp.dense(kind, hidden, ffn, seed)
+    return {"seed": seed, "x": x, "dy": dy, **_dense_run(model, x, dy)}
+
+
+def make_references() -> dict[str, dict]:
+    """The stored reference sets of Lab 3 (see ``distlab.references``): default shapes, 2 ranks."""
+    return {kind: problem(kind, SEED + i, **SHAPE)
+            for i, kind in enumerate(["linear", "mlp", "swiglu", "block", "ops"])}
+
+
+def _case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
+    """(problem, description): the stored set when seed is None, else a fresh one."""
+    if seed is None:
+        if world_size != 2 or any(shape[k] != SHAPE[k] for k in SHAPE):
+            raise ValueError("stored references are for 2 ranks and the default shapes; "
+                             "pass a seed to check other world sizes or shapes")
+        from distlab.references import load
+        return load(LAB, kind), "the stored inputs (2 ranks)"
+    s = shape
+    return (problem(kind, seed, world_size=world_size, **shape),
+            f"fresh inputs (seed {seed}, {world_size} ranks, b={s['batch']} s={s['seq']} "
+            f"h={s['hidden']} f={s['ffn']})")
+
+
+def _shape(batch, seq, hidden, ffn) -> dict:
+    return dict(batch=batch, seq=seq, hidden=hidden, ffn=ffn)
+
+
+def _cut(t: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
+    """The plain slice rank r owns: elements [r*n/p, (r+1)*n/p) along dim."""
+    n = t.shape[dim] // world_size
+    return t.narrow(dim, rank * n, n)
+
+
+def _run(fn, world_size: int, *args):
+    """Run on every backend available (gloo; NCCL too where there are GPUs)."""
+    try:
+        from distlab.grade import run_each_backend
+    except ImportError:
+        import distlab
+        return [("gloo", distlab.run(fn, world_size, *args))]
+    return list(run_each_backend(fn, world_size, *args))
+
+
+def _device():
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Communication: what each phase issued, compared with what it should
+
+def _family(op: str) -> str:
+    return "all_gather" if op in ALL_GATHER else "reduce_scatter" if op in REDUCE_SCATTER else op
+
+
+def _phases(comms, count: int, what: str, rank: int) -> list[list]:
+    """Split a rank's record at the barriers the check's rank body puts between phases."""
+    phases = [[]]
+    for c in comms:
+        if c.op == "barrier":
+            phases.append([])
+        else:
+            phases[-1].append(c)
+    if len(phases) != count:
+        raise CheckFailed(f"{what}: rank {rank} called dist.barrier() itself; remove it (the check "
+                          f"uses barriers to tell the forward from the backward).")
+    return phases
+
+
+def _describe(comms) -> str:
+    return ", ".join(f"{c.op} of {list(c.shapes[0]) if c.shapes else '?'} ({c.bytes} bytes)"
+                     for c in comms) or "no collective"
+
+
+def _is_slice_of(comm, shape: tuple) -> bool:
+    """Whether `comm` gathered p blocks of a (out, in) weight, cut along rows or columns."""
+    if not comm.shapes or len(comm.shapes[0]) != 2:
+        return False
+    rows, cols = comm.shapes[0]
+    p = len(comm.group)
+    return (rows * p, cols) == tuple(shape) or (rows, cols * p) == tuple(shape)
+
+
+def _diagnose(issued, expected: list[tuple[str, int]], weights: dict[str, tuple]) -> str:
+    """A sentence on the likely mistake, for the common ones."""
+    for c in issued:
+        names = [f"{name} {list(shape)}" for name, shape in weights.items()
+                 if _family(c.op) == "all_gather" and _is_slice_of(c, shape)]
+        if names:
+            return (f"The all_gather of {c.bytes} bytes assembles a whole weight matrix "
+                    f"({' or '.join(names)}): gathering full weights makes every rank store and "
+                    f"multiply the whole layer, which is what tensor parallelism avoids. Keep your "
+                    f"shard and sum the partial outputs with one all_reduce (forward of the "
+                    f"row-parallel layer; backward of the column-parallel one).")
+    want = collections.Counter(f for f, _ in expected)
+    got = collections.Counter(_family(c.op) for c in issued)
+    if want["reduce_scatter"] and got["all_reduce"]:
+        return ("An all_reduce where a reduce-scatter belongs sends every rank the whole sum and "
+                "twice the bytes; each rank needs only its own sequence slice.")
+    if sum(got.values()) > sum(want.values()):
+        return "More collectives than needed: one per phase suffices (see the formula above)."
+    if sum(got.values()) < sum(want.values()):
+        return ("A collective is missing: partial results on different ranks are never combined, "
+                "or the backward does not undo the forward's data movement.")
+    return "Check the sizes: the collective should carry the whole (b, s, h) activation."
+
+
+def _check_comms(out, expected: list[list[tuple[str, int]]], what: str, case: str,
+                 weights: dict[str, tuple] | None = None, labels=("forward", "backward")) -> None:
+    """Each phase must issue exactly the expected (op family, bytes) multiset, in any order."""
+    for rank, comms in enumerate(out.comms):
+        phases = _phases(comms, len(expected), what, rank)
+        for phase, issued, want in zip(labels, phases, expected):
+            got = sorted((_family(c.op), c.bytes) for c in issued)
+            if got != sorted(want):
+                want_text = ", ".join(f"{op} of {n} bytes" for op, n in want) or "no collective"
+                raise CheckFailed(
+                    f"{what} on {case}: rank {rank}'s {phase} should issue exactly {want_text}; "
+                    f"it issued {_describe(issued)}.\n{_diagnose(issued, want, weights or {})}")
+
+
+def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
+    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: sharding (pure functions, checked in the kernel for every rank)
+
+def _linear_from(ref: dict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return ref[f"{prefix}param.weight"], ref[f"{prefix}param.bias"]
+
+
+def check_shard_column(shard_column, world_size: int = 2, seed: int | None = None,
+                       batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """Rank r's column shard of an (f, h) weight is rows [r f/p, (r+1) f/p) and the same bias
+    slice; concatenated over ranks, x W_r^T + b_r must give the dense output."""
+    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    weight, bias = _linear_from(ref, "col.")
+    outputs = []
+    for rank in range(world_size):
+        w, b = shard_column(weight.clone(), bias.clone(), rank, world_size)
+        hint = ("Column parallel splits the output features: nn.Linear's weight is (out, in), so "
+                "take rows, dim 0, the contiguous block r of p; the bias is split the same way.")
+        _close(w, _cut(weight, 0, rank, world_size), f"shard_column weight on {case}", rank, hint)
+        _close(b, _cut(bias, 0, rank, world_size), f"shard_column bias on {case}", rank, hint)
+        outputs.append(ref["x"] @ w.T + b)                     # (b, s, f/p)
+    _close(torch.cat(outputs, dim=-1), ref["col.y"], f"concatenated column outputs on {case}", None)
+
+
+def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
+                    batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """Rank r's row shard of an (h, f) weight is columns [r f/p, (r+1) f/p); the bias is whole.
+    Summed over ranks, z_r W_r^T plus the bias once must give the dense output."""
+    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    weight, bias = _linear_from(ref, "row.")
+    total = 0
+    for rank in range(world_size):
+        w, b = shard_row(weight.clone(), bias.clone(), rank, world_size)
+        hint = ("Row parallel splits the input features: columns of nn.Linear's (out, in) "
+                "weight, dim 1, the contiguous block r of p.")
+        _close(w, _cut(weight, 1, rank, world_size), f"shard_row weight on {case}", rank, hint)
+        _close(b, bias, f"shard_row bias on {case}", rank,
+               "Keep the whole bias on every rank: it is added once, after the partial outputs "
+               "are summed (splitting or scaling it gives a different layer).")
+        total = total + _cut(ref["z"], -1, rank, world_size) @ w.T   # (b, s, h) partial
+    _close(total + bias, ref["row.y"], f"summed row outputs on {case}", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: the conjugate operators f and g (and, in exercise 4, their sequence-parallel twins)
+
+def _op_on_rank(rank, world_size, op_cls, x, g):
+    """Rank body: y = op_cls.apply(x, None); barrier; backward with upstream g."""
+    import torch.distributed as dist
+    dev = _device()
+    x = x.to(dev).requires_grad_(True)
+    before = x.detach().clone()
+    y = op_cls.apply(x, None)
+    dist.barrier()
+    (y * g.to(dev)).sum().backward()
+    return {"y": y.detach(), "dx": x.grad, "input_changed": not torch.equal(x.detach(), before)}
+
+
+def _op_rank_indexed(rank, world_size, op_cls, xs, gs):
+    return _op_on_rank(rank, world_size, op_cls, xs[rank], gs[rank])
+
+
+def _operator_check(op_cls, name, world_size, seed, shape, xs_of, gs_of, y_of, dx_of,
+                    comms_of, hint) -> None:
+    ref, case = _case("ops", seed, world_size, shape)
+    xs, gs = xs_of(ref), gs_of(ref)
+    for backend, out in _run(_op_rank_indexed, world_size, op_cls, xs, gs):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            if res["input_changed"]:
+                raise CheckFailed(f"{name} on {where}: rank {rank}'s forward changed its input in "
+                                  f"place (collectives write into the tensor you pass). Clone first.")
+            _close(res["y"], y_of(xs, rank), f"{name} forward output on {where}", rank, hint)
+            _close(res["dx"], dx_of(gs, rank), f"{name} input gradient on {where}", rank, hint)
+        _check_comms(out, comms_of(xs), name, where)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def check_copy_to_tp(op_cls, world_size: int = 2, seed: int | None = None,
+                     batch=2, seq=8, hidden=16) -> None:
+    """f: y = x on every rank; dL/dx = sum over ranks of dL/dy; forward silent, backward one
+    all_reduce of x's size."""
+    _operator_check(
+        op_cls, "CopyToTensorParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        lambda r: r["xs"], lambda r: r["gs"],
+        lambda xs, rank: xs[rank], lambda gs, rank: gs.sum(0),
+        lambda xs: [[], [("all_reduce", _nbytes(xs[0]))]],
+        "f is the identity forward; backward it all-reduces (sums) the gradient, because each "
+        "rank's shard of the next layer produced only part of dL/dx.")
+
+
+def check_reduce_from_tp(op_cls, world_size: int = 2, seed: int | None = None,
+                         batch=2, seq=8, hidden=16) -> None:
+    """g: y = sum over ranks of x; dL/dx = dL/dy (identity); forward one all_reduce, backward silent."""
+    _operator_check(
+        op_cls, "ReduceFromTensorParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        lambda r: r["xs"], lambda r: r["gs"],
+        lambda xs, rank: xs.sum(0), lambda gs, rank: gs[rank],
+        lambda xs: [[("all_reduce", _nbytes(xs[0]))], []],
+        "g all-reduces (sums) the partial outputs forward; backward the gradient passes through "
+        "unchanged: the output is replicated, so each rank's gradient is already the whole one.")
+
+
+def check_gather_from_sp(op_cls, world_size: int = 2, seed: int | None = None,
+                         batch=2, seq=8, hidden=16) -> None:
+    """All-gather along the sequence (dim 1) forward, reduce-scatter backward.
+    Rank r holds x_r = x[:, r-th block]; y = x on every rank; dL/dx_r = (sum_q g_q)[:, r-th block]."""
+    p = world_size
+    _operator_check(
+        op_cls, "GatherFromSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        lambda r: torch.stack([_cut(r["xs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
+        lambda r: r["gs"],                                                       # (p, b, s, h)
+        lambda xs, rank: torch.cat(list(xs), dim=1),
+        lambda gs, rank: _cut(gs.sum(0), 1, rank, p),
+        lambda xs: [[("all_gather", p * _nbytes(xs[0]))], [("reduce_scatter", p * _nbytes(xs[0]))]],
+        "Forward: concatenate the ranks' sequence blocks in rank order along dim 1. Backward: every "
+        "rank used the whole sequence, so sum the gradients and give each rank its own block.")
+
+
+def check_reduce_scatter_to_sp(op_cls, world_size: int = 2, seed: int | None = None,
+                               batch=2, seq=8, hidden=16) -> None:
+    """Reduce-scatter along the sequence (dim 1) forward, all-gather backward.
+    y_r = (sum_q x_q)[:, r-th block]; dL/dx_r = concatenation of every rank's g_q."""
+    p = world_size
+    _operator_check(
+        op_cls, "ReduceScatterToSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        lambda r: r["xs"],                                                        # (p, b, s, h)
+        lambda r: torch.stack([_cut(r["gs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
+        lambda xs, rank: _cut(xs.sum(0), 1, rank, p),
+        lambda gs, rank: torch.cat(list(gs), dim=1),
+        lambda xs: [[("reduce_scatter", _nbytes(xs[0]))], [("all_gather", _nbytes(xs[0]))]],
+        "Forward: sum the partial (b, s, h) tensors and keep your sequence block. Backward: each "
+        "rank needs the gradient of the whole sequence, so all-gather the blocks along dim 1.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3: parallel linear layers and the tensor-parallel MLPs
+
+def _dense_module(kind: str, ref: dict, prefix: str = "") -> nn.Module:
+    """The dense module of a reference set, weights loaded (identical on every rank)."""
+    w = ref[f"{prefix}param.weight"] if kind == "linear" else None
+    if kind == "linear":
+        layer = nn.Linear(w.shape[1], w.shape[0])
+        layer.load_state_dict({"weight": w, "bias": ref[f"{prefix}param.bias"]})
+        return layer
+    hidden, ffn = ref["x"].shape[-1], _ffn(kind, ref)
+    model = {"mlp": tp.MLP, "swiglu": tp.SwiGLU, "block": tp.Block}[kind](hidden, ffn)
+    model.load_state_dict({k[len("param."):]: v for k, v in ref.items() if k.startswith("param.")})
+    return model
+
+
+def _ffn(kind: str, ref: dict) -> int:
+    key = {"mlp": "param.fc1.weight", "swiglu": "param.w1.weight", "block": "param.mlp.fc1.weight"}[kind]
+    return ref[key].shape[0]
+
+
+def _grads(module: nn.Module, names) -> dict:
+    out = {}
+    for name in names:
+        for path in (name, f"mlp.{name}"):   # a block may keep its layers under .mlp
+            try:
+                p = module.get_parameter(path)
+                break
+            except AttributeError:
+                continue
+        else:
+            raise AttributeError(f"{type(module).__name__} has no parameter {name!r}: the check "
+                                 f"finds the shards by name; keep the layer names of the exercise "
+                                 f"({', '.join(names)}).")
+        out[name] = None if p.grad is None else p.grad.detach()
+    return out
+
+
+def _module_on_rank(rank, world_size, kind, ref, student_cls, names, sequence_parallel):
+    """Rank body: wrap the dense module, forward the (sequence shard of the) input, barrier,
+    backward with the matching slice of dy; return output, input gradient, parameter gradients."""
+    import torch.distributed as dist
+    dev = _device()
+    dense = _dense_module(kind, ref).to(dev)
+    model = student_cls(dense, None).to(dev)
+    x, dy = ref["x"].to(dev), ref["dy"].to(dev)
+    if sequence_parallel:
+        x, dy = _cut(x, 1, rank, world_size), _cut(dy, 1, rank, world_size)   # (b, s/p, h)
+    x = x.clone().requires_grad_(True)
+    y = model(x)
+    dist.barrier()
+    (y * dy).sum().backward()
+    return {"y": y.detach(), "dx": x.grad, "grads": _grads(model, names)}
+
+
+# How each parameter of the tensor-parallel module relates to the dense one: (dense name,
+# dim along which it is sliced, or None when every rank holds it whole).
+_LAYOUT = {
+    "mlp": {"fc1.weight": ("fc1.weight", 0), "fc1.bias": ("fc1.bias", 0),
+            "fc2.weight": ("fc2.weight", 1), "fc2.bias": ("fc2.bias", None)},
+    "swiglu": {"w1.weight": ("w1.weight", 0), "w3.weight": ("w3.weight", 0),
+               "w2.weight": ("w2.weight", 1)},
+    "block": {"fc1.weight": ("mlp.fc1.weight", 0), "fc1.bias": ("mlp.fc1.bias", 0),
+              "fc2.weight": ("mlp.fc2.weight", 1), "fc2.bias": ("mlp.fc2.bias", "sum"),
+              "norm.weight": ("norm.weight", "sum"), "norm.bias": ("norm.bias", "sum")},
+}
+_HOW = {0: "this rank's block of rows (output features)",
+        1: "this rank's block of columns (input features)", None: "a whole copy"}
+
+
+def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shape: dict,
+                  sequence_parallel: bool = False) -> None:
+    ref, case = _case(kind, seed, world_size, shape)
+    layout = _LAYOUT[kind]
+    dense = _dense_module(kind, ref)
+    weights = {name: tuple(p.shape) for name, p in dense.named_parameters() if p.dim() == 2}
+    b, s, h = ref["x"].shape
+    act = b * s * h * 4
+    comms = ([[("all_gather", act), ("reduce_scatter", act)]] * 2 if sequence_parallel
+             else [[("all_reduce", act)], [("all_reduce", act)]])
+    for backend, out in _run(_module_on_rank, world_size, kind, ref, student_cls, list(layout),
+                             sequence_parallel):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            cut = (lambda t: _cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
+            _close(res["y"], cut(ref["y"]), f"{what} output on {where}", rank,
+                   "The output must equal the dense module's" +
+                   (" sequence block of this rank." if sequence_parallel else ", on every rank."))
+        # Right outputs computed the wrong way (gathered weights) are a communication mistake:
+        # say so before the gradients, which such shortcuts usually get wrong as well.
+        _check_comms(out, comms, what, where, weights)
+        for rank, res in enumerate(out):
+            cut = (lambda t: _cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
+            _close(res["dx"], cut(ref["dx"]), f"{what} input gradient on {where}", rank,
+                   "dL/dx sums the contributions of every rank's shards: is the backward "
+                   "collective in place?")
+        for name, (dense_name, dim) in layout.items():
+            full = ref[f"grad.{dense_name}"]
+            if dim == "sum":   # replicated, but applied to this rank's tokens only
+                got = [res["grads"][name] for res in out]
+                if any(g is None for g in got):
+                    raise CheckFailed(f"{what} on {where}: {name} has no gradient on some rank.")
+                _close(sum(got), full, f"{what}: {name} gradients summed over ranks on {where}",
+                       None, "A replicated parameter applied to sequence shards (norm, fc2's bias) gets "
+                             "a partial gradient on each rank, from its own tokens; do not all-reduce "
+                             "it inside the block (that belongs to the optimizer step).")
+                continue
+            for rank, res in enumerate(out):
+                got = res["grads"][name]
+                want = full if dim is None else _cut(full, dim, rank, world_size)
+                if got is None:
+                    raise CheckFailed(f"{what} on {where}: {name} on rank {rank} got no gradient; "
+                                      f"is it an nn.Parameter used in forward?")
+                _close(got, want, f"{what}: gradient of {name} on {where}", rank,
+                       f"{name} should be {_HOW[dim]} of the dense {dense_name}, and so should "
+                       f"its gradient.")
+
+
+def _linears_on_rank(rank, world_size, ref, col_cls, row_cls):
+    """Rank body: column layer on the full x (upstream: this rank's block of dy_col), barrier,
+    backward, barrier; row layer on this rank's block of z, barrier, backward."""
+    import torch.distributed as dist
+    dev = _device()
+    res = {}
+    for tag, cls, x, dy in (("col", col_cls, ref["x"], _cut(ref["dy_col"], -1, rank, world_size)),
+                            ("row", row_cls, _cut(ref["z"], -1, rank, world_size), ref["dy"])):
+        layer = cls(_dense_module("linear", ref, f"{tag}.").to(dev), None).to(dev)
+        x = x.to(dev).clone().requires_grad_(True)
+        y = layer(x)
+        dist.barrier()
+        (y * dy.to(dev)).sum().backward()
+        if tag == "col":
+            dist.barrier()
+        res[tag] = {"y": y.detach(), "dx": x.grad, "grads": _grads(layer, ["weight", "bias"])}
+    return res
+
+
+def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | None = None,
+                           batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """ColumnParallelLinear(dense h->f, group): output = rank's block of the dense output features,
+    backward one all_reduce of dL/dx. RowParallelLinear(dense f->h, group) on the rank's block of
+    input features: output = the dense output, forward one all_reduce."""
+    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    p = world_size
+    act_in, act_out = _nbytes(ref["x"]), _nbytes(ref["dy"])
+    weights = {"the column layer's weight": tuple(ref["col.param.weight"].shape),
+               "the row layer's weight": tuple(ref["row.param.weight"].shape)}
+    for backend, out in _run(_linears_on_rank, world_size, ref, col_cls, row_cls):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            c, r = res["col"], res["row"]
+            _close(c["y"], _cut(ref["col.y"], -1, rank, p), f"ColumnParallelLinear output on {where}",
+                   rank, "Each rank outputs its own block of the output features (no gather).")
+            _close(c["dx"], ref["col.dx"], f"ColumnParallelLinear input gradient on {where}", rank,
+                   "dL/dx is the sum over ranks of each shard's contribution: all-reduce it backward.")
+            _close(c["grads"]["weight"], _cut(ref["col.grad.weight"], 0, rank, p),
+                   f"ColumnParallelLinear weight gradient on {where}", rank)
+            _close(c["grads"]["bias"], _cut(ref["col.grad.bias"], 0, rank, p),
+                   f"ColumnParallelLinear bias gradient on {where}", rank)
+            _close(r["y"], ref["row.y"], f"RowParallelLinear output on {where}", rank,
+                   "Sum the partial outputs over ranks, then add the bias once.")
+            _close(r["dx"], _cut(ref["row.dx"], -1, rank, p), f"RowParallelLinear input gradient on {where}", rank)
+            _close(r["grads"]["weight"], _cut(ref["row.grad.weight"], 1, rank, p),
+                   f"RowParallelLinear weight gradient on {where}", rank)
+            _close(r["grads"]["bias"], ref["row.grad.bias"], f"RowParallelLinear bias gradient on {where}", rank)
+        _check_comms(out, [[], [("all_reduce", act_in)], [("all_reduce", act_out)], []],
+                     "ColumnParallelLinear / RowParallelLinear", where, weights,
+                     labels=("column forward", "column backward", "row forward", "row backward"))
+
+
+def check_tp_mlp(student_cls, world_size: int = 2, seed: int | None = None,
+                 batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """TensorParallelMLP(dense MLP, group): output and dL/dx equal the dense MLP's on every rank,
+    each shard's gradient equals the matching slice of the dense gradient, and the block issues
+    exactly one all_reduce of b*s*h elements forward and one backward."""
+    _check_module(student_cls, "mlp", "TensorParallelMLP", world_size, seed,
+                  _shape(batch, seq, hidden, ffn))
+
+
+def check_tp_swiglu(student_cls, world_size: int = 2, seed: int | None = None,
+                    batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """TensorParallelSwiGLU(dense SwiGLU, group): as check_tp_mlp, with w1 and w3 column parallel
+    and w2 row parallel: still one all_reduce each way."""
+    _check_module(student_cls, "swiglu", "TensorParallelSwiGLU", world_size, seed,
+                  _shape(batch, seq, hidden, ffn))
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: sequence parallelism
+
+def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | None = None,
+                                  batch=2, seq=8, hidden=16, ffn=64) -> None:
+    """SequenceParallelBlock(dense Block, group) on rank r's sequence block (b, s/p, h): output and
+    dL/dx equal that block of the dense results; fc1/fc2 gradients are the dense slices; the
+    norm's gradients summed over ranks equal the dense ones. Collectives each way: one all-gather
+    and one reduce-scatter of b*s*h elements, no all-reduce."""
+    _check_module(student_cls, "block", "SequenceParallelBlock", world_size, seed,
+                  _shape(batch, seq, hidden, ffn), sequence_parallel=True)

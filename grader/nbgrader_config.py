@@ -1,0 +1,46 @@
+"""The course's nbgrader configuration: the repository mapped onto nbgrader's course layout.
+
+    nbgrader source   build/source/<lab>/<lab>.ipynb   generated from solutions/<lab>/<lab>.py
+                                                        (the single source) by `distlab build`
+    nbgrader release  notebooks/<lab>/<lab>.ipynb      the student labs, committed
+    submitted, autograded, feedback, gradebook.db      grading/ (outside git)
+
+`distlab grade` loads this file and grades each student in a course folder of its own (so students
+can be graded in parallel); the same file serves an instructor who prefers nbgrader's own commands
+or its formgrader: run them from this folder (`cd grader && nbgrader autograde 01_collectives`).
+"""
+from pathlib import Path
+
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, GetGrades,
+                                    IgnorePattern, LimitOutput, SaveAutoGrades)
+
+from distlab.grade import FeedbackWithoutHiddenTests, StderrAsStdout
+
+REPO = Path(__file__).resolve().parents[1]
+c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
+
+c.CourseDirectory.course_id = "distlab"
+c.CourseDirectory.root = str(REPO)
+c.CourseDirectory.source_directory = "build/source"
+c.CourseDirectory.release_directory = "notebooks"
+c.CourseDirectory.submitted_directory = "grading/submitted"
+c.CourseDirectory.autograded_directory = "grading/autograded"
+c.CourseDirectory.feedback_directory = "grading/feedback"
+c.CourseDirectory.db_url = f"sqlite:///{REPO / 'grading' / 'gradebook.db'}"
+
+# Execution: distlab.run bounds each hang by its own timeout (DISTLAB_RANK_TIMEOUT, the launcher's
+# diagnosis becomes the test's message); these limits catch what is not inside a distlab.run.
+c.Execute.timeout = 300
+c.Execute.interrupt_on_timeout = True
+c.Execute.allow_errors = True
+c.LimitOutput.max_lines = 1000
+c.LimitOutput.max_traceback = 100
+
+# Rank output and warnings reach stderr; nbgrader would score such a test cell zero.
+c.Autograde.autograde_preprocessors = [
+    Execute, StderrAsStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
+]
+# Feedback shows every test's result and message, never a hidden test's code.
+c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests, CSSHTMLHeaderPreprocessor]

@@ -1,0 +1,180 @@
+"""The grader end to end: `distlab grade` on sample submissions made from the lab sources.
+
+One grading run (``--jobs 2``) covers, for every lab in solutions/, its solution (full marks: this
+is also the test that every lab executes end to end) and its untouched student version (zero on
+every test, the run completes), plus Lab 1's special cases: a partly correct answer (its exact
+partial score), a hang in a collective, a rank that dies, an edited locked test cell. The time
+bound is the grader's own limits (rank, cell and notebook timeouts below) and pytest's timeout.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import submissions  # tests/submissions: the sample submissions, made by code
+from distlab import grade, notebooks
+from distlab.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
+
+LAB1 = "01_collectives"
+
+
+def _points(lab: str) -> dict[str, float]:
+    return {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"]["points"])
+            for c in source_notebook(lab).cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade every sample once; {(student, lab): CSV row}, plus the run's folders."""
+    root = tmp_path_factory.mktemp("grading")
+    subs = root / "submitted"
+    for lab, files in notebooks.build(labs()).items():
+        notebooks.write(lab, files, out=root / "released")
+    submissions.RELEASED["root"] = root / "released"
+    expected = {}
+    for lab in labs():
+        submissions.write(submissions.solved(lab), subs, "solution", lab)
+        submissions.write(submissions.student(lab), subs, "untouched", lab)
+        expected[("solution", lab)] = dict.fromkeys(_points(lab), "pass")
+    for student, (nb, statuses) in submissions.lab01_samples().items():
+        submissions.write(nb, subs, student, LAB1)
+        expected[(student, LAB1)] = statuses
+    out = root / "scores.csv"
+    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
+                         "--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
+                         "--notebook-timeout", "400"])
+    assert status == 0
+    with open(out) as f:
+        rows = {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
+    return {"rows": rows, "expected": expected, "work": root / "work"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("lab", labs())
+def test_solution_gets_full_marks(graded, lab):
+    row = graded["rows"][("solution", lab)]
+    failing = {t: row[t] for t in _points(lab) if row[t] != "pass"}
+    assert not failing and float(row["score"]) == float(row["max_score"]) == sum(_points(lab).values()), \
+        f"{lab}: the solution failed {failing}; see {graded['work'] / 'students' / 'solution'}"
+    assert row["flags"] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", labs())
+def test_untouched_student_notebook_gets_zero(graded, lab):
+    row = graded["rows"][("untouched", lab)]
+    assert float(row["score"]) == 0 and float(row["max_score"]) == sum(_points(lab).values())
+    assert all(row[t] not in ("pass", "missing", "") for t in _points(lab)), row
+    assert row["flags"] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", ["partial", "hang", "crash", "edited_test"])
+def test_lab01_samples(graded, student):
+    row = graded["rows"][(student, LAB1)]
+    expected = graded["expected"][(student, LAB1)]
+    assert {t: row[t] for t in expected} == expected
+    points = _points(LAB1)
+    assert float(row["score"]) == sum(points[t] for t, s in expected.items() if s == "pass")
+    if student == "edited_test":
+        assert "edited locked cell test_bandwidths" in row["flags"]
+    else:
+        assert row["flags"] == ""
+
+
+@pytest.mark.slow
+def test_partial_score_is_exact(graded):
+    # all_reduce_rs_ag (2 points) and bandwidths (2 points) answered, the rest not: 4 of 10.
+    row = graded["rows"][("partial", LAB1)]
+    assert (float(row["score"]), float(row["max_score"])) == (4.0, 10.0)
+
+
+@pytest.mark.slow
+def test_hang_and_crash_messages_reach_the_feedback(graded):
+    hang = Path(graded["rows"][("hang", LAB1)]["feedback"]).read_text()
+    crash = Path(graded["rows"][("crash", LAB1)]["feedback"]).read_text()
+    assert "HangError" in hang and "all_gather" in html.unescape(hang)
+    assert "RankCrashed" in crash and "rank 1" in html.unescape(crash)
+
+
+@pytest.mark.slow
+def test_feedback_hides_hidden_test_code(graded):
+    for (student, lab), row in graded["rows"].items():
+        text = html.unescape(re.sub(r"<[^>]+>", "", Path(row["feedback"]).read_text()))
+        assert "BEGIN HIDDEN TESTS" not in text
+        for cell in source_notebook(lab).cells:
+            hidden, _ = _regions(cell.source, BEGIN_HIDDEN, END_HIDDEN)
+            visible = set(cell.source.splitlines()) - set(hidden)
+            for line in hidden:
+                if line and line not in visible:
+                    assert line not in text, f"{student}/{lab}: hidden test line in feedback: {line}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces of the grader, without running notebooks
+
+def test_notebook_budget_shrinks_cell_timeouts():
+    budget = grade.NotebookBudget(per_cell=100, per_notebook=250)
+    assert budget(None) == 100
+    budget.started -= 200  # as if 200 s of the notebook had passed
+    assert 49 <= budget(None) <= 50
+    budget.started -= 100
+    assert budget(None) == 1  # 0 would mean "no limit" to nbclient
+    budget.reset()
+    assert budget(None) == 100
+
+
+def test_feedback_preprocessor_drops_hidden_code_and_tracebacks():
+    cell = nbformat.v4.new_code_cell(
+        "check(f)\n### BEGIN HIDDEN TESTS\ncheck(f, seed=fresh_seed())\n### END HIDDEN TESTS")
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "t", "points": 1, "solution": False,
+                                 "locked": True}
+    cell.outputs = [nbformat.v4.new_output("error", ename="CheckFailed", evalue="rank 1 was wrong",
+                                           traceback=["check(f, seed=fresh_seed())", "..."])]
+    grade.FeedbackWithoutHiddenTests().preprocess_cell(cell, {}, 0)
+    assert "fresh_seed" not in cell.source and cell.source.startswith("check(f)")
+    assert cell.outputs[0]["traceback"] == ["CheckFailed: rank 1 was wrong"]
+
+
+def test_stderr_becomes_stdout():
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="FutureWarning: ...")]
+    grade.StderrAsStdout().preprocess_cell(cell, {}, 0)
+    assert cell.outputs[0]["name"] == "stdout"
+
+
+def test_discover_skips_what_is_not_a_submission(tmp_path):
+    submissions.write(submissions.student(LAB1), tmp_path, "ann", LAB1)
+    submissions.write(submissions.student(LAB1), tmp_path, "ben", "99_nope")
+    (tmp_path / "cat" / LAB1).mkdir(parents=True)
+    found, warnings = grade.discover(tmp_path, labs())
+    assert found == {"ann": [LAB1]}
+    assert len(warnings) == 2
+
+
+def test_locked_cell_flags(tmp_path):
+    release = tmp_path / "release.ipynb"
+    nbformat.write(submissions.student(LAB1), release)
+    edited = submissions.write(submissions.replace_cell(submissions.student(LAB1), "test_alpha_beta", "pass"),
+                               tmp_path, "s", LAB1)
+    assert grade.locked_cell_flags(release, edited) == ["edited locked cell test_alpha_beta"]
+    nb = submissions.student(LAB1)
+    nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "imports"]
+    deleted = submissions.write(nb, tmp_path, "t", LAB1)
+    assert grade.locked_cell_flags(release, deleted) == ["deleted locked cell imports"]
+    untouched = submissions.write(submissions.solved(LAB1), tmp_path, "u", LAB1)
+    assert grade.locked_cell_flags(release, untouched) == []
+
+
+def test_backends_setting(monkeypatch):
+    monkeypatch.setenv(grade.ENV_BACKEND, "both")
+    assert grade.backends(2)[0] == "gloo"
+    monkeypatch.setenv(grade.ENV_BACKEND, "gloo")
+    assert grade.backends(4) == ["gloo"]

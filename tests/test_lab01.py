@@ -1,0 +1,154 @@
+"""Lab 1's checks and plumbing: correct answers pass, typical wrong answers fail with CheckFailed,
+the demos move data as each collective defines."""
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab import collectives
+from distlab.check import CheckFailed
+from distlab.checks import lab01
+
+matplotlib.use("Agg")
+
+
+# Answers, as a student might write them (module level: ranks import them by name) -----------
+
+def rs_ag(tensor):
+    n = dist.get_world_size()
+    flat = tensor.reshape(-1)
+    padded = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])  # (n * c,)
+    shard = padded.new_empty(padded.numel() // n)  # (c,)
+    dist.reduce_scatter_single(shard, padded)
+    full = torch.empty_like(padded)
+    dist.all_gather_single(full, shard)
+    return full[:flat.numel()].reshape(tensor.shape)
+
+
+def plain_all_reduce(tensor):
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def ring(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    out = tensor.reshape(-1).clone()
+    chunks = list(torch.tensor_split(out, n))
+    for phase in ("reduce", "gather"):
+        for step in range(n - 1):
+            send_c = (r - step) % n if phase == "reduce" else (r + 1 - step) % n
+            recv_c = (send_c - 1) % n
+            incoming = torch.empty_like(chunks[recv_c])
+            work = dist.isend(chunks[send_c].contiguous(), (r + 1) % n)
+            dist.recv(incoming, (r - 1) % n)
+            work.wait()
+            if phase == "reduce":
+                chunks[recv_c] += incoming
+            else:
+                chunks[recv_c].copy_(incoming)
+    return out.reshape(tensor.shape)
+
+
+def whole_tensor_ring(tensor):
+    """Right values, wrong traffic: passes the whole tensor around the ring n-1 times, twice."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    total, current = tensor.clone(), tensor.clone()
+    for _ in range(n - 1):
+        incoming = torch.empty_like(current)
+        work = dist.isend(current, (r + 1) % n)
+        dist.recv(incoming, (r - 1) % n)
+        work.wait()
+        total += incoming
+        current = incoming
+    for _ in range(n - 1):
+        work = dist.isend(total, (r + 1) % n)
+        dist.recv(torch.empty_like(total), (r - 1) % n)
+        work.wait()
+    return total
+
+
+def test_rs_ag_passes_stored_and_fresh():
+    lab01.check_all_reduce_rs_ag(rs_ag, world_size=2)
+    lab01.check_all_reduce_rs_ag(rs_ag, world_size=4, numel=7, seed=5)
+
+
+def test_rs_ag_rejects_plain_all_reduce():
+    with pytest.raises(CheckFailed, match="reduce-scatter"):
+        lab01.check_all_reduce_rs_ag(plain_all_reduce, world_size=2)
+
+
+@pytest.mark.parametrize("world_size,numel", [(2, 10), (4, 13), (3, 5)])
+def test_ring_passes(world_size, numel):
+    lab01.check_ring_all_reduce(ring, world_size=world_size, numel=numel, seed=world_size + numel)
+
+
+def test_ring_rejects_collectives_and_excess_traffic():
+    with pytest.raises(CheckFailed, match="point-to-point|send/recv"):
+        lab01.check_ring_all_reduce(plain_all_reduce, world_size=2)
+    with pytest.raises(CheckFailed, match="bytes"):
+        lab01.check_ring_all_reduce(whole_tensor_ring, world_size=4, numel=12, seed=1)
+
+
+def test_bandwidths_check():
+    lab01.check_bandwidths(lab01.reference_bandwidths)
+    lab01.check_bandwidths(lab01.reference_bandwidths, seed=99)
+
+    def no_bus_factor(op, nbytes, seconds, world_size):
+        return nbytes / seconds / 1e9, nbytes / seconds / 1e9
+    with pytest.raises(CheckFailed, match="busbw"):
+        lab01.check_bandwidths(no_bus_factor)
+
+
+def test_alpha_beta_check():
+    def predict(alpha, bandwidth, nbytes):
+        return alpha + nbytes / bandwidth
+    lab01.check_alpha_beta(lab01.reference_fit, predict)
+    lab01.check_alpha_beta(lab01.reference_fit, predict, seed=7)
+    with pytest.raises(CheckFailed, match="relative"):
+        lab01.check_alpha_beta(collectives.plain_fit, predict, seed=7)
+
+
+def test_reference_fit_recovers_exact_model():
+    sizes = 2.0 ** torch.arange(10, 20, dtype=torch.float64)
+    alpha, bandwidth = lab01.reference_fit(sizes, 3e-5 + sizes / 2e9)
+    assert alpha == pytest.approx(3e-5, rel=1e-9) and bandwidth == pytest.approx(2e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("op", collectives.OPS)
+def test_demo_moves_data_as_defined(op):
+    n = 4
+    x = [torch.arange(n, dtype=torch.float32) + 10 * r for r in range(n)]  # what each rank starts with
+    total = torch.stack(x).sum(0)
+    expected = {
+        "broadcast": [x[0]] * n,
+        "scatter": [x[0][r:r + 1] for r in range(n)],
+        "gather": [torch.tensor([10.0 * r for r in range(n)])] + [None] * (n - 1),
+        "reduce": [total] + [None] * (n - 1),
+        "all_gather": [torch.tensor([10.0 * r for r in range(n)])] * n,
+        "reduce_scatter": [total[r:r + 1] for r in range(n)],
+        "all_reduce": [total] * n,
+        "all_to_all": [torch.stack(x)[:, r] for r in range(n)],
+        "send_recv": [x[(r - 1) % n] for r in range(n)],
+    }[op]
+    pairs = collectives.demo(op, world_size=n, show=False)
+    for rank, ((_, after), want) in enumerate(zip(pairs, expected)):
+        if want is None:
+            assert after is None
+        else:
+            torch.testing.assert_close(after, want, msg=f"{op} rank {rank}")
+
+
+def test_draw_and_sweep_plots():
+    pairs = collectives.demo("all_to_all", world_size=2, show=False)
+    assert collectives.draw("all_to_all", pairs) is not None
+    rows = collectives.sweep(world_size=2, max_bytes=1 << 12, ring=ring, iters=1)
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                       "ring_all_reduce"}
+    rows = collectives.bandwidth_table(rows, lab01.reference_bandwidths)
+    assert all(r["busbw"] > 0 for r in rows)
+    assert collectives.plot_bandwidth(rows) is not None
+    sizes, times = collectives.timings(rows, "all_reduce")
+    assert len(sizes) == 2

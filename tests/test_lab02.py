@@ -1,0 +1,162 @@
+"""Lab 2, data parallelism: the plumbing, the checks on the solution, and wrong submissions.
+
+Wrong submissions are made from the solution's own cells by a textual edit (never a hand-copied
+notebook), so they stay in step with the lab.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.check import CheckFailed
+from distlab.checks import lab02
+from distlab.data_parallel import (Setup, flat, gradient_average_demo, loss_fn,
+                                   optimizer_state_bytes, reference_training, shard_bounds)
+
+SOURCE = Path(__file__).resolve().parents[1] / "solutions/02_data_parallel/02_data_parallel.py"
+
+
+def solution_namespace(replace: tuple[str, str] | None = None) -> dict:
+    """Execute the lab's imports cell and its solution cells (optionally with one edit)."""
+    import jupytext
+    nb = jupytext.read(SOURCE, fmt="py:percent")
+    ns: dict = {"__name__": "lab02_solution"}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            code = cell.source
+            if replace and replace[0] in code:
+                code = code.replace(*replace)
+                replace = None
+            exec(compile(code, str(SOURCE), "exec"), ns)
+    assert replace is None, "the edit did not apply: the solution changed"
+    return ns
+
+
+# ---- single-process plumbing -------------------------------------------------------------
+
+def test_mean_of_shard_gradients_is_full_batch_gradient():
+    table = gradient_average_demo(world_size=4, setup=Setup(seed=3))
+    mean_err = float(table.splitlines()[-2].split()[-1])
+    sum_err = float(table.splitlines()[-1].split()[-1])
+    assert mean_err < 1e-14 and sum_err > 1e-2
+
+
+def test_reference_training_learns_and_is_deterministic():
+    a, b = reference_training(Setup(seed=1), 3), reference_training(Setup(seed=1), 3)
+    assert a["losses"][-1] < a["losses"][0]
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    n = sum(p.numel() for p in a["params"])
+    # AdamW: exp_avg and exp_avg_sq per element (float64 here) plus a step scalar per tensor.
+    assert a["state_bytes"] == 2 * 8 * n + sum(4 for _ in a["params"]) or a["state_bytes"] > 16 * n
+
+
+@pytest.mark.parametrize("numel,ws", [(10, 4), (12, 4), (7, 2), (3, 4)])
+def test_shard_bounds_partition_the_elements(numel, ws):
+    bounds = [shard_bounds(numel, r, ws) for r in range(ws)]
+    covered = [i for lo, hi in bounds for i in range(lo, hi)]
+    assert covered == list(range(numel))
+    assert all(hi - lo <= math.ceil(numel / ws) for lo, hi in bounds)
+
+
+def test_optimizer_state_bytes_counts_adamw_state():
+    p = torch.nn.Parameter(torch.zeros(10))
+    opt = torch.optim.AdamW([p])
+    assert optimizer_state_bytes(opt) == 0
+    p.grad = torch.ones(10)
+    opt.step()
+    assert optimizer_state_bytes(opt) == 2 * 4 * 10 + 4
+
+
+def test_references_match_the_code():
+    from distlab.references import load
+    stored = load(lab02.LAB, "adamw_3_steps")
+    fresh = lab02.make_references()["adamw_3_steps"]
+    for key in ("params", "grads", "exp_avg"):
+        assert torch.equal(stored[key], fresh[key]), key
+
+
+# ---- the checks on real ranks ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def solution():
+    return solution_namespace()
+
+
+def test_solution_passes_every_check(solution):
+    lab02.check_data_parallel_step(solution["data_parallel_step"], world_size=2, seed=11)
+    lab02.check_bucketed_all_reduce(solution["bucketed_all_reduce"], bucket_bytes=4096,
+                                    world_size=4, seed=12, d_hidden=40)
+    lab02.check_overlapped_all_reduce(solution["OverlappedAllReduce"], world_size=4, seed=13)
+    lab02.check_sharded_adamw(solution["ShardedAdamW"], world_size=4, seed=14, d_hidden=50)
+
+
+def test_missing_average_fails_the_gradient_checks():
+    ns = solution_namespace(("p.grad.div_(world_size)\n    ### END SOLUTION\n\n\ndef",
+                             "pass\n    ### END SOLUTION\n\n\ndef"))
+    with pytest.raises(CheckFailed, match="2 times the expected"):
+        lab02.check_data_parallel_step(ns["data_parallel_step"], world_size=2, seed=5)
+
+
+def test_missing_average_in_zero1_is_caught_by_adam_state():
+    ns = solution_namespace(("self.shard.grad = grad_shard.div_(self.world_size)",
+                             "self.shard.grad = grad_shard"))
+    with pytest.raises(CheckFailed, match="exp_avg"):
+        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=6)
+
+
+def test_bucket_counted_in_elements_fails_the_size_check():
+    ns = solution_namespace(("per_bucket = bucket_bytes // buffer.element_size()",
+                             "per_bucket = bucket_bytes"))
+    with pytest.raises(CheckFailed, match="more than the bucket"):
+        lab02.check_bucketed_all_reduce(ns["bucketed_all_reduce"], bucket_bytes=8192,
+                                        world_size=2, seed=7)
+
+
+def test_one_bucket_per_parameter_fails_the_count_check():
+    def per_parameter(params, bucket_bytes):
+        import torch.distributed as dist
+        for p in params:
+            for piece in p.grad.view(-1).split(bucket_bytes // p.grad.element_size()):
+                dist.all_reduce(piece)
+            p.grad.div_(dist.get_world_size())
+    with pytest.raises(CheckFailed, match="at most"):
+        lab02.check_bucketed_all_reduce(per_parameter, bucket_bytes=8192, world_size=2, seed=8)
+
+
+def test_all_reduce_after_backward_is_not_overlap():
+    class AfterBackward:
+        def __init__(self, params):
+            self.params = params
+
+        def wait(self):
+            import torch.distributed as dist
+            works = [dist.all_reduce(p.grad, async_op=True) for p in self.params]
+            for p, w in zip(self.params, works):
+                w.wait()
+                p.grad.div_(dist.get_world_size())
+    with pytest.raises(CheckFailed, match="after backward"):
+        lab02.check_overlapped_all_reduce(AfterBackward, world_size=2, seed=9)
+
+
+def test_replicated_optimizer_state_fails_the_memory_check():
+    class Replicated:
+        def __init__(self, params, **kw):
+            import torch.distributed as dist
+            self.params = list(params)
+            self.local_optimizer = torch.optim.AdamW(self.params, **kw)
+            self.dist = dist
+
+        def zero_grad(self):
+            self.local_optimizer.zero_grad()
+
+        def step(self):
+            for p in self.params:
+                self.dist.all_reduce(p.grad)
+                p.grad.div_(self.dist.get_world_size())
+            self.local_optimizer.step()
+    with pytest.raises(CheckFailed):
+        lab02.check_sharded_adamw(Replicated, world_size=2, seed=10)

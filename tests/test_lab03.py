@@ -1,0 +1,190 @@
+"""Lab 3 (tensor-parallel MLP): the reference layers pass the graded checks on 2 and 4 ranks,
+and typical wrong submissions fail them with a message that names the mistake."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from distlab import tensor_parallel as tp
+from distlab.check import CheckFailed
+from distlab.checks import lab03
+
+SMALL = dict(batch=3, seq=12, hidden=24, ffn=48)   # divisible by 2 and 4
+
+
+def column(dense, group):
+    return tp.ColumnParallelLinear.from_linear(dense, group)
+
+
+def row(dense, group):
+    return tp.RowParallelLinear.from_linear(dense, group)
+
+
+def sp_block(dense, group):
+    return tp.TensorParallelBlock(dense, group, sequence_parallel=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference implementation passes every check
+
+def test_sharding_reference_passes():
+    lab03.check_shard_column(lambda w, b, r, p: (tp.shard(w, 0, r, p), tp.shard(b, 0, r, p)),
+                             world_size=4, seed=11, **SMALL)
+    lab03.check_shard_row(lambda w, b, r, p: (tp.shard(w, 1, r, p), b.clone()),
+                          world_size=2, seed=12, **SMALL)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_operators_reference_passes(world_size):
+    shape = dict(batch=2, seq=8, hidden=16)
+    lab03.check_copy_to_tp(tp.CopyToTensorParallel, world_size, seed=21, **shape)
+    lab03.check_reduce_from_tp(tp.ReduceFromTensorParallel, world_size, seed=22, **shape)
+    lab03.check_gather_from_sp(tp.GatherFromSequenceParallel, world_size, seed=23, **shape)
+    lab03.check_reduce_scatter_to_sp(tp.ReduceScatterToSequenceParallel, world_size, seed=24, **shape)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_modules_reference_passes(world_size):
+    lab03.check_parallel_linears(column, row, world_size, seed=31, **SMALL)
+    lab03.check_tp_mlp(tp.TensorParallelMLP, world_size, seed=32, **SMALL)
+    lab03.check_tp_swiglu(tp.TensorParallelSwiGLU, world_size, seed=33, **SMALL)
+    lab03.check_sequence_parallel_block(sp_block, world_size, seed=34, **SMALL)
+
+
+def test_references_are_reproducible_and_dense():
+    a, b = lab03.make_references(), lab03.make_references()
+    assert a.keys() == b.keys()
+    for name in a:
+        for key, value in a[name].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, b[name][key]), (name, key)
+    mlp = a["mlp"]
+    dense = tp.MLP(mlp["x"].shape[-1], mlp["param.fc1.weight"].shape[0])
+    dense.load_state_dict({k[6:]: v for k, v in mlp.items() if k.startswith("param.")})
+    torch.testing.assert_close(dense(mlp["x"]), mlp["y"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong submissions fail, with a message that says why
+
+class GatheringRowParallel(nn.Module):
+    """Right numbers, wrong lesson: gathers the full weight and the full input on every rank."""
+
+    def __init__(self, dense, group=None):
+        super().__init__()
+        w, b = tp.row_shard(dense, dist.get_rank(group), dist.get_world_size(group))
+        self.weight, self.bias = nn.Parameter(w), nn.Parameter(b)
+
+    def forward(self, x):
+        from torch.distributed.nn.functional import all_gather
+        weight = torch.cat(all_gather(self.weight), dim=1)     # (out, in): the whole matrix
+        x = torch.cat(all_gather(x.contiguous()), dim=-1)       # (b, s, in)
+        return F.linear(x, weight, self.bias)
+
+
+class GatheringMLP(nn.Module):
+    def __init__(self, dense, group=None):
+        super().__init__()
+        self.fc1 = tp.ColumnParallelLinear.from_linear(dense.fc1, group)
+        self.fc2 = GatheringRowParallel(dense.fc2, group)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_gathering_full_weights_fails_the_communication_check():
+    with pytest.raises(CheckFailed, match=r"whole weight matrix .*fc2\.weight.*one all_reduce") as err:
+        lab03.check_tp_mlp(GatheringMLP, 2, seed=41, **SMALL)
+    assert "rank 0's forward should issue exactly all_reduce" in str(err.value)
+
+
+class CopyWithoutReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group=None):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def test_missing_backward_all_reduce_fails_on_the_gradient():
+    with pytest.raises(CheckFailed, match="CopyToTensorParallel input gradient"):
+        lab03.check_copy_to_tp(CopyWithoutReduce, 2, seed=42, batch=2, seq=8, hidden=16)
+
+
+class InPlaceReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group=None):
+        dist.all_reduce(x, group=group)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def test_reduce_in_place_on_input_is_named():
+    with pytest.raises(CheckFailed, match="changed its input in place"):
+        lab03.check_reduce_from_tp(InPlaceReduce, 2, seed=43, batch=2, seq=8, hidden=16)
+
+
+class ReduceScatterByAllReduce(torch.autograd.Function):
+    """Right values, twice the bytes: all-reduce then keep a slice."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        ctx.group = group
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x.chunk(dist.get_world_size(group), 1)[dist.get_rank(group)].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tp.GatherFromSequenceParallel.apply(grad, ctx.group), None
+
+
+def test_all_reduce_instead_of_reduce_scatter_fails():
+    with pytest.raises(CheckFailed, match="reduce-scatter belongs"):
+        lab03.check_reduce_scatter_to_sp(ReduceScatterByAllReduce, 2, seed=44, batch=2, seq=8, hidden=16)
+
+
+def test_split_row_bias_is_named():
+    with pytest.raises(CheckFailed, match="Keep the whole bias"):
+        lab03.check_shard_row(lambda w, b, r, p: (tp.shard(w, 1, r, p), b / p), seed=45, **SMALL)
+
+
+def test_interleaved_column_shard_fails():
+    with pytest.raises(CheckFailed, match="contiguous block"):
+        lab03.check_shard_column(lambda w, b, r, p: (w[r::p].clone(), b[r::p].clone()), seed=46, **SMALL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plumbing: memory, DTensor, formula
+
+def test_sequence_parallel_saves_activation_memory():
+    rows = tp.compare_activation_memory(None, world_size=2, batch=2, seq=16, hidden=16, ffn=64)
+    kib = {r["variant"]: float(r["saved KiB per rank"]) for r in rows}
+    assert kib["sequence parallel"] < kib["tensor parallel"] < kib["dense (one device)"]
+
+
+def test_saved_activations_counts_a_linear_input_once():
+    layer = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    with tp.SavedActivations(layer) as saved:
+        layer(x)
+    assert saved.bytes == x.numel() * 4   # the input; the weight is a parameter, not counted
+
+
+@pytest.mark.parametrize("kind", ["mlp", "block_sp"])
+def test_dtensor_matches_hand_written_and_formula(kind, capsys):
+    rows = tp.compare_with_dtensor(None, kind, world_size=2)
+    printed = capsys.readouterr().out
+    diffs = [float(v) for v in printed.split("output ")[1].split(", input gradient ")[:1]]
+    assert diffs[0] < 1e-5
+    nbytes = tp.megatron_comm_bytes(2, 8, 16)["tp" if kind == "mlp" else "sp"]
+    for row in rows:
+        for side in ("hand-written (out.comms)", "DTensor (CommDebugMode)"):
+            if row[side] != "-":
+                assert row[side].endswith(f" {nbytes['forward'][next(iter(nbytes['forward']))]} B")

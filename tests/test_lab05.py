@@ -1,0 +1,218 @@
+"""Lab 05, pipeline parallelism: the plumbing in distlab.pipeline and the graded checks.
+
+The correct step functions are the lab's own solutions (``solution_functions()``); the wrong ones
+below are the mistakes the checks must catch, each with the message a student would read.
+"""
+import collections
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab.check import CheckFailed
+from distlab.checks import lab05
+from distlab.pipeline import (SCHEDULES, PipeSpec, TimedStage, bubble_fraction, library_step,
+                              loss_fn, partition_layers, peak_in_flight, reference_step,
+                              run_schedules, schedule_order, simulate, stage_layers,
+                              theoretical_bubble)
+
+
+@pytest.fixture(scope="module")
+def sol():
+    return lab05.solution_functions()
+
+
+# ----------------------------------------------------------------------------- single process
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (4, 3), (3, 16)])
+def test_simulated_bubble_and_memory(p, m):
+    for kind in ("gpipe", "1f1b"):
+        events = simulate(kind, p, m, t_bwd=2.0)
+        assert bubble_fraction(events, p) == pytest.approx(theoretical_bubble(p, m))
+        assert len(events) == 2 * p * m
+        expected = {s: m for s in range(p)} if kind == "gpipe" else {s: min(p - s, m) for s in range(p)}
+        assert peak_in_flight(events) == expected
+    assert bubble_fraction(simulate("naive", p, m), p) == pytest.approx((p - 1) / p)
+
+
+def test_simulator_reports_a_deadlocking_order(monkeypatch):
+    import distlab.pipeline as pl
+    # Stage 0 wants B0 before F1, stage 1 wants F1 before B0: each waits for the other.
+    monkeypatch.setattr(pl, "schedule_order", lambda kind, p, m: [
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]])
+    with pytest.raises(RuntimeError, match="deadlocks: stage 0 at .'B', 0."):
+        pl.simulate("gpipe", 2, 2)
+
+
+def test_1f1b_order_has_warmup_steady_cooldown():
+    orders = schedule_order("1f1b", 4, 6)
+    assert orders[0][:4] == [("F", 0), ("F", 1), ("F", 2), ("F", 3)]   # 3 warm-up forwards, then F3
+    assert orders[0][4] == ("B", 0)
+    assert orders[3][:2] == [("F", 0), ("B", 0)]                        # last stage: no warm-up
+    for order in orders:
+        assert sorted(order) == sorted([("F", i) for i in range(6)] + [("B", i) for i in range(6)])
+
+
+def test_partition_layers_is_balanced_and_contiguous():
+    for L, p in [(8, 2), (7, 2), (10, 4), (4, 4), (13, 5)]:
+        ranges = partition_layers(L, p)
+        sizes = [b - a for a, b in ranges]
+        assert ranges[0][0] == 0 and ranges[-1][1] == L and max(sizes) - min(sizes) <= 1
+        assert all(ranges[s][1] == ranges[s + 1][0] for s in range(p - 1))
+    with pytest.raises(ValueError, match="at least one layer"):
+        partition_layers(3, 4)
+
+
+def test_check_partition(sol):
+    lab05.check_partition(sol["partition"])
+    lab05.check_partition(sol["partition"], seed=123)
+
+    def remainder_on_last(L, p):
+        return [(s * (L // p), (s + 1) * (L // p) if s < p - 1 else L) for s in range(p)]
+    with pytest.raises(CheckFailed, match="sizes as equal"):
+        lab05.check_partition(remainder_on_last)
+    with pytest.raises(CheckFailed, match="begin where the previous one stops"):
+        lab05.check_partition(lambda L, p: [(0, L // p)] * p)
+
+
+def test_timed_stage_records_microbatches_and_activation_memory():
+    spec = PipeSpec(num_layers=3, hidden=8, batch=8, seed=1)
+    _, ref = reference_step(spec)
+    stage = TimedStage(stage_layers(spec.model(), 0, 1), rank=0)
+    x, target = spec.data()
+    ys = [stage(a) for a in x.chunk(4)]                        # 4 x (2, 8)
+    per_mb = stage.peak_activation_bytes // 4
+    # each block saves its linear input and the linear output (for gelu): 2 tensors of (2, 8)
+    assert per_mb == 3 * 2 * 2 * 8 * 4
+    for y, t in zip(ys, target.chunk(4)):
+        (loss_fn(y, t) / 4).backward()
+    assert stage._meter.live == 0
+    for name, p in stage.layers.named_parameters():
+        torch.testing.assert_close(p.grad, ref[name], atol=1e-6, rtol=1e-5)
+    assert sorted((e.kind, e.mb) for e in stage.events) == sorted(
+        [("F", i) for i in range(4)] + [("B", i) for i in range(4)])
+    assert all(e.end >= e.start for e in stage.events)
+    assert peak_in_flight(stage.events) == {0: 4}
+
+
+def test_stored_references_match_the_code():
+    stored = lab05.references.load(lab05.LAB, "visible")
+    loss, grads = reference_step(lab05.VISIBLE)
+    assert stored["loss"].item() == loss
+    for name, g in grads.items():
+        torch.testing.assert_close(stored[f"grad.{name}"], g, atol=0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- on real ranks
+
+
+def test_solutions_pass_every_check(sol):
+    lab05.check_naive(sol["naive_step"], world_size=2)
+    lab05.check_gpipe(sol["gpipe_step"], world_size=4, num_microbatches=2, num_layers=5, seed=7)
+    run = lab05.check_1f1b(sol["one_f_one_b_step"], world_size=4, num_microbatches=8, batch=16,
+                           num_layers=7, seed=11)
+    assert run.in_flight == {0: 4, 1: 3, 2: 2, 3: 1}          # p - s, measured
+
+
+def test_all_schedules_and_the_library_agree(sol):
+    spec = PipeSpec(num_layers=4, hidden=16, batch=8, seed=3)
+    runs = run_schedules({"naive": (sol["naive_step"], None), "GPipe": (sol["gpipe_step"], 4),
+                          "1F1B": (sol["one_f_one_b_step"], 4),
+                          "torch GPipe": (library_step("ScheduleGPipe"), 4),
+                          "torch 1F1B": (library_step("Schedule1F1B"), 4)}, 2, spec, warmup=1)
+    lab05.check_library_matches(runs, spec)
+    for run in runs.values():
+        # whatever the schedule, rank 0 sends the whole (b, h) batch of activations once
+        assert run.sent_bytes[0] == spec.batch * spec.hidden * 4
+        assert 0 < run.bubble < 1 and run.step_time > 0
+    assert runs["GPipe"].in_flight == runs["torch GPipe"].in_flight == {0: 4, 1: 4}
+    assert runs["1F1B"].in_flight == runs["torch 1F1B"].in_flight == {0: 2, 1: 1}
+    assert runs["1F1B"].activation_bytes[0] < runs["GPipe"].activation_bytes[0]
+
+
+def gpipe_unscaled(rank, world_size, stage, x, target, num_microbatches):
+    """GPipe that forgets to divide each microbatch loss by m."""
+    first, last, m = rank == 0, rank == world_size - 1, num_microbatches
+    pairs = []
+    for xi, ti in zip(x.chunk(m), target.chunk(m)):
+        a = xi if first else torch.empty_like(xi)
+        if not first:
+            dist.recv(a, src=rank - 1)
+            a.requires_grad_()
+        y = stage(a)
+        if last:
+            y = loss_fn(y, ti)
+        else:
+            dist.send(y.detach(), dst=rank + 1)
+        pairs.append((a, y))
+    for a, y in pairs:
+        if last:
+            y.backward()
+        else:
+            g = torch.empty_like(y)
+            dist.recv(g, src=rank + 1)
+            y.backward(g)
+        if not first:
+            dist.send(a.grad, dst=rank - 1)
+    return sum(y.item() for _, y in pairs) / m if last else None
+
+
+def test_gpipe_check_names_the_missing_scaling():
+    with pytest.raises(CheckFailed, match=r"4 x the expected one.*1/4"):
+        lab05.check_gpipe(gpipe_unscaled, world_size=2, num_microbatches=4)
+
+
+def test_1f1b_check_rejects_gpipe(sol):
+    with pytest.raises(CheckFailed, match="held the activations of 4 microbatches"):
+        lab05.check_1f1b(sol["gpipe_step"], world_size=2, num_microbatches=4)
+
+
+def test_naive_check_rejects_a_step_without_backward_on_stage_0():
+    def forward_only(rank, world_size, stage, x, target):
+        if rank == 0:
+            dist.send(stage(x).detach(), dst=1)
+            return None
+        a = torch.empty_like(x)
+        dist.recv(a, src=0)
+        loss = loss_fn(stage(a), target)
+        loss.backward()
+        return loss.item()
+    with pytest.raises(CheckFailed, match="is None: backward never reached"):
+        lab05.check_naive(forward_only, world_size=2)
+
+
+def one_f_one_b_recv_first(rank, world_size, stage, x, target, num_microbatches):
+    """A classic ordering mistake: each stage runs one forward and then the backward of the same
+    microbatch, waiting for its gradient *before* sending the activation that the next stage needs
+    to produce that gradient. Stage 0 waits on stage 1, stage 1 on stage 0."""
+    first, last, m = rank == 0, rank == world_size - 1, num_microbatches
+    losses = []
+    for xi, ti in zip(x.chunk(m), target.chunk(m)):
+        a = xi if first else torch.empty_like(xi)
+        if not first:
+            dist.recv(a, src=rank - 1)
+            a.requires_grad_()
+        y = stage(a)
+        if last:
+            y = loss_fn(y, ti) / m
+            losses.append(y.item())
+            y.backward()
+        else:
+            g = torch.empty_like(y)
+            dist.recv(g, src=rank + 1)                  # waits for a gradient ...
+            dist.send(y.detach(), dst=rank + 1)         # ... that needs this activation first
+            y.backward(g)
+        if not first:
+            dist.send(a.grad, dst=rank - 1)
+    return sum(losses) if last else None
+
+
+def test_deadlocking_1f1b_fails_with_the_hang_diagnosis(monkeypatch):
+    monkeypatch.setattr(lab05, "TIMEOUT", 5)
+    with pytest.raises(CheckFailed) as info:
+        lab05.check_1f1b(one_f_one_b_recv_first, world_size=2, num_microbatches=4)
+    message = str(info.value)
+    assert "did not finish on 2 ranks" in message
+    assert "rank 0: in recv" in message and "from rank 1" in message   # the launcher's diagnosis
+    assert "rank 1: in recv" in message and "from rank 0" in message

@@ -1,0 +1,83 @@
+"""Every lab's source is fit to grade, its student version is what `distlab build` makes (with no
+solution or hidden test in it), and its stored references are what `distlab references` makes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distlab import notebooks, references
+
+LABS = notebooks.labs()
+
+
+@pytest.fixture(scope="module")
+def built():
+    """One nbgrader build of every lab (it costs seconds per lab)."""
+    return notebooks.build(LABS)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_nbgrader_metadata(lab):
+    assert notebooks.lint(lab) == []
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_student_notebook_up_to_date(built, lab):
+    assert notebooks.stale(lab, built[lab]) == [], \
+        f"notebooks/{lab}/ differs from its source; run `distlab build {lab}`"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_solution_or_hidden_test_in_student_notebook(built, lab):
+    assert notebooks.leaks(lab, built[lab][f"{lab}.ipynb"]) == []
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_student_notebook_has_no_outputs(built, lab):
+    nb = json.loads(built[lab][f"{lab}.ipynb"])
+    assert all(not c.get("outputs") and c.get("execution_count") is None
+               for c in nb["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("lab", references.labs_with_references())
+def test_references_reproducible(lab):
+    files, manifest = references.make(lab)
+    stored = json.loads((references.DATA / lab / references.MANIFEST).read_text())
+    assert {k: v["sha256"] for k, v in stored["files"].items()} == \
+        {k: v["sha256"] for k, v in manifest["files"].items()}, \
+        f"data/{lab}/ is not what make_references() gives; run `distlab references {lab}`"
+    for name, blob in files.items():
+        assert (references.DATA / lab / name).read_bytes() == blob
+        assert set(stored["files"][name]) >= {"seed", "tensors", "sha256"}
+
+
+def test_lint_catches_broken_metadata(monkeypatch):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 1"),  # no metadata
+        nbformat.v4.new_code_cell("### BEGIN SOLUTION\ny = 2"),  # unbalanced
+        nbformat.v4.new_code_cell("check()"),  # test, unlocked, no points
+    ]
+    nb.cells[1].metadata["nbgrader"] = {"grade_id": "a", "solution": True, "grade": False, "locked": False}
+    nb.cells[2].metadata["nbgrader"] = {"grade_id": "a", "solution": False, "grade": True, "locked": False}
+    monkeypatch.setattr(notebooks, "source_notebook", lambda lab: nb)
+    problems = "\n".join(notebooks.lint("x"))
+    for expected in ("without nbgrader metadata", "without '### END SOLUTION'", "used twice",
+                     "without positive points", "test cell not locked"):
+        assert expected in problems
+
+
+def test_references_refuse_a_tampered_file(tmp_path):
+    lab = "01_collectives"
+    folder = tmp_path / lab
+    folder.mkdir()
+    for f in (references.DATA / lab).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    assert "expected" in references.load(lab, "all_reduce_ws2", data=tmp_path)
+    blob = bytearray((folder / "all_reduce_ws2.pt").read_bytes())
+    blob[-30] ^= 1
+    (folder / "all_reduce_ws2.pt").write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match="sha256"):
+        references.load(lab, "all_reduce_ws2", data=tmp_path)
