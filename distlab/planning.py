@@ -363,3 +363,128 @@ LLAMA3_405B_PUBLISHED = ParallelConfig(tp=8, pp=16, dp=64, job=LLAMA3_405B_JOB)
 def with_job(cfg: ParallelConfig, **changes) -> ParallelConfig:
     """The same degrees with some Job fields changed (e.g. zero_stage=3)."""
     return replace(cfg, job=replace(cfg.job, **changes))
+
+
+def model_of_size(params_b: float) -> Model:
+    """A Llama-3-shaped model of about ``params_b`` billion parameters, for the planner: head
+    dimension 128, 8 KV heads, SwiGLU width 3.5 h, about h/120 layers (Llama 3: 4096/32,
+    8192/80, 16384/126), so N ~ 0.1 h^3 fixes the hidden size."""
+    hidden = max(1024, 1024 * round((params_b * 1e9 / 0.106) ** (1 / 3) / 1024))
+    shape = Model("", 1, hidden, hidden // 128, 8, 256 * round(3.5 * hidden / 256), 128256)
+    layers = max(2, round((params_b * 1e9 - 2 * shape.vocab * hidden) / shape.layer_params))
+    return replace(shape, name=f"~{params_b:g}B model", layers=layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports and figures for the lab
+# ---------------------------------------------------------------------------------------------
+
+def memory_table(model: Model, configs: list[ParallelConfig], memory=memory_per_gpu) -> str:
+    """GB per GPU by term, one column per layout."""
+    cols = [memory(model, c) for c in configs]
+    head = f"{'GB per GPU':16s}" + "".join(f"{str(c):>22s}" for c in configs)
+    rows = [f"{term:16s}" + "".join(f"{col[term] / GB:22.1f}" for col in cols)
+            for term in (*TERMS, "total")]
+    return "\n".join([head, *rows])
+
+
+def plot_memory(model: Model, configs: list[ParallelConfig], gpu_mem_gb: float,
+                memory=memory_per_gpu):
+    """Stacked bars of the memory terms per layout, with the GPU's capacity as a line."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [f"{c}\nZeRO-{c.job.zero_stage}" for c in configs]
+    bottom = [0.0] * len(configs)
+    for term in TERMS:
+        values = [memory(model, c)[term] / GB for c in configs]
+        ax.bar(labels, values, bottom=bottom, label=term)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(gpu_mem_gb, color="k", linestyle="--", linewidth=1)
+    ax.text(len(configs) - 0.5, gpu_mem_gb, f" {gpu_mem_gb:g} GB GPU", va="bottom", ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("GB per GPU (log)")
+    ax.set_title(f"{model.name}: memory per GPU by term")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    return fig
+
+
+def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
+    """Memory, bubble and per-axis communication of one layout, as text."""
+    mem, st = memory_per_gpu(model, cfg), step_time(model, cluster, cfg)
+    comm, bw = comm_bytes_per_step(model, cfg), axis_bandwidth(cluster, cfg)
+    lines = [f"{model.name} on {cluster.name}, {cfg}, ZeRO-{cfg.job.zero_stage}, "
+             f"m = {cfg.microbatches} micro-batches of {cfg.job.micro_batch} x {cfg.job.seq_len} tokens",
+             "  memory per GPU: " + ", ".join(f"{k} {mem[k] / GB:.1f}" for k in TERMS)
+             + f" = {mem['total'] / GB:.1f} GB of {cluster.gpu_mem_gb:g}",
+             f"  bubble: (p-1)/(m+p-1) = {bubble_fraction(cfg.pp, cfg.microbatches):.3f} of the "
+             f"pipeline's time",
+             "  per step and GPU    GB sent   link GB/s   seconds"]
+    for axis in ("tp", "pp", "dp"):
+        lines.append(f"    {axis.upper():4s}             {comm[axis] / GB:9.2f}   {bw[axis] / GB:9.0f}"
+                     f"   {st[axis]:7.2f}")
+    lines.append(f"  compute {st['compute']:.2f} s + bubble {st['bubble']:.2f} s + communication "
+                 f"{st['tp'] + st['pp'] + st['dp']:.2f} s = {st['total']:.2f} s per step")
+    return "\n".join(lines)
+
+
+def published_comparison(choose=reference_choose_degrees) -> str:
+    """Llama 3 405B: the layout ``choose`` picks for its published cluster and batch, beside the
+    published layout (TP 8, PP 16, DP 64 on 8,192 GPUs)."""
+    ours = choose(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB)
+    ours = ParallelConfig(ours.tp, ours.pp, ours.dp, LLAMA3_405B_JOB)
+    lines = ["                    " + f"{'published (Llama 3, Table 4)':>30s}{'this model picks':>22s}"]
+    for label, fn in [("layout", str),
+                      ("memory GB/GPU", lambda c: f"{memory_per_gpu(LLAMA3_405B, c)['total'] / GB:.1f}"),
+                      ("bubble (p-1)/(m+p-1)", lambda c: f"{bubble_fraction(c.pp, c.microbatches):.3f}"),
+                      ("step time s (model)", lambda c: f"{step_time(LLAMA3_405B, LLAMA3_405B_CLUSTER, c)['total']:.1f}")]:
+        lines.append(f"{label:20s}{fn(LLAMA3_405B_PUBLISHED):>30s}{fn(ours):>22s}")
+    tokens = LLAMA3_405B_JOB.global_batch * LLAMA3_405B_JOB.seq_len
+    lines.append(f"measured (paper): 430 TFLOP/s per GPU -> "
+                 f"{6 * LLAMA3_405B.params * tokens / (8192 * 430e12):.1f} s per 16M-token step "
+                 f"(6 N tokens, attention FLOPs left out)")
+    return "\n".join(lines)
+
+
+def planner(choose=reference_choose_degrees):
+    """Sliders for model size, sequence length, GPUs per node, nodes and GPU memory; shows the
+    chosen degrees, memory per GPU by term, the bubble and the communication per axis."""
+    import ipywidgets as w
+
+    def show(params_b, seq_len, gpus_per_node, nodes, gpu_mem_gb, batch_m_tokens, zero_stage,
+             recompute):
+        model = model_of_size(params_b)
+        cluster = Cluster(f"{nodes} x {gpus_per_node} GPUs", nodes, gpus_per_node, gpu_mem_gb)
+        # The batch in sequences: the token budget rounded to a multiple of the GPU count.
+        seqs = max(cluster.gpus, cluster.gpus * round(batch_m_tokens * 1e6 / seq_len / cluster.gpus))
+        job = Job(seq_len=seq_len, global_batch=seqs, zero_stage=zero_stage, recompute=recompute)
+        print(f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads "
+              f"({model.params / 1e9:.1f}B params); batch {seqs} x {seq_len} tokens")
+        print(f"rule of thumb: {rule_of_thumb_gpus(model.params, gpu_mem_gb):.1f} GPUs to hold it")
+        try:
+            cfg = choose(model, cluster, job)
+        except ValueError as err:
+            print(err)
+            return
+        print(layout_summary(model, cluster, ParallelConfig(cfg.tp, cfg.pp, cfg.dp, job)))
+
+    style = {"description_width": "150px"}
+    layout = w.Layout(width="480px")
+    return w.interactive(
+        show,
+        params_b=w.FloatLogSlider(value=70, base=10, min=0, max=3, description="model (B params)",
+                                  style=style, layout=layout),
+        seq_len=w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768], value=4096,
+                                  description="sequence length", style=style, layout=layout),
+        gpus_per_node=w.SelectionSlider(options=[1, 2, 4, 8], value=8, description="GPUs per node",
+                                        style=style, layout=layout),
+        nodes=w.SelectionSlider(options=[2 ** k for k in range(12)], value=16, description="nodes",
+                                style=style, layout=layout),
+        gpu_mem_gb=w.SelectionSlider(options=[16, 24, 40, 48, 80, 96, 141, 192], value=80,
+                                     description="GPU memory (GB)", style=style, layout=layout),
+        batch_m_tokens=w.SelectionSlider(options=[0.5, 1, 2, 4, 8, 16], value=4,
+                                         description="batch (M tokens)", style=style, layout=layout),
+        zero_stage=w.Dropdown(options=[0, 1, 2, 3], value=1, description="ZeRO stage", style=style),
+        recompute=w.Dropdown(options=["none", "selective", "full"], value="selective",
+                             description="recompute", style=style),
+    )

@@ -1,0 +1,288 @@
+"""Graded checks of Lab 7, "3D parallelism and the topology decision".
+
+Exercises:
+1. ``memory_per_gpu(model, cfg) -> {term: bytes}``: every term of ``distlab.planning.TERMS`` and
+   their "total", compared term by term with ``distlab.planning.memory_per_gpu`` on random
+   models and layouts (relative tolerance 1e-9: it is arithmetic).
+2. ``choose_degrees(model, cluster, job) -> ParallelConfig``: valid (t*p*d = n, TP within a node and
+   dividing the heads, PP at most the layers, the batch splitting into DP micro-batches, memory
+   within the GPU) and as fast by ``distlab.planning.step_time`` as the best valid layout.
+3. The production answers: the layout for Llama 3 70B on 16 x 8 H100 (visible) and for Llama 3
+   405B on the 8,192 GPUs of its published run (hidden), each checked like 2.
+4. ``tp_plan() -> {submodule: ParallelStyle}`` for one transformer block, used for a real
+   DP x TP run on 4 ranks (visible) and PP x DP x TP on 8 ranks (hidden): every block linear must
+   be sharded over TP and the losses must equal single-process training.
+
+References come from the reference implementations in ``distlab.planning`` and
+``distlab.mesh_training``; visible tests read the stored sets (``data/07_3d_parallelism/``),
+hidden tests draw fresh cases from ``seed=fresh_seed()``.
+"""
+from __future__ import annotations
+
+import torch
+
+import distlab
+from distlab import references
+from distlab.check import CheckFailed, assert_close
+from distlab.grade import backends, rank_timeout
+from distlab.mesh_training import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses,
+                                   train_on_mesh)
+from distlab.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
+                              LLAMA3_405B_JOB, TERMS, Cluster, Job, Model, ParallelConfig,
+                              divisors, memory_per_gpu, reference_choose_degrees, step_time,
+                              why_invalid)
+
+LAB = "07_3d_parallelism"
+SEED = 707
+RECOMPUTE = ("none", "selective", "full")
+JOB_70B = Job(seq_len=4096, global_batch=1024, micro_batch=1, zero_stage=1)  # 4M tokens per step
+VISIBLE_MESH = MeshShape(pp=1, dp=2, tp=2)
+HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
+# Seconds before the mesh runs count as hung: 8 ranks setting up DTensor, FSDP2 and a pipeline on
+# 2 shared cores take several seconds, more than a hang limit tuned for plain collectives.
+MESH_TIMEOUT = 120
+
+HINTS = {
+    "weights": "weights = weight_bytes x params per GPU; only ZeRO-3 divides them by DP.",
+    "gradients": "gradients = grad_bytes x params per GPU, divided by DP from ZeRO-2 on.",
+    "master_weights": "master weights are fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
+    "adam_m": "Adam's first moment is fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
+    "adam_v": "Adam's second moment is fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
+    "activations": "activations = bytes per layer (Korthikanti's formula for the recompute and "
+                   "sequence-parallel setting) x ceil(L/p) layers x min(p, m) micro-batches in flight.",
+    "total": "total is the sum of the six terms.",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Random cases, as integer rows a reference file can store
+
+def _pick(g: torch.Generator, options):
+    return options[int(torch.randint(len(options), (1,), generator=g))]
+
+
+def _random_model(g: torch.Generator, max_layers: int = 96) -> Model:
+    heads = _pick(g, [8, 16, 32, 48, 64, 96, 128])
+    head_dim = _pick(g, [64, 128])
+    hidden = heads * head_dim
+    kv = _pick(g, [k for k in divisors(heads) if k <= 16])
+    ffn = 256 * round(hidden * _pick(g, [2.67, 3.5, 4.0]) / 256)
+    layers = int(torch.randint(4, max_layers + 1, (1,), generator=g))
+    return Model(f"random {layers}L x {hidden}", layers, hidden, heads, kv, ffn,
+                 _pick(g, [32000, 50304, 128256]))
+
+
+def _random_job(g: torch.Generator, dp: int) -> Job:
+    micro = _pick(g, [1, 2, 4])
+    return Job(seq_len=_pick(g, [1024, 2048, 4096, 8192]),
+               global_batch=micro * dp * int(torch.randint(1, 65, (1,), generator=g)),
+               micro_batch=micro, zero_stage=int(torch.randint(0, 4, (1,), generator=g)),
+               recompute=_pick(g, RECOMPUTE), sequence_parallel=bool(_pick(g, [True, False])),
+               grad_bytes=_pick(g, [2, 4]))
+
+
+def _model_row(m: Model) -> list[int]:
+    return [m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab]
+
+
+def _job_row(j: Job) -> list[int]:
+    return [j.seq_len, j.global_batch, j.micro_batch, j.zero_stage, RECOMPUTE.index(j.recompute),
+            int(j.sequence_parallel), j.grad_bytes]
+
+
+def _job_from(row) -> Job:
+    seq, gb, mb, zero, rec, sp, gbytes = (int(v) for v in row)
+    return Job(seq, gb, mb, zero, RECOMPUTE[rec], bool(sp), gbytes)
+
+
+def _model_from(row) -> Model:
+    layers, hidden, heads, kv, ffn, vocab = (int(v) for v in row)
+    return Model(f"{layers}L x {hidden}", layers, hidden, heads, kv, ffn, vocab)
+
+
+def memory_cases(seed: int, count: int = 12) -> dict[str, torch.Tensor]:
+    """Random (model, layout, job) rows and the reference terms in bytes, (count, 7) float64."""
+    g = torch.Generator().manual_seed(seed)
+    rows, expected = [], []
+    for _ in range(count):
+        model = _random_model(g)
+        tp = _pick(g, [t for t in divisors(8) if model.heads % t == 0])
+        pp = _pick(g, [p for p in (1, 2, 4, 8, 16) if p <= model.layers])
+        dp = _pick(g, [1, 2, 4, 8, 16, 64])
+        cfg = ParallelConfig(tp, pp, dp, _random_job(g, dp))
+        rows.append(_model_row(model) + [tp, pp, dp] + _job_row(cfg.job))
+        terms = memory_per_gpu(model, cfg)
+        expected.append([terms[k] for k in (*TERMS, "total")])
+    return {"cases": torch.tensor(rows, dtype=torch.int64),
+            "expected": torch.tensor(expected, dtype=torch.float64)}
+
+
+def _memory_case(row) -> tuple[Model, ParallelConfig]:
+    return _model_from(row[:6]), ParallelConfig(int(row[6]), int(row[7]), int(row[8]),
+                                                _job_from(row[9:]))
+
+
+def degree_cases(seed: int, count: int = 4) -> dict[str, torch.Tensor]:
+    """Random (model, cluster, job) rows with at least one valid layout, and the reference choice
+    (tp, pp, dp, seconds per step)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, expected = [], []
+    while len(rows) < count:
+        gpn = _pick(g, [4, 8])
+        cluster = Cluster("random", nodes=_pick(g, [1, 2, 4, 8, 16, 32]), gpus_per_node=gpn,
+                          gpu_mem_gb=_pick(g, [24, 40, 80, 141]),
+                          intra_node_gbs=_pick(g, [150.0, 300.0, 450.0, 900.0]),
+                          inter_node_gbs=_pick(g, [12.5, 25.0, 50.0, 100.0]))
+        model = _random_model(g, max_layers=64)
+        job = _random_job(g, cluster.gpus)
+        try:
+            best = reference_choose_degrees(model, cluster, job)
+        except ValueError:
+            continue                                    # nothing fits: draw another case
+        rows.append(_model_row(model) + [cluster.nodes, gpn, cluster.gpu_mem_gb,
+                                         int(cluster.intra_node_gbs * 10),
+                                         int(cluster.inter_node_gbs * 10)] + _job_row(job))
+        expected.append([best.tp, best.pp, best.dp, step_time(model, cluster, best)["total"]])
+    return {"cases": torch.tensor(rows, dtype=torch.int64),
+            "expected": torch.tensor(expected, dtype=torch.float64)}
+
+
+def _degree_case(row) -> tuple[Model, Cluster, Job]:
+    nodes, gpn, mem, intra, inter = (int(v) for v in row[6:11])
+    cluster = Cluster(f"{nodes} nodes x {gpn} GPUs of {mem} GB", nodes=nodes, gpus_per_node=gpn,
+                      gpu_mem_gb=mem, intra_node_gbs=intra / 10, inter_node_gbs=inter / 10)
+    return _model_from(row[:6]), cluster, _job_from(row[11:])
+
+
+def make_references() -> dict:
+    """The visible sets: memory and degree cases from SEED, and the single-process losses of the
+    visible mesh run."""
+    cfg = TinyConfig()
+    return {"memory": {"seed": SEED, **memory_cases(SEED)},
+            "degrees": {"seed": SEED, **degree_cases(SEED)},
+            "mesh": {"seed": SEED, "losses": reference_losses(cfg, SEED)}}
+
+
+def _stored(name: str, drawn: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The stored set, after checking that its inputs are the ones drawn from SEED today."""
+    stored = references.load(LAB, name)
+    assert_close(drawn["cases"], stored["cases"], what=f"the visible {name} cases (stored vs drawn)")
+    return stored
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. memory_per_gpu
+
+def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> None:
+    """``fn(model, cfg)`` must return every term of TERMS and "total", in bytes."""
+    drawn = memory_cases(SEED if seed is None else seed, count)
+    ref = _stored("memory", drawn) if seed is None else drawn
+    for row, expected in zip(ref["cases"], ref["expected"]):
+        model, cfg = _memory_case(row)
+        got = fn(model, cfg)
+        where = f"{model} with {cfg} and {cfg.job}"
+        if not isinstance(got, dict):
+            raise CheckFailed(f"memory_per_gpu returned a {type(got).__name__}; return a dict with "
+                              f"keys {[*TERMS, 'total']} (bytes). Case: {where}")
+        for key, value in zip((*TERMS, "total"), expected.tolist()):
+            if key not in got:
+                raise CheckFailed(f"memory_per_gpu's result has no {key!r} term (it has "
+                                  f"{sorted(got)}). {HINTS[key]}")
+            g = float(got[key])
+            if abs(g - value) > 1e-9 * max(abs(value), 1.0):
+                raise CheckFailed(
+                    f"memory_per_gpu: {key!r} is {g / GB:.4f} GB, expected {value / GB:.4f} GB "
+                    f"({value:.6g} bytes) for {where}.\n{HINTS[key]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2-3. choose_degrees
+
+def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best_seconds: float,
+                  what: str) -> None:
+    if not all(hasattr(choice, a) for a in ("tp", "pp", "dp")):
+        raise CheckFailed(f"{what}: expected a ParallelConfig(tp, pp, dp, job), got "
+                          f"{type(choice).__name__} {choice!r}.")
+    cfg = ParallelConfig(int(choice.tp), int(choice.pp), int(choice.dp), job)
+    reason = why_invalid(model, cluster, cfg)
+    if reason:
+        raise CheckFailed(f"{what}: {cfg} is not a valid layout of {model.name} on {cluster.name}: "
+                          f"{reason}.")
+    seconds = step_time(model, cluster, cfg)["total"]
+    if seconds > best_seconds * (1 + 1e-9):
+        best = reference_choose_degrees(model, cluster, job)
+        raise CheckFailed(
+            f"{what}: {cfg} is valid but takes {seconds:.3f} s per step by step_time; {best} takes "
+            f"{best_seconds:.3f} s. Compare every valid (t, p, d) by step_time(...)['total'] and "
+            f"keep the smallest.")
+
+
+def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> None:
+    """``fn(model, cluster, job)`` must return a valid layout as fast as the best one."""
+    drawn = degree_cases(SEED if seed is None else seed, count)
+    ref = _stored("degrees", drawn) if seed is None else drawn
+    for row, expected in zip(ref["cases"], ref["expected"]):
+        model, cluster, job = _degree_case(row)
+        _check_choice(fn(model, cluster, job), model, cluster, job, float(expected[3]),
+                      f"choose_degrees({model.name}, {cluster.name}, {job})")
+
+
+def check_production_answer(answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,
+                            job: Job = JOB_70B) -> None:
+    """``answer`` must be the best layout for ``model`` on ``cluster`` (default: the 70B case)."""
+    best = reference_choose_degrees(model, cluster, job)
+    _check_choice(answer, model, cluster, job, step_time(model, cluster, best)["total"],
+                  f"your answer for {model.name} on {cluster.name}")
+
+
+def check_405b_answer(answer) -> None:
+    check_production_answer(answer, model=LLAMA3_405B, cluster=LLAMA3_405B_CLUSTER,
+                            job=LLAMA3_405B_JOB)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the tensor-parallel plan, on a real mesh
+
+def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None = None) -> None:
+    """Train the small transformer on ``shape`` with ``plan_fn()`` applied to every block; every
+    block linear must be sharded over TP and each step's loss must equal single-process training."""
+    cfg = TinyConfig()
+    expected = references.load(LAB, "mesh")["losses"] if seed is None else None
+    seed = SEED if seed is None else seed
+    if expected is None:
+        expected = reference_losses(cfg, seed)
+    try:
+        runs = [(b, distlab.run(train_on_mesh, shape.world_size, shape, plan_fn, cfg, seed,
+                                backend=b, timeout=max(rank_timeout(), MESH_TIMEOUT)))
+                for b in backends(shape.world_size)]
+    except distlab.RankError as err:
+        raise CheckFailed(
+            f"Training on {shape} with your plan failed on rank {err.rank} ({err.exc_type}):\n"
+            f"{str(err).splitlines()[0]}\nColumn-parallel layers (split by output features) feed "
+            f"attention heads and the MLP activation; row-parallel layers (split by input "
+            f"features) bring the result back to the full hidden size.") from None
+    for backend, out in runs:
+        for rank, res in enumerate(out):
+            for name, placement in res["placements"].items():
+                if placement == "replicated":
+                    raise CheckFailed(f"{name} is a plain replicated weight on rank {rank}: your "
+                                      f"plan leaves it out, so every TP rank computes it whole. "
+                                      f"Shard every linear layer of the block.")
+        losses = next(r["losses"] for r in out if r["losses"] is not None)
+        assert_close(losses, expected, what=f"the loss of each training step on {shape} "
+                     f"({backend}) vs single-process training", atol=LOSS_ATOL, rtol=LOSS_RTOL,
+                     hint="The weights are sharded, so the layout is right; the values are not: "
+                          "check which layers are column- and which row-parallel.")
+
+
+def solution_functions() -> dict:
+    """The lab's own solutions (``memory_per_gpu``, ``choose_degrees``, ``tp_plan``), executed from
+    ``solutions/07_3d_parallelism``: imports and solution cells only."""
+    from distlab.notebooks import source_notebook
+
+    namespace = {"__name__": "lab07_solution"}
+    for cell in source_notebook(LAB).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            exec(compile(cell.source, f"<{LAB}:{meta['grade_id']}>", "exec"), namespace)
+    return {k: namespace[k] for k in ("memory_per_gpu", "choose_degrees", "tp_plan")}

@@ -1,0 +1,338 @@
+"""A small transformer trained on a 3D device mesh (PP x DP x TP), compared step by step with
+the same model trained in one process. Lab 7.
+
+The mesh is ``init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))``: TP is
+the innermost dimension, so a TP group is ``tp`` consecutive ranks (on a real cluster: GPUs of one
+node, on NVLink), then DP, then PP outermost. Rank r sits at
+``(r // (dp*tp), (r // tp) % dp, r % tp)``.
+
+Each axis is PyTorch's own tool:
+  tp: ``parallelize_module(block, mesh["tp"], plan)`` with a plan dict of ColwiseParallel /
+      RowwiseParallel (Megatron: q, k, v and the MLP's up projection split by output features, the
+      attention output and MLP down projection by input features; one all-reduce after each in
+      forward, one before each in backward);
+  dp: ``fully_shard(stage, mesh=mesh["dp"])`` (FSDP2: parameters sharded over DP, all-gathered for
+      forward and backward, gradients reduce-scattered and averaged);
+  pp: ``torch.distributed.pipelining`` (PipelineStage + Schedule1F1B): stage 0 holds the embedding
+      and the first half of the blocks, the last stage the rest, the final norm and the head;
+      activations go forward and their gradients back by send/recv between stages.
+
+Why the losses agree with one process: every DP replica sees B/dp sequences, the schedule splits
+them into micro-batches and scales each micro-batch gradient by 1/m, FSDP averages over DP, so the
+update is the gradient of the mean loss over the whole batch B, which is what the single process
+computes. Only the order of floating-point additions differs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Loss agreement with single-process training: float32, different summation order only.
+LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
+
+# The linear layers of one Block, by their name inside the block.
+BLOCK_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down")
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Small enough that 8 ranks on 2 CPU cores train it in seconds."""
+    vocab: int = 32
+    dim: int = 32
+    heads: int = 4
+    ffn: int = 64
+    layers: int = 2
+    seq: int = 8
+    batch: int = 8          # sequences per step, over all DP replicas
+    steps: int = 3
+    lr: float = 1e-2
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) index of a rank: TP innermost, PP outermost."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def __str__(self) -> str:
+        return f"PP={self.pp} x DP={self.dp} x TP={self.tp}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+class Attention(nn.Module):
+    """Causal self-attention. Under tensor parallelism q, k, v hold heads/t heads each, so the
+    head count is read from the local weight (the -1 in view), never from the config."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (f(x).view(B, T, -1, self.head_dim).transpose(1, 2)     # (B, nh, T, hd)
+                   for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)      # (B, nh, T, hd)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))               # (B, T, nh*hd) -> (B, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, ffn: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block. The norms stay replicated: their input is the full activation
+    every TP rank holds after the row-parallel all-reduce."""
+
+    def __init__(self, cfg: TinyConfig):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.dim), nn.LayerNorm(cfg.dim)
+        self.attn, self.mlp = Attention(cfg.dim, cfg.heads), MLP(cfg.dim, cfg.ffn)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Stage(nn.Module):
+    """A contiguous piece of the model: the embedding if first, some blocks, the norm and head if
+    last. With one stage it is the whole model: tokens (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, blocks, embed=None, norm=None, head=None):
+        super().__init__()
+        self.embed, self.blocks, self.norm, self.head = embed, nn.ModuleList(blocks), norm, head
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)                                            # (B, T) -> (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))                                  # (B, T, C) -> (B, T, V)
+        return x
+
+
+def build_model(cfg: TinyConfig, seed: int) -> Stage:
+    """The whole model, initialised from ``seed``: every rank builds the same one and keeps its
+    part, so all layouts start from the single-process model's weights."""
+    torch.manual_seed(seed)
+    blocks = [Block(cfg) for _ in range(cfg.layers)]
+    return Stage(blocks, embed=nn.Embedding(cfg.vocab, cfg.dim), norm=nn.LayerNorm(cfg.dim),
+                 head=nn.Linear(cfg.dim, cfg.vocab, bias=False))
+
+
+def split_stage(model: Stage, pp: int, index: int) -> Stage:
+    """Stage ``index`` of ``pp``: blocks split as evenly as possible, embedding first, head last."""
+    n = len(model.blocks)
+    lo, hi = index * n // pp, (index + 1) * n // pp
+    first, last = index == 0, index == pp - 1
+    return Stage(list(model.blocks)[lo:hi], embed=model.embed if first else None,
+                 norm=model.norm if last else None, head=model.head if last else None)
+
+
+def make_batches(cfg: TinyConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and targets of every step, (steps, B, T) each. The target is the next token of a
+    fixed random permutation of the vocabulary, something the model can learn in a few steps."""
+    g = torch.Generator().manual_seed(seed + 1)
+    perm = torch.randperm(cfg.vocab, generator=g)
+    tokens = torch.randint(cfg.vocab, (cfg.steps, cfg.batch, cfg.seq), generator=g)
+    return tokens, perm[tokens]
+
+
+def loss_fn(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))  # (B*T, V)
+
+
+def reference_losses(cfg: TinyConfig, seed: int) -> torch.Tensor:
+    """Loss of each step of plain single-process training on the whole batch, (steps,)."""
+    model = build_model(cfg, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    tokens, targets = make_batches(cfg, seed)
+    losses = []
+    for step in range(cfg.steps):
+        opt.zero_grad()
+        loss = loss_fn(model(tokens[step]), targets[step])
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+def megatron_plan() -> dict:
+    """The tensor-parallel plan of one Block (the lab's exercise asks for this dict)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank of the 3D run
+# ---------------------------------------------------------------------------------------------
+
+def _placements(stage: Stage) -> dict[str, str]:
+    """How each block linear's weight is laid out over the TP ranks ("replicated" if the plan
+    left it a plain tensor)."""
+    out = {}
+    for i, block in enumerate(stage.blocks):
+        for name in BLOCK_LINEARS:
+            w = block.get_submodule(name).weight
+            out[f"{name} (block {i})"] = str(tuple(w.placements)) if hasattr(w, "placements") \
+                else "replicated"
+    return out
+
+
+def _local_elements(stage: Stage) -> int:
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in stage.parameters())
+
+
+def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: TinyConfig,
+                  seed: int) -> dict:
+    """Train ``cfg.steps`` steps on this rank's part of the PP x DP x TP mesh.
+
+    Returns {"coords", "placements" (block linears after TP, before FSDP), "elements" (parameter
+    elements this rank stores), "losses" ((steps,) global-batch mean loss on the last stage, else
+    None), "step_seconds" (wall time of each step on this rank; the first includes set-up)}.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if world_size != shape.world_size:
+        raise ValueError(f"{shape} needs {shape.world_size} ranks, got {world_size}")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_i, dp_i, _ = shape.coords(rank)
+
+    stage = split_stage(build_model(cfg, seed), shape.pp, pp_i).to(device)
+    plan = plan_fn()
+    for block in stage.blocks:
+        parallelize_module(block, mesh["tp"], plan)
+    placements = _placements(stage)
+    fully_shard(stage, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, foreach=False)
+
+    tokens, targets = make_batches(cfg, seed)
+    per_dp = cfg.batch // shape.dp
+    rows = slice(dp_i * per_dp, (dp_i + 1) * per_dp)      # this DP replica's share of the batch
+    run_step = _pipeline_step(stage, shape, pp_i, mesh, device) if shape.pp > 1 \
+        else _plain_step(stage)
+
+    losses, times = [], []
+    for step in range(cfg.steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = run_step(tokens[step, rows].to(device), targets[step, rows].to(device))
+        opt.step()
+        times.append(time.perf_counter() - start)
+        if loss is not None:                                 # the mean over DP replicas
+            loss = loss.detach().clone()
+            dist.all_reduce(loss, group=mesh["dp"].get_group())
+            losses.append(loss / shape.dp)
+    return {"coords": shape.coords(rank), "placements": placements,
+            "elements": _local_elements(stage), "step_seconds": times,
+            "losses": torch.stack(losses).cpu() if losses else None}
+
+
+def _plain_step(stage):
+    """Without pipelining: forward and backward of this replica's share of the batch."""
+    def step(x, y):
+        loss = loss_fn(stage(x), y)
+        loss.backward()
+        return loss
+    return step
+
+
+def _pipeline_step(stage, shape: MeshShape, pp_i: int, mesh, device):
+    """A function (tokens, targets) -> mean loss (last stage) or None (other stages) that runs
+    one 1F1B pipeline step with two micro-batches; backward runs inside the schedule."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    pipe = PipelineStage(stage, pp_i, shape.pp, torch.device(device), group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(pipe, n_microbatches=2, loss_fn=loss_fn)
+    first, last = pp_i == 0, pp_i == shape.pp - 1
+
+    def step(x, y):
+        losses = []
+        args = (x,) if first else ()
+        kwargs = {"target": y, "losses": losses} if last else {}
+        schedule.step(*args, **kwargs)
+        return torch.stack(losses).mean() if last else None
+
+    return step
+
+
+# ---------------------------------------------------------------------------------------------
+# From the notebook
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class MeshRun:
+    shape: MeshShape
+    losses: torch.Tensor           # (steps,) from the last pipeline stage
+    reference: torch.Tensor        # (steps,) single process
+    results: list                  # every rank's dict from train_on_mesh
+    seconds: float                 # wall time of the whole run (spawn included)
+
+    @property
+    def max_error(self) -> float:
+        return (self.losses - self.reference).abs().max().item()
+
+    def table(self) -> str:
+        lines = [f"{self.shape} on {self.shape.world_size} ranks: {self.seconds:.1f} s wall "
+                 f"(max |loss - single process| = {self.max_error:.2e}, tolerance "
+                 f"{LOSS_ATOL:g} + {LOSS_RTOL:g}*|loss|)",
+                 "  step   single process   mesh"]
+        for i, (r, m) in enumerate(zip(self.reference.tolist(), self.losses.tolist())):
+            lines.append(f"  {i:4d}   {r:14.6f}   {m:.6f}")
+        return "\n".join(lines)
+
+
+def run_mesh(shape: MeshShape, plan_fn=megatron_plan, cfg: TinyConfig = TinyConfig(),
+             seed: int = 0, timeout: float = 300) -> MeshRun:
+    """Train on ``shape.world_size`` ranks with ``distlab.run`` and beside it in this process."""
+    import distlab
+    check_batch_fits(cfg, shape)
+    start = time.perf_counter()
+    out = distlab.run(train_on_mesh, shape.world_size, shape, plan_fn, cfg, seed, timeout=timeout)
+    seconds = time.perf_counter() - start
+    last = next(r for r in out if r["losses"] is not None)
+    return MeshRun(shape, last["losses"], reference_losses(cfg, seed), list(out), seconds)
+
+
+def check_batch_fits(cfg: TinyConfig, shape: MeshShape) -> None:
+    """The batch must split into DP shares and (with PP) two micro-batches each."""
+    need = shape.dp * (2 if shape.pp > 1 else 1)
+    if cfg.batch % need or cfg.heads % shape.tp or cfg.layers < shape.pp:
+        raise ValueError(f"{cfg} does not fit {shape}: batch must be a multiple of {need}, heads "
+                         f"of TP={shape.tp}, layers at least PP={shape.pp}")
+
+
+def dense_elements(cfg: TinyConfig) -> int:
+    return sum(p.numel() for p in build_model(cfg, 0).parameters())
+
+
+__all__ = ["TinyConfig", "MeshShape", "build_model", "split_stage", "make_batches",
+           "reference_losses", "megatron_plan", "train_on_mesh", "run_mesh", "MeshRun",
+           "BLOCK_LINEARS", "LOSS_RTOL", "LOSS_ATOL", "check_batch_fits", "dense_elements"]

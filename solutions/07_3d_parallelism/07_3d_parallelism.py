@@ -1,0 +1,426 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 7 — 3D parallelism and the topology decision
+#
+# Labs 2 to 5 each cut training along one axis: data parallelism (DP) splits the batch, tensor
+# parallelism (TP) splits every layer's matrices, pipeline parallelism (PP) splits the stack of
+# layers. A model of tens of billions of parameters on a cluster of a hundred GPUs uses all three
+# at once, and someone has to pick the three degrees. This lab is that decision, made with numbers:
+#
+# 1. **Memory per GPU**: what mixed-precision Adam training stores per parameter, what the
+#    activations cost, and how ZeRO/FSDP, TP and PP divide each term (exercise 1).
+# 2. **The choice of degrees**: the rules (TP inside a node, PP sized by memory, DP fills the
+#    rest), the pipeline bubble and the bytes each axis moves per step, turned into a cost that a
+#    function minimises (exercise 2).
+# 3. **The production question**: Llama 3 70B on 16 nodes of 8 H100 80 GB, and Llama 3 405B
+#    against the layout Meta published for its training run (exercise 3).
+# 4. **A real run on a device mesh**: a small transformer trained with DP x TP on 4 ranks and
+#    PP x DP x TP on 8 ranks with PyTorch's own tools (DeviceMesh, DTensor, FSDP2,
+#    `torch.distributed.pipelining`), losses equal to one process (exercise 4).
+#
+# Notation (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+# Using Megatron-LM", the *PTD-P* paper): `t, p, d` the TP, PP and DP degrees, `n = t·p·d` GPUs;
+# `B` global batch in sequences, `b` micro-batch, `m = B / (b·d)` micro-batches per pipeline;
+# `s` sequence length, `h` hidden size, `a` attention heads, `L` layers, `N` parameters.
+# Memory is in GB = 10⁹ bytes.
+
+# %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import math
+
+from distlab import planning
+from distlab.check import fresh_seed
+from distlab.checks.lab07 import (HIDDEN_MESH, JOB_70B, check_405b_answer, check_choose_degrees,
+                                  check_memory_per_gpu, check_production_answer, check_tp_plan)
+from distlab.mesh_training import MeshShape, run_mesh
+from distlab.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
+                              LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB, TERMS, Cluster, Job, Model,
+                              ParallelConfig, layout_summary, memory_table, planner, plot_memory,
+                              published_comparison, rule_of_thumb_gpus, step_time)
+
+# %% [markdown]
+# ## 1. What one GPU has to hold
+#
+# The model descriptions below are the published Llama 3 architectures; `Model.params` counts
+# their parameters from the shapes (q and o projections `h×h`, k and v `h×(kv_heads·128)`, three
+# SwiGLU matrices `h×ffn`, embedding and output head `V×h`).
+
+# %% nbgrader={"grade": false, "grade_id": "models", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
+    print(f"{model.name:13s} L={model.layers:3d} h={model.hidden:5d} a={model.heads:3d} "
+          f"ffn={model.ffn:5d}  N = {model.params / 1e9:6.1f}B")
+
+# %% [markdown]
+# **Model states.** Mixed-precision training with Adam (Rajbhandari et al., 2020, "ZeRO") keeps,
+# per parameter:
+#
+# | term | dtype | bytes |
+# | --- | --- | --- |
+# | weights used in forward and backward | bf16 | 2 |
+# | gradients | bf16 (ZeRO paper) or fp32 (Hugging Face's count) | 2 or 4 |
+# | master weights the optimizer updates | fp32 | 4 |
+# | Adam first moment `m` | fp32 | 4 |
+# | Adam second moment `v` | fp32 | 4 |
+#
+# That is 16 bytes per parameter with bf16 gradients, 18 with fp32 ones: a 70B model carries
+# 1.1–1.3 TB of state before a single activation.
+#
+# **Who divides what.** TP splits every weight matrix `t` ways and PP gives each stage `⌈L/p⌉`
+# layers, so a GPU's parameters, before DP, are `φ = (⌈L/p⌉·N_layer + V·h) / t` on the heaviest
+# stage (the first holds the embedding, the last the head; with `p = 1` both). Plain DP replicates
+# all of `φ`; ZeRO shards states over the `d` DP ranks:
+#
+# | | weights | gradients | master + m + v |
+# | --- | --- | --- | --- |
+# | DP (ZeRO-0) | 2φ | gφ | 12φ |
+# | ZeRO-1 | 2φ | gφ | 12φ/d |
+# | ZeRO-2 | 2φ | gφ/d | 12φ/d |
+# | ZeRO-3 = FSDP | 2φ/d | gφ/d | 12φ/d |
+#
+# ZeRO-3 is what PyTorch's FSDP (`fully_shard`, used in section 5) does: parameters live sharded
+# and are all-gathered just before each layer's forward and backward.
+#
+# **Activations.** Korthikanti et al. (2022, "Reducing Activation Recomputation in Large
+# Transformer Models") count the bytes one layer keeps for backward, per micro-batch, with 16-bit
+# activations. Writing `S = s·b·h`:
+#
+# | setting | bytes per layer |
+# | --- | --- |
+# | no TP | `S·(34 + 5·a·s/h)` |
+# | TP (`t` ranks) | `S·(10 + 24/t + 5·a·s/(h·t))` |
+# | TP + sequence parallelism | `S·(34 + 5·a·s/h) / t` |
+# | selective recompute | drop the `5·a·s/h` term (the `a×s×s` attention scores are recomputed; FlashAttention never stores them either) |
+# | full recompute | `2·S` (only the layer input; `2·S/t` with sequence parallelism) |
+#
+# The 10 in the TP row is what TP alone cannot split (layer norms, dropouts and the inputs of the
+# column-parallel layers, all full-size on every TP rank); sequence parallelism (Lab 3) splits them
+# along the sequence. With a pipeline, the first stage is the fullest: under 1F1B (Lab 5) it holds
+# the activations of `min(p, m)` micro-batches, each through its `⌈L/p⌉` layers — about `L` layers'
+# worth, whatever `p` is. PP divides weights, not activations.
+
+# %% [markdown]
+# ## 2. Exercise 1 — memory per GPU, term by term (3 points)
+#
+# Write `memory_per_gpu(model, cfg)` returning a dict with the six terms of `TERMS`
+# (`weights, gradients, master_weights, adam_m, adam_v, activations`) and their `total`, in bytes
+# per GPU on the heaviest pipeline stage. `cfg` is a `ParallelConfig(tp, pp, dp, job)`; `cfg.job`
+# carries `seq_len, global_batch, micro_batch, zero_stage (0-3), recompute ("none", "selective",
+# "full"), sequence_parallel, grad_bytes, weight_bytes`; `cfg.microbatches` is `m`.
+
+# %% nbgrader={"grade": false, "grade_id": "memory_per_gpu", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def memory_per_gpu(model: Model, cfg: ParallelConfig) -> dict:
+    """Bytes per GPU by term (TERMS) and "total", on the heaviest pipeline stage."""
+    ### BEGIN SOLUTION
+    job, t, p, d = cfg.job, cfg.tp, cfg.pp, cfg.dp
+    layers_here = math.ceil(model.layers / p)
+    embeddings = (2 if p == 1 else 1) * model.vocab * model.hidden
+    phi = (layers_here * model.layer_params + embeddings) / t      # params per GPU before DP
+
+    sbh = job.seq_len * job.micro_batch * model.hidden
+    scores = 5 * model.heads * job.seq_len / model.hidden
+    if job.recompute == "full":
+        per_layer = 2 * sbh / (t if job.sequence_parallel else 1)
+    else:
+        if job.recompute == "selective":
+            scores = 0.0
+        per_layer = sbh * (34 + scores) / t if job.sequence_parallel \
+            else sbh * (10 + 24 / t + scores / t)
+    in_flight = min(p, max(cfg.microbatches, 1))                    # 1F1B: first stage's peak
+
+    memory = {
+        "weights": job.weight_bytes * phi / (d if job.zero_stage >= 3 else 1),
+        "gradients": job.grad_bytes * phi / (d if job.zero_stage >= 2 else 1),
+        "master_weights": 4 * phi / (d if job.zero_stage >= 1 else 1),
+        "adam_m": 4 * phi / (d if job.zero_stage >= 1 else 1),
+        "adam_v": 4 * phi / (d if job.zero_stage >= 1 else 1),
+        "activations": per_layer * layers_here * in_flight,
+    }
+    memory["total"] = sum(memory.values())
+    return memory
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_memory_per_gpu", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_memory_per_gpu(memory_per_gpu)                     # 12 stored random models and layouts
+### BEGIN HIDDEN TESTS
+check_memory_per_gpu(memory_per_gpu, seed=fresh_seed(), count=40)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Where does a 70B model's memory go? Four layouts of the 128 GPUs (`JOB_70B`: sequences of 4,096
+# tokens, 1,024 per step — 4M tokens — micro-batch 1, selective recompute, sequence parallelism,
+# fp32 gradients). The figure uses the reference implementation, so it draws even before your
+# function is done.
+
+# %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+layouts = [ParallelConfig(1, 1, 128, Job(zero_stage=0)), ParallelConfig(1, 1, 128, Job(zero_stage=3)),
+           ParallelConfig(8, 1, 16, JOB_70B), ParallelConfig(8, 4, 4, JOB_70B)]
+print(memory_table(LLAMA3_70B, layouts))
+plot_memory(LLAMA3_70B, layouts, gpu_mem_gb=80);
+
+# %% [markdown]
+# Read it column by column. Plain DP needs 1.4 TB per GPU. ZeRO-3 divides the states by 128 but
+# not the activations: one 4,096-token sequence through 80 layers of width 8,192 keeps about 90 GB,
+# more than the GPU. TP with sequence parallelism divides the activations by 8 too. Adding PP
+# divides the weights again, but, as section 1 said, not the first stage's activations.
+#
+# **The rule of thumb.** A quick count often quoted for how many GPUs a model needs:
+# `num_GPUs = N_in_billions × 18 × 1.25 / GPU_GB`. The 18 is the bytes per parameter of the table
+# above (fp32 gradients); 1.25 guesses activations at a quarter of the states.
+
+# %% nbgrader={"grade": false, "grade_id": "rule_of_thumb", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
+    print(f"{model.name:13s} rule of thumb: {rule_of_thumb_gpus(model.params, 80):6.1f} x 80 GB GPUs")
+for seq in (2048, 8192, 32768):
+    one = planning.memory_per_gpu(LLAMA3_70B, ParallelConfig(8, 1, 16, Job(seq_len=seq, global_batch=16,
+                                                                   recompute="none")))
+    print(f"70B, TP=8, no recompute, s = {seq:5d}: activations {one['activations'] / GB:7.1f} GB "
+          f"per GPU vs states {(one['total'] - one['activations']) / GB:5.1f} GB")
+
+# %% [markdown]
+# The rule says about 20 GPUs for 70B: the least model-parallel size `t·p` with room for states
+# spread evenly (as ZeRO-3 or `t·p = n` would). It breaks where its two assumptions do:
+# activations are not a constant 25% — without recompute they grow with `s²` (the attention-score
+# term) and with the batch, and at 32k tokens they dwarf the states; and data parallelism without
+# ZeRO replicates states, so two DP replicas of a 20-GPU model need 40 GPUs' worth each holding
+# its own copy. Use it for a first guess, then count.
+
+# %% [markdown]
+# ## 3. Choosing t, p and d
+#
+# The rules of thumb from the PTD-P paper and Labs 3–5:
+#
+# - **TP inside a node.** TP all-reduces a `b·s·h` activation twice per layer in forward and twice
+#   in backward (Lab 3); that only pays on NVLink (450 GB/s per H100 each way) and not on the
+#   inter-node network (one 400 Gb/s = 50 GB/s NIC per GPU). So `t ≤ GPUs per node`.
+# - **PP across nodes, sized by memory.** PP sends one `b·s·h` activation per micro-batch and
+#   stage boundary, point to point (Lab 5): little traffic, but a bubble of `(p-1)/(m+p-1)` of the
+#   pipeline's time.
+# - **DP fills the rest**, `d = n/(t·p)`: one gradient reduction per step, which DDP and FSDP
+#   overlap with backward (Lab 2).
+#
+# Ranks are laid out TP innermost, then PP, then DP (the order Llama 3 used), so a TP group is `t`
+# neighbouring GPUs of one node, and an axis runs on NVLink only while its span (`t`, `t·p`,
+# `t·p·d`) fits in a node.
+#
+# **Bytes per step, per GPU** (ring all-reduce of `S` bytes over `k` ranks sends `2(k-1)/k·S`,
+# Lab 1):
+#
+# | axis | bytes sent per GPU per step |
+# | --- | --- |
+# | TP | `m · ⌈L/p⌉ · 4 · 2(t-1)/t · b·s·h · 2` (full recompute: 6 instead of 4) |
+# | PP | `m · 2 · b·s·h · 2` (an activation forward, its gradient back) |
+# | DP | `2(d-1)/d · φ · grad_bytes`, plus `2(d-1)/d · φ · 2` under ZeRO-3 (weights all-gathered for forward and again for backward) |
+#
+# **The cost** `distlab.planning.step_time(model, cluster, cfg)` estimates seconds per step:
+# compute `6·N·tokens / (n · peak · MFU)` (989 TFLOP/s bf16 peak, 40% MFU), plus the bubble
+# `compute · (p-1)/m` (PTD-P), plus each axis's bytes over its link bandwidth, counted as if
+# nothing overlapped. Here is one layout taken apart:
+
+# %% nbgrader={"grade": false, "grade_id": "one_layout", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
+
+# %% [markdown]
+# ## 4. Exercise 2 — `choose_degrees` (3 points)
+#
+# Write `choose_degrees(model, cluster, job)` that returns the `ParallelConfig(t, p, d, job)`
+# with the least `step_time(model, cluster, cfg)["total"]` among the **valid** layouts:
+#
+# - `t · p · d = cluster.gpus`;
+# - `t` divides `cluster.gpus_per_node` (TP stays inside a node) and `model.heads`;
+# - `p ≤ model.layers`;
+# - `job.global_batch` is a multiple of `d · job.micro_batch` (every DP rank gets whole micro-batches);
+# - `memory_per_gpu(model, cfg)["total"] ≤ cluster.gpu_mem_gb · GB`.
+#
+# Print your reasoning: how many layouts were ruled out and why, and the best few with their
+# costs. Raise `ValueError` with a helpful message if nothing fits.
+
+# %% nbgrader={"grade": false, "grade_id": "choose_degrees", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def choose_degrees(model: Model, cluster: Cluster, job: Job = Job()) -> ParallelConfig:
+    """The valid (t, p, d) with the least estimated step time, with the reasoning printed."""
+    ### BEGIN SOLUTION
+    n, g = cluster.gpus, cluster.gpus_per_node
+    valid, ruled_out = [], {}
+    for t in (k for k in range(1, g + 1) if g % k == 0 and n % k == 0):
+        for p in (k for k in range(1, n // t + 1) if (n // t) % k == 0):
+            cfg = ParallelConfig(t, p, n // (t * p), job)
+            if model.heads % t:
+                reason = "TP does not divide the heads"
+            elif p > model.layers:
+                reason = "more stages than layers"
+            elif job.global_batch % (cfg.dp * job.micro_batch):
+                reason = "batch does not split into DP micro-batches"
+            elif memory_per_gpu(model, cfg)["total"] > cluster.gpu_mem_gb * GB:
+                reason = "does not fit in memory"
+            else:
+                valid.append((step_time(model, cluster, cfg)["total"], cfg))
+                continue
+            ruled_out[reason] = ruled_out.get(reason, 0) + 1
+    if not valid:
+        raise ValueError(f"no layout of {model.name} fits {cluster.name}: {ruled_out}. Try "
+                         f"ZeRO-3, full recompute, or more GPUs.")
+    valid.sort(key=lambda v: v[0])
+    print(f"{model.name} on {cluster.name}: {len(valid)} valid layouts; ruled out: {ruled_out}")
+    for seconds, cfg in valid[:4]:
+        print(f"  {str(cfg):20s} {seconds:7.2f} s/step  "
+              f"{memory_per_gpu(model, cfg)['total'] / GB:5.1f} GB/GPU")
+    return valid[0][1]
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_choose_degrees", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_choose_degrees(choose_degrees)                     # 4 stored random models and clusters
+### BEGIN HIDDEN TESTS
+check_choose_degrees(choose_degrees, seed=fresh_seed(), count=6)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Exercise 3 — the production question (2 points)
+#
+# You have 16 nodes of 8 H100 80 GB (`H100_16x8`) and Llama 3 70B to pre-train with `JOB_70B`
+# (4M tokens per step in sequences of 4,096). Set `answer_70b` to the layout your function
+# chooses, and `answer_405b` to its choice for Llama 3 405B on the cluster and batch of Meta's
+# published run (`LLAMA3_405B_CLUSTER`, `LLAMA3_405B_JOB`, described below).
+
+# %% nbgrader={"grade": false, "grade_id": "answers", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+answer_70b = choose_degrees(LLAMA3_70B, H100_16x8, JOB_70B)
+answer_405b = choose_degrees(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB)
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_answers", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_production_answer(answer_70b)
+### BEGIN HIDDEN TESTS
+check_405b_answer(answer_405b)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **The 70B answer, with the math.** The states are 70.6B × 18 bytes = 1.27 TB. ZeRO-1 spreads
+# the optimizer's 12 bytes per parameter over DP, but every GPU keeps the weights and gradients of
+# its share `φ ≈ N/(t·p)` (6 bytes per parameter: 423 GB / (t·p)) and its activations (11 to 55 GB
+# here, depending on t and p), so `t·p ≥ 8`. The search above finds the best layout and how close
+# the runners-up are. Compare the winner with the folk answer,
+# TP = 8 (a whole node), PP across nodes, DP the rest:
+
+# %% nbgrader={"grade": false, "grade_id": "answer_70b_detail", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(answer_70b.tp, answer_70b.pp, answer_70b.dp, JOB_70B)))
+print()
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
+
+# %% [markdown]
+# The cost model prefers less TP and more PP than the folk rule: with 256 micro-batches per
+# pipeline the bubble is small, and each GPU's TP traffic grows with the layers it holds, which
+# PP divides. The top layouts are within a few percent of each other — less than the model's
+# error — so the decision between them rests on what the model leaves out: memory headroom (a
+# layout at 70 of 80 GB leaves no room for a larger micro-batch or a longer sequence), matrix
+# sizes (TP = 8 makes each GPU's matrices 8 times thinner and less efficient), and overlap of
+# DP and PP traffic. TP = 8 with PP = 2 needs 44.5 GB instead of 69.6 GB for about 7% more
+# estimated time; either is a defensible answer if you state the numbers.
+#
+# **Llama 3 405B, against its published run.** The Llama 3 paper (Llama Team, AI @ Meta, "The
+# Llama 3 Herd of Models", arXiv:2407.21783, 2024; Table 4 and Section 3.3) trained 405B on H100
+# 80 GB GPUs, 8 per server on NVLink, ordering the axes [TP, CP, PP, DP] from innermost to
+# outermost with FSDP as its DP. Its first pre-training stage ran on 8,192 GPUs with TP 8, no
+# context parallelism, PP 16, and therefore DP 64, sequences of 8,192 tokens and 16M tokens per
+# batch (2,048 sequences), at 430 TFLOP/s per GPU (43% BF16 MFU); it later grew to 16,384 GPUs with
+# DP 128. The paper also describes an interleaved pipeline schedule, which this cost model does
+# not have.
+
+# %% nbgrader={"grade": false, "grade_id": "published", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(published_comparison())
+
+# %% [markdown]
+# The same rules, fed the published cluster and batch, land on the published degrees. The paper's
+# measured 430 TFLOP/s corresponds to about 11.6 s per step of pure compute; the cost model's
+# extra seconds are mostly the bubble of a 16-stage pipeline with only 32 micro-batches, which is
+# exactly why Llama 3 used an interleaved schedule. Note also the memory: activations, not
+# weights, fill the GPU at this scale.
+#
+# ## 6. A planner
+#
+# Move the sliders: model size (a Llama-3-shaped model of that many parameters), sequence length,
+# GPUs per node, nodes, GPU memory, batch, ZeRO stage and recompute. It shows the memory per GPU
+# by term of the chosen layout, the bubble, and the traffic per axis.
+
+# %% nbgrader={"grade": false, "grade_id": "planner", "locked": true, "schema_version": 3, "solution": false, "task": false}
+planner()
+
+# %% [markdown]
+# Things to try: 70B on 2 nodes (nothing fits without ZeRO-3); 405B with 32k-token sequences;
+# GPUs per node = 4 (TP capped at 4, PP has to grow); a 16M-token batch (the bubble shrinks).
+#
+# ## 7. Exercise 4 — a real run on a device mesh (2 points)
+#
+# Now a small transformer (2 blocks, hidden 32, 4 heads, vocabulary 32) trains for three steps on
+# a 3D mesh of ranks, each axis with PyTorch's own tool:
+#
+# ```python
+# mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+# for block in stage.blocks:
+#     parallelize_module(block, mesh["tp"], tp_plan())   # TP: DTensor, your plan
+# fully_shard(stage, mesh=mesh["dp"])                      # DP: FSDP2 (ZeRO-3)
+# PipelineStage(stage, pp_rank, pp, device, group=mesh["pp"].get_group())  # PP: 1F1B, 2 micro-batches
+# ```
+#
+# TP is the innermost mesh dimension, so rank `r` sits at `(r // (dp·tp), (r // tp) % dp, r % tp)`:
+# the TP pairs are neighbours, as GPUs of one node would be. Each DP replica trains on its half of
+# the batch; FSDP averages the gradients and the pipeline scales each micro-batch's by `1/m`, so
+# each update is the gradient of the mean loss over the whole batch, what one process computes.
+#
+# A block is `x + attn.o(attention(attn.q(ln1(x)), attn.k(...), attn.v(...)))` then
+# `x + mlp.down(gelu(mlp.up(ln2(x))))`. Write `tp_plan()`: the dict mapping each of the six
+# linear layers (`"attn.q"`, `"attn.k"`, `"attn.v"`, `"attn.o"`, `"mlp.up"`, `"mlp.down"`) to
+# `ColwiseParallel()` or `RowwiseParallel()` (from `torch.distributed.tensor.parallel`), the
+# Megatron layout of Labs 3 and 4. The attention reads its local head count from the weight, so
+# splitting q, k and v by output features splits the heads.
+
+# %% nbgrader={"grade": false, "grade_id": "tp_plan", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def tp_plan() -> dict:
+    """The tensor-parallel plan of one transformer block."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    ### BEGIN SOLUTION
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_tp_plan", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_tp_plan(tp_plan)                                   # DP=2 x TP=2 on 4 ranks
+### BEGIN HIDDEN TESTS
+check_tp_plan(tp_plan, shape=HIDDEN_MESH, seed=fresh_seed())   # PP=2 x DP=2 x TP=2 on 8 ranks
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Both meshes, with your plan, beside single-process training (tolerance: 1e-5 + 1e-4·|loss|,
+# float32 sums in another order):
+
+# %% nbgrader={"grade": false, "grade_id": "mesh_runs", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for shape in (MeshShape(pp=1, dp=2, tp=2), MeshShape(pp=2, dp=2, tp=2)):
+    run = run_mesh(shape, tp_plan)
+    print(run.table())
+    first = run.results[0]
+    print(f"  rank 0 at (pp, dp, tp) = {first['coords']} stores {first['elements']} parameter "
+          f"elements; attn.q is laid out {first['placements']['attn.q (block 0)']} over TP\n")
+
+# %% [markdown]
+# ## 8. Closing note
+#
+# **The 70B answer.** For Llama 3 70B on 16 × 8 H100 80 GB with 4M-token steps (ZeRO-1, selective
+# recompute, sequence parallelism), the cost model picks **TP=2, PP=16, DP=4**: 69.6 GB per GPU,
+# about 38.9 s per step, 35.1 s of it compute. TP=4, PP=4, DP=8 is within 1% at 57 GB, and the
+# folk layout TP=8, PP=2, DP=8 about 7% slower at 44.5 GB. The rule of thumb's 20 GPUs is a floor
+# on memory, not a layout: with ZeRO-1 spreading the optimizer over DP, even `t·p = 8` (TP=8,
+# PP=1, DP=16) fits; time, not memory, picks among the fitting layouts. Applied to Llama 3 405B on
+# 8,192 GPUs, the same rules give the published TP 8, PP 16, DP 64.
+#
+# **The measured runs** (a shared 2-core CPU, gloo, `distlab.run`; your times will differ): three
+# training steps of DP=2 × TP=2 on 4 ranks took 4–5 s of wall time, PP=2 × DP=2 × TP=2 on 8 ranks
+# 5–8 s (about 17 s when the run also had to start the rank launcher), and both reproduced
+# single-process training's losses to float32 precision (largest difference 2.4e-7 on 4 ranks, 0 on
+# 8). The whole lab executes in about 80 s.
