@@ -1,0 +1,305 @@
+"""Graded checks of Lab 6, "Reading timelines".
+
+Exercises, each checked on traces recorded on real ranks with ``torch.profiler`` (gloo on CPU):
+1. ``collective_events(trace) -> [(op, bytes, start_s, duration_s), ...]``: the collectives one
+   rank executed, read from its raw Kineto (Chrome) trace, in start order.
+2. ``comm_share(timeline, rank, window)``: the fraction of the window (start, end) in which the rank
+   communicated (the measure of the union of its comm spans clipped to the window, over the
+   window's length); ``exposed_comm(timeline, rank, window)``: the seconds of that communication not
+   covered by any of the rank's compute spans.
+3. ``classify(timeline) -> "DP" | "TP" | "PP"``: which parallelism produced an unlabelled timeline.
+4. ``overlap_fraction(timeline, rank)``: over all steps of the rank, the fraction of communication
+   time hidden under compute: 1 - sum(exposed) / sum(communication time).
+
+Visible tests read the traces in ``data/06_timelines/`` (recorded on CPU gloo by
+``make_references``); hidden tests record fresh runs of other sizes at grading time. The references
+are the plain computations below on the same spans.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import random
+
+import torch
+
+from distlab.check import CheckFailed
+from distlab.timeline import Timeline, collective_events as reference_collectives, merge
+from distlab.timeline_runs import KIND, Spec, profile_all
+
+LAB = "06_timelines"
+WORLD_SIZE = 2
+STEPS = 3
+STORED = {"dp_naive": "DP naive", "dp_overlapped": "DP overlapped", "tp": "TP", "pp": "PP"}
+LABELS = ["DP", "TP", "PP"]
+REL = 1e-9  # the same arithmetic on the same spans: only summation order differs
+
+
+# ---------------------------------------------------------------------------------------------
+# References: interval arithmetic on one rank's spans
+
+def union(intervals) -> list[tuple[float, float]]:
+    """Disjoint, sorted intervals covering exactly the given ones."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
+
+
+def length(intervals) -> float:
+    return sum(b - a for a, b in union(intervals))
+
+
+def minus(first, second) -> list[tuple[float, float]]:
+    """The parts of ``first`` not covered by ``second``."""
+    out, cover = [], union(second)
+    for a, b in union(first):
+        cur = a
+        for c, d in cover:
+            if d <= cur or c >= b:
+                continue
+            if c > cur:
+                out.append((cur, c))
+            cur = max(cur, d)
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _intervals(timeline: Timeline, rank: int, kind: str, window) -> list[tuple[float, float]]:
+    return clip([(s.start, s.end) for s in timeline.of(rank, kind)], *window)
+
+
+def reference_comm_share(timeline: Timeline, rank: int, window) -> float:
+    return length(_intervals(timeline, rank, "comm", window)) / (window[1] - window[0])
+
+
+def reference_exposed_comm(timeline: Timeline, rank: int, window) -> float:
+    return length(minus(_intervals(timeline, rank, "comm", window),
+                        _intervals(timeline, rank, "compute", window)))
+
+
+def reference_overlap_fraction(timeline: Timeline, rank: int) -> float:
+    comm = sum(length(_intervals(timeline, rank, "comm", w)) for w in timeline.steps(rank))
+    exposed = sum(reference_exposed_comm(timeline, rank, w) for w in timeline.steps(rank))
+    return 1 - exposed / comm if comm > 0 else 0.0
+
+
+def reference_classify(timeline: Timeline) -> str:
+    """Point-to-point messages: PP. Collectives that start inside the same rank's forward range:
+    TP (its row-parallel all-reduce). Collectives only after forward: DP."""
+    comms = [s for s in timeline.spans if s.kind == "comm" and s.op != "barrier"]
+    if any(s.op in ("send", "recv", "send_recv") for s in comms):
+        return "PP"
+    forward = {r: [(s.start, s.end) for s in timeline.of(r, "range", "forward")]
+               for r in range(timeline.world_size)}
+    inside = [s for s in comms if any(a <= s.start < b for a, b in forward[s.rank])]
+    return "TP" if inside else "DP"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded traces: stored (visible tests) and fresh (hidden tests)
+
+def _record(name: str, spec: Spec = Spec(), world_size: int = WORLD_SIZE) -> list[bytes]:
+    return profile_all(world_size, spec, steps=STEPS, runs=(STORED[name],), backend="gloo")[STORED[name]].traces
+
+
+@functools.lru_cache(maxsize=None)
+def _stored_blobs(name: str) -> list[bytes] | None:
+    from distlab.references import load
+    try:
+        found = load(LAB, name)
+    except (FileNotFoundError, ValueError):
+        return None
+    return [bytes(found[f"rank{r}"].tolist()) for r in range(int(found["world_size"]))]
+
+
+def make_references() -> dict[str, dict]:
+    """The stored traces, and what the references compute from them.
+
+    Traces are recordings, so they are not reproducible: the ones already in data/06_timelines/
+    are kept (and everything derived from them recomputed) unless DISTLAB_RERECORD=1, or a set is
+    missing, in which case it is recorded afresh on this machine (CPU, gloo, 2 ranks)."""
+    refs = {}
+    for name, run in STORED.items():
+        blobs = None if os.environ.get("DISTLAB_RERECORD") == "1" else _stored_blobs(name)
+        blobs = blobs or _record(name)
+        timeline = merge(blobs, label=run)
+        ranks = range(len(blobs))
+        steps = [timeline.steps(r) for r in ranks]
+        refs[name] = {
+            "seed": Spec().seed,
+            "world_size": torch.tensor(len(blobs)),
+            **{f"rank{r}": torch.tensor(list(blob), dtype=torch.uint8) for r, blob in enumerate(blobs)},
+            "comm_share": torch.tensor([[reference_comm_share(timeline, r, w) for w in steps[r]]
+                                        for r in ranks], dtype=torch.float64),
+            "exposed_comm": torch.tensor([[reference_exposed_comm(timeline, r, w) for w in steps[r]]
+                                          for r in ranks], dtype=torch.float64),
+            "overlap_fraction": torch.tensor([reference_overlap_fraction(timeline, r) for r in ranks],
+                                             dtype=torch.float64),
+            "label": torch.tensor(LABELS.index(KIND[run])),
+        }
+    return refs
+
+
+def stored_traces(name: str) -> list[bytes]:
+    """The stored Kineto traces (gzip bytes, one per rank) of run ``name`` ("dp_naive", ...)."""
+    blobs = _stored_blobs(name)
+    if blobs is None:
+        raise FileNotFoundError(f"data/{LAB}/{name}.pt is missing or stale; run "
+                                f"`distlab references {LAB}` to record it.")
+    return blobs
+
+
+def stored_trace(name: str, rank: int) -> dict:
+    """Rank ``rank``'s stored Kineto trace of run ``name``, as the JSON dict torch.profiler wrote."""
+    from distlab.timeline import load_trace
+    return load_trace(stored_traces(name)[rank])
+
+
+@functools.lru_cache(maxsize=None)
+def _stored_merged(name: str) -> Timeline:
+    return merge(stored_traces(name), label=STORED[name])
+
+
+def stored_timeline(name: str, labelled: bool = True) -> Timeline:
+    """The merged timeline of stored run ``name`` (a copy: yours to change)."""
+    tl = _stored_merged(name)
+    return dataclasses.replace(tl, spans=list(tl.spans), label=tl.label if labelled else "")
+
+
+def fresh_spec(seed: int) -> Spec:
+    """Other sizes than the stored runs', drawn from ``seed``."""
+    rng = random.Random(seed)
+    return Spec(hidden=rng.choice([128, 192, 256]), layers=rng.choice([2, 3, 4]),
+                microbatches=rng.choice([2, 4]), dp_batch=rng.choice([256, 384, 512]), seed=seed)
+
+
+_FRESH: dict[int, dict] = {}
+
+
+def fresh_timelines(seed: int) -> tuple[int, dict[str, tuple[list[bytes], Timeline]]]:
+    """Every run recorded now with ``fresh_spec(seed)``. Recording takes seconds, so the first
+    call's recording serves every later one in this process (all hidden tests of a grading run):
+    returns (the seed it was recorded with, {name: (traces, timeline)})."""
+    if not _FRESH:
+        profiles = profile_all(WORLD_SIZE, fresh_spec(seed), steps=STEPS, backend="gloo")
+        _FRESH[seed] = {name: (profiles[run].traces, profiles[run].timeline)
+                        for name, run in STORED.items()}
+    return next(iter(_FRESH.items()))
+
+
+def _cases(seed: int | None):
+    """(what, traces, timeline) for every run, stored or fresh."""
+    if seed is None:
+        for name in STORED:
+            yield f"the stored {STORED[name]} trace", stored_traces(name), stored_timeline(name)
+    else:
+        recorded_with, runs = fresh_timelines(seed)
+        for name, (traces, timeline) in runs.items():
+            yield f"a fresh {STORED[name]} trace (sizes from seed {recorded_with})", traces, timeline
+
+
+def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
+    try:
+        return math.isclose(float(got), expected, rel_tol=rel, abs_tol=abs_)
+    except (TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+def check_collective_events(fn, seed: int | None = None) -> None:
+    """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
+    from distlab.timeline import load_trace
+    for what, traces, _ in _cases(seed):
+        for rank, blob in enumerate(traces):
+            expected = reference_collectives(blob)
+            got = fn(load_trace(blob))
+            where = f"collective_events on {what}, rank {rank}"
+            try:
+                got = [tuple(g) for g in got]
+            except TypeError:
+                raise CheckFailed(f"{where}: return a list of (op, bytes, start, duration) tuples, "
+                                  f"got {type(got).__name__}.")
+            if len(got) != len(expected):
+                raise CheckFailed(
+                    f"{where}: expected {len(expected)} collectives, got {len(got)}. A collective's "
+                    f"execution is a complete ('ph' 'X') event named 'gloo:<op>' (category "
+                    f"user_annotation) or, on GPUs, a kernel whose name starts with 'nccl'.")
+            for i, (g, e) in enumerate(zip(got, expected)):
+                if len(g) != 4 or g[0] != e[0] or g[1] != e[1]:
+                    raise CheckFailed(
+                        f"{where}: collective #{i} expected ({e[0]!r}, {e[1]} bytes, ...), got {g!r}. "
+                        f"op is the name after 'gloo:'; bytes = elements of 'Input Dims' x the size "
+                        f"of 'Input type' (ITEMSIZE), summed over the inputs.")
+                if not (_close(g[2], e[2], 1e-12) and _close(g[3], e[3], 1e-9, 1e-12)):
+                    raise CheckFailed(
+                        f"{where}: collective #{i} ({e[0]}) expected start {e[2]:.6f} s and duration "
+                        f"{e[3] * 1e6:.3f} us, got {g[2]!r} and {g[3]!r}. Trace times ('ts', 'dur') "
+                        f"are microseconds: multiply by 1e-6; sort by start.")
+
+
+def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> None:
+    """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
+    for what, _, timeline in _cases(seed):
+        for rank in range(timeline.world_size):
+            for i, window in enumerate(timeline.steps(rank)):
+                where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
+                share = reference_comm_share(timeline, rank, window)
+                got = share_fn(timeline, rank, window)
+                if not _close(got, share):
+                    raise CheckFailed(
+                        f"comm_share {where}: expected {share:.6f}, got {got!r}. Clip the rank's comm "
+                        f"spans to the window, merge overlapping ones (gloo runs collectives on "
+                        f"several threads), and divide their total length by the window's.")
+                exposed = reference_exposed_comm(timeline, rank, window)
+                got = exposed_fn(timeline, rank, window)
+                if not _close(got, exposed):
+                    raise CheckFailed(
+                        f"exposed_comm {where}: expected {exposed * 1e3:.6f} ms, got "
+                        f"{got if not isinstance(got, (int, float)) else f'{got * 1e3:.6f} ms'}. "
+                        f"Subtract the union of the compute spans from the union of the comm spans, "
+                        f"both clipped to the window; answer in seconds.")
+
+
+def check_classify(fn, seed: int | None = None) -> None:
+    """``fn(timeline)`` must name the parallelism of every unlabelled timeline."""
+    for what, _, timeline in _cases(seed):
+        expected = reference_classify(timeline)
+        got = fn(timeline.unlabelled())
+        if got != expected:
+            raise CheckFailed(
+                f"classify on {what}: "
+                f"expected {expected!r}, got {got!r}. Measure: are there point-to-point "
+                f"messages (send/recv)? Do collectives happen inside the forward range, or only "
+                f"after it? How many per step, how large?")
+
+
+def check_overlap_fraction(fn, seed: int | None = None) -> None:
+    """``fn(timeline, rank)`` on the data-parallel runs, naive and overlapped, every rank."""
+    for what, _, timeline in _cases(seed):
+        if not timeline.label.startswith("DP"):
+            continue
+        for rank in range(timeline.world_size):
+            expected = reference_overlap_fraction(timeline, rank)
+            got = fn(timeline, rank)
+            if not _close(got, expected, 1e-9, 1e-9):
+                raise CheckFailed(
+                    f"overlap_fraction on {what}, rank {rank}: expected {expected:.6f}, got {got!r}. "
+                    f"Over all steps: 1 - (sum of exposed communication) / (sum of communication "
+                    f"time), the communication time of a step being comm_share x its length.")
+
+
+__all__ = ["check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
+           "make_references", "stored_timeline", "stored_trace", "stored_traces"]

@@ -1,0 +1,228 @@
+"""Lab 6 plumbing: reading Kineto traces, merging ranks, the measures' references, the export, the
+checks (right answers pass, wrong ones fail with a message), and the real GPU traces in
+../shared/traces when present.
+
+Traces recorded here are real runs on gloo; their timings vary, so tests compare structure
+(which collectives, how many, how large) and references against independent computations, never
+times against constants.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from distlab import timeline as T
+from distlab.check import CheckFailed
+from distlab.checks import lab06
+from distlab.timeline_runs import Spec, formula_messages, profile_all
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
+                                  reason=f"{TRACES} (real GPU traces) is not in this checkout")
+SMALL = Spec(batch=8, dp_batch=32, hidden=32, layers=2, seq=4, microbatches=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """All four runs, small, recorded now on 2 gloo ranks."""
+    return profile_all(2, SMALL, steps=2, backend="gloo")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and merging
+
+def test_fresh_runs_have_the_expected_collectives(fresh):
+    for name, prof in fresh.items():
+        tl = prof.timeline
+        assert tl.world_size == 2 and len(prof.traces) == 2
+        for rank in range(2):
+            assert len(tl.steps(rank)) == 2, name
+            for window in tl.steps(rank):
+                ops = [(s.op, s.bytes) for s in tl.of(rank, "comm") if window[0] <= s.start < window[1]]
+                expected = formula_messages(name, SMALL, 2, rank)
+                if name == "PP":  # a stage both sends and receives: count the sends
+                    ops = [o for o in ops if o[0] == "send"]
+                assert sorted(ops) == sorted(expected), (name, rank, ops)
+
+
+def test_compute_is_never_inside_a_collective_call(fresh):
+    """In TP the custom autograd Function wraps the all-reduce: its blocked time is not compute."""
+    tl = fresh["TP"].timeline
+    for rank in range(2):
+        comm = [(s.start, s.end) for s in tl.of(rank, "comm") if s.op == "all_reduce"]
+        compute = [(s.start, s.end) for s in tl.of(rank, "compute")]
+        assert lab06.length(comm) > 0
+        # Blocking collectives: the rank cannot compute while waiting, so nearly all is exposed.
+        exposed = lab06.length(lab06.minus(comm, compute))
+        assert exposed > 0.5 * lab06.length(comm)
+
+
+def test_naive_dp_overlaps_nothing(fresh):
+    tl = fresh["DP naive"].timeline
+    assert [lab06.reference_overlap_fraction(tl, r) for r in range(2)] == [0.0, 0.0]
+
+
+def test_collective_events_read_the_raw_trace(fresh):
+    trace = T.load_trace(fresh["DP naive"].traces[0])
+    events = T.collective_events(trace)
+    raw = [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("gloo:")]
+    assert len(events) == len(raw)
+    assert events == sorted(events, key=lambda c: c[2])
+    sizes = sorted(b for op, b, _, _ in events if op == "all_reduce")
+    params = sorted(b for _, b in formula_messages("DP naive", SMALL, 2, 0))
+    assert sizes == sorted(params * 2)  # two steps
+
+
+def test_merge_puts_ranks_on_one_clock(fresh):
+    """Barrier ends agree across ranks on one machine; align='barrier' makes them equal."""
+    traces = fresh["DP naive"].traces
+    by_clock, by_barrier = T.merge(traces), T.merge(traces, align="barrier")
+    ends = lambda tl: [min(s.end for s in tl.of(r, "comm") if s.op == "barrier") for r in range(2)]
+    a, b = ends(by_barrier)
+    assert math.isclose(a, b, abs_tol=1e-9)
+    assert min(s.start for s in by_clock.spans) == 0.0
+    with pytest.raises(ValueError, match="align"):
+        T.merge(traces, align="ntp")
+
+
+def test_chrome_export_round_trips(fresh, tmp_path):
+    tl = fresh["PP"].timeline
+    for name in ("tl.json", "tl.json.gz"):
+        T.to_chrome(tl, tmp_path / name)
+        back = T.from_chrome(tmp_path / name)
+        assert back.world_size == tl.world_size and back.label == tl.label
+        assert len(back.spans) == len(tl.spans)
+        for s, t in zip(sorted(tl.spans, key=lambda s: (s.rank, s.start, s.name)),
+                        sorted(back.spans, key=lambda s: (s.rank, s.start, s.name))):
+            assert (s.rank, s.kind, s.name, s.op, s.bytes) == (t.rank, t.kind, t.name, t.op, t.bytes)
+            assert math.isclose(s.start, t.start, abs_tol=1e-9)
+    names = {e["args"]["name"] for e in T.to_chrome(tl)["traceEvents"] if e["ph"] == "M"}
+    assert {"rank 0", "rank 1", "compute", "comm", "range"} <= names
+
+
+def test_plot_draws_every_rank(fresh):
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = T.plot(fresh["TP"].timeline)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels.count("rank 0 comm") == 1 and "rank 1 compute" in labels
+    assert len(ax.collections) > 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The references' interval arithmetic against a brute-force computation
+
+def test_interval_references_match_sampling():
+    import random
+    rng = random.Random(0)
+    for _ in range(50):
+        a = [(x, x + rng.random()) for x in (rng.random() * 5 for _ in range(6))]
+        b = [(x, x + rng.random()) for x in (rng.random() * 5 for _ in range(6))]
+        grid = [i * 7 / 14000 for i in range(14000)]  # step 0.5 ms over [0, 7)
+        inside = lambda t, iv: any(s <= t < e for s, e in iv)
+        approx = sum(inside(t, a) and not inside(t, b) for t in grid) * 7 / 14000
+        assert abs(lab06.length(lab06.minus(a, b)) - approx) < 0.01
+        assert abs(lab06.length(a) - sum(inside(t, a) for t in grid) * 7 / 14000) < 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# Stored references and the checks
+
+def test_stored_sets_agree_with_the_references():
+    from distlab.references import load
+    for name, run in lab06.STORED.items():
+        stored = load(lab06.LAB, name)
+        tl = lab06.stored_timeline(name)
+        assert lab06.LABELS[int(stored["label"])] == lab06.reference_classify(tl.unlabelled())
+        for r in range(tl.world_size):
+            got = [lab06.reference_comm_share(tl, r, w) for w in tl.steps(r)]
+            assert got == stored["comm_share"][r].tolist()
+
+
+def _solution(name: str):
+    """The lab's solution functions, executed from its source."""
+    import jupytext
+    nb = jupytext.read(Path(lab06.__file__).resolve().parents[2] / "solutions" / lab06.LAB / f"{lab06.LAB}.py")
+    scope: dict = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            exec(cell.source, scope)
+    return scope[name]
+
+
+def test_solution_passes_every_check():
+    lab06.check_collective_events(_solution("collective_events"))
+    lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"))
+    lab06.check_classify(_solution("classify"))
+    lab06.check_overlap_fraction(_solution("overlap_fraction"))
+
+
+def test_solution_passes_on_fresh_runs():
+    seed = 11
+    lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"), seed=seed)
+    lab06.check_classify(_solution("classify"), seed=seed)
+    lab06.check_collective_events(_solution("collective_events"), seed=seed)
+    lab06.check_overlap_fraction(_solution("overlap_fraction"), seed=seed)
+
+
+def test_wrong_answers_fail_with_a_message():
+    def microseconds(trace):  # forgot to convert
+        return [(op, b, s * 1e6, d * 1e6) for op, b, s, d in T.collective_events(trace)]
+    with pytest.raises(CheckFailed, match="microseconds"):
+        lab06.check_collective_events(microseconds)
+
+    def summed(tl, rank, window):  # sums durations: counts overlapping time twice
+        lo, hi = window
+        return sum(min(s.end, hi) - max(s.start, lo) for s in tl.of(rank, "comm")
+                   if min(s.end, hi) > max(s.start, lo)) / (hi - lo)
+    with pytest.raises(CheckFailed, match="comm_share .*merge overlapping"):
+        lab06.check_comm_share(summed, _solution("exposed_comm"))  # fails where spans overlap
+
+    with pytest.raises(CheckFailed, match="exposed_comm"):
+        lab06.check_comm_share(_solution("comm_share"), lambda tl, rank, window: 0.0)
+
+    with pytest.raises(CheckFailed, match="classify"):
+        lab06.check_classify(lambda tl: "DP")
+
+    with pytest.raises(CheckFailed, match="overlap_fraction"):
+        lab06.check_overlap_fraction(lambda tl, rank: 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real GPU traces (read, never copied)
+
+@needs_traces
+def test_reads_the_a100_nccl_trace():
+    path = TRACES / "kineto_2rank_a100_nccl.json.gz"
+    spans = T.read_kineto(path, rank=0)
+    comm = [s for s in spans if s.kind == "comm"]
+    trace = json.load(gzip.open(path))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    nccl = [e for e in kernels if e["name"].startswith("nccl")]
+    assert len(comm) == len(nccl) > 0
+    assert {s.op for s in comm} == {"all_reduce", "broadcast"}
+    first = min(nccl, key=lambda e: e["ts"])
+    got = min(comm, key=lambda s: s.start)
+    assert got.bytes == first["args"]["In msg nelems"] * T.ITEMSIZE[first["args"]["dtype"]]
+    compute = [s for s in spans if s.kind == "compute"]
+    assert len(compute) == len(kernels) - len(nccl) + sum(
+        e.get("cat") in ("gpu_memcpy", "gpu_memset") for e in trace["traceEvents"])
+    ranges = [s for s in spans if s.kind == "range"]
+    # "## backward ##" was projected onto the GPU: only that copy is kept; "## forward ##" was not.
+    projected = [e for e in trace["traceEvents"] if e.get("cat") == "gpu_user_annotation"
+                 and e["name"] == "## backward ##"]
+    assert sorted(s.start for s in ranges if s.name == "## backward ##") == \
+        sorted(e["ts"] * 1e-6 for e in projected)
+    assert {"## forward ##", "DistributedDataParallel.forward"} <= {s.name for s in ranges}
+
+
+@needs_traces
+def test_reads_the_cpu_gloo_trace():
+    events = T.collective_events(TRACES / "kineto_cpu_gloo_rank34.json.gz")
+    assert len(events) == 10 and {op for op, *_ in events} == {"all_reduce"}
+    assert all(b > 0 and d > 0 for _, b, _, d in events)

@@ -1,0 +1,102 @@
+"""distlab.nsys: the commands, the availability test, and the reader, checked against the real
+2-GPU nsys export in ../shared/traces (read there, never copied) with independent SQL queries."""
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from distlab import nsys
+from distlab.checks import lab06
+
+SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nsys_2gpu_sendrecv.sqlite"
+needs_sample = pytest.mark.skipif(not SAMPLE.exists(),
+                                  reason=f"{SAMPLE} (a real nsys export) is not in this checkout")
+
+
+def test_commands_profile_torchrun_then_stats_then_export():
+    profile, stats, export = nsys.commands("pp", nproc=4, out="rep", steps=3)
+    assert profile.startswith("nsys profile ") and "-t cuda,nvtx" in profile
+    assert "--capture-range=cudaProfilerApi" in profile and "-o rep " in profile
+    assert "torchrun --standalone --nproc-per-node=4 -m distlab.timeline_runs pp --steps 3" in profile
+    assert stats.startswith("nsys stats ") and stats.endswith("rep.nsys-rep")
+    assert export.startswith("nsys export --type sqlite --output rep.sqlite")
+
+
+def test_available_says_why_not(monkeypatch):
+    monkeypatch.setattr(nsys.shutil, "which", lambda name: None)
+    ok, why = nsys.available()
+    assert not ok and "nsys" in why
+    monkeypatch.setattr(nsys.shutil, "which", lambda name: "/usr/bin/nsys")
+    import torch
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ok, why = nsys.available(2)
+    assert not ok and "2 GPUs" in why
+    with pytest.raises(RuntimeError, match="2 GPUs"):
+        nsys.record("tp", 2)
+
+
+def test_missing_file_says_how_to_make_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="commands"):
+        nsys.read_nsys(tmp_path / "none.sqlite")
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).execute("create table StringIds (id int, value text)").connection.commit()
+    with pytest.raises(ValueError, match="-t cuda"):
+        nsys.read_nsys(empty)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return nsys.read_nsys(SAMPLE)
+
+
+@needs_sample
+def test_reader_counts_match_sql(sample):
+    db = sqlite3.connect(SAMPLE)
+    per_device = dict(db.execute("select deviceId, count(*) from CUPTI_ACTIVITY_KIND_KERNEL group by deviceId"))
+    nccl = dict(db.execute(
+        "select k.deviceId, count(*) from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds s "
+        "on k.shortName = s.id where s.value like 'nccl%' group by k.deviceId"))
+    assert sample.world_size == len(per_device) == 2
+    for rank, device in enumerate(sorted(per_device)):
+        comm = sample.of(rank, "comm")
+        kernels = [s for s in sample.of(rank, "compute") if s.name not in ("memcpy", "memset")]
+        assert len(comm) == nccl[device] and {s.op for s in comm} == {"send_recv"}
+        assert len(comm) + len(kernels) == per_device[device]
+    ranges = db.execute("select count(*) from NVTX_EVENTS where eventType in (59, 60) "
+                        "and end is not null").fetchone()[0]
+    assert len([s for s in sample.spans if s.kind == "range"]) == ranges
+
+
+@needs_sample
+def test_reader_times_are_seconds_from_the_first_event(sample):
+    db = sqlite3.connect(SAMPLE)
+    lo, hi = db.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    kernels = [s for s in sample.spans if s.kind in ("compute", "comm") and s.name not in ("memcpy", "memset")]
+    t0 = min(s.start for s in sample.spans)
+    assert t0 == 0.0
+    span = max(s.end for s in kernels) - min(s.start for s in kernels)
+    assert math.isclose(span, (hi - lo) * 1e-9, rel_tol=1e-9)
+    nvtx_names = {s.name for s in sample.spans if s.kind == "range"}
+    assert {"ncclSend", "ncclRecv", "ncclGroupStart"} <= nvtx_names
+
+
+@needs_sample
+def test_summary_uses_the_lab_measures(sample):
+    rows = nsys.summary(sample)
+    assert [r["rank"] for r in rows] == [0, 1]
+    for r in rows:
+        comm = [(s.start, s.end) for s in sample.of(r["rank"], "comm")]
+        assert math.isclose(r["comm_ms"], lab06.length(comm) * 1e3)
+        assert 0 < r["comm_share"] < 1 and r["nccl_kernels"] == len(comm)
+    assert "NCCL share" in nsys.format_summary(rows)
+
+
+@needs_sample
+def test_lab_falls_back_to_the_sample(monkeypatch, capsys):
+    monkeypatch.setattr(nsys, "available", lambda nproc=2: (False, "no nsys in this test"))
+    tl = nsys.timeline_for_lab()
+    out = capsys.readouterr().out
+    assert "no nsys in this test" in out and tl is not None and tl.world_size == 2
