@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distlab import tensor_parallel as tp
+from distlab.rank import device as rank_device
 
 # --------------------------------------------------------------------------------------------
 # The fused QKV weight: which rows are which head, and which rows a rank owns.
@@ -333,12 +334,6 @@ def block_comms_table(block_cls=TensorParallelTransformerBlock, world_size: int 
 # --------------------------------------------------------------------------------------------
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -362,7 +357,7 @@ def _time_steps(model, x, steps: int, warmup: int, dev) -> tuple[list[float], li
 def _scaling_rank(rank, world_size, sizes, config, shape, steps, warmup):
     """For each N in `sizes`, ranks 0..N-1 time the block on a group of N ranks (N = 1: the dense
     block); the others wait. Returns {N: (median seconds of the slowest rank, windows)}."""
-    dev = _device()
+    dev = rank_device()
     groups = {n: dist.new_group(list(range(n))) for n in sizes if n > 1}   # every rank creates all
     g = torch.Generator().manual_seed(1)
     x = torch.randn(*shape, config["hidden"], generator=g).to(dev).requires_grad_(True)  # (b, s, h)

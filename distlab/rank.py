@@ -36,6 +36,15 @@ class Task:
     threads: int
 
 
+def device():
+    """The device this rank computes on: its own GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _to_cpu(value):
     """Return values travel to the launcher, which may have no GPU: tensors come back on the CPU."""
     import torch

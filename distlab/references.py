@@ -3,9 +3,13 @@
 Each lab's checks module (``distlab.checks.labNN`` for lab ``NN_name``) has
 ``make_references() -> {name: {"seed": int, <key>: tensor, ...}}``: for each reference set, the
 seed it was drawn from and the named tensors (inputs and the plain single-process result). This
-command writes every set to ``data/<lab>/<name>.pt`` (``torch.save`` of the dict of tensors, which
-is byte-for-byte reproducible) and ``data/<lab>/manifest.json`` with the seed, the shape and
-dtype of every tensor, the torch version and the sha256 of every file.
+command writes every set to ``data/<lab>/<name>.pt`` (``torch.save`` of the dict of tensors) and
+``data/<lab>/manifest.json`` with the seed, the shape and dtype of every tensor, the torch version
+and the sha256 of every file.
+
+Rebuilding gives the same seeds, shapes and dtypes, and the same values up to float rounding:
+float32 matrix products change in their last bits with the BLAS build and thread count, so
+``differences(lab)`` compares values within a tight tolerance, not bytes.
 
 Checks read a set with ``load(lab, name)``, which refuses a file whose sha256 is not the
 manifest's: a stale or edited reference is an error, not a silent wrong grade.
@@ -82,6 +86,29 @@ def load(lab: str, name: str, data: Path = DATA) -> dict[str, torch.Tensor]:
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         raise ValueError(f"{folder / (name + '.pt')} does not match its sha256 in the manifest. {fix}")
     return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+def differences(lab: str) -> list[str]:
+    """What differs between ``data/<lab>/`` and a fresh ``make_references()``: missing or extra
+    sets, other seeds, shapes or dtypes, or values beyond float rounding."""
+    files, manifest = make(lab)
+    stored = json.loads((DATA / lab / MANIFEST).read_text())["files"]
+    problems = [f"{name}: only in {where}" for name, where in
+                [(n, "data/") for n in stored if n not in files] +
+                [(n, "make_references()") for n in files if n not in stored]]
+    for name in sorted(set(files) & set(stored)):
+        fresh = manifest["files"][name]
+        if (fresh["seed"], fresh["tensors"]) != (stored[name]["seed"], stored[name]["tensors"]):
+            problems.append(f"{name}: seed, shapes or dtypes differ")
+            continue
+        old = load(lab, name.removesuffix(".pt"))
+        new = torch.load(io.BytesIO(files[name]), weights_only=True)
+        for key, value in new.items():
+            try:
+                torch.testing.assert_close(value, old[key], rtol=1e-5, atol=1e-6)
+            except AssertionError as err:
+                problems.append(f"{name}[{key}]: {str(err).splitlines()[0]}")
+    return problems
 
 
 def labs_with_references() -> list[str]:

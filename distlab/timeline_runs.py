@@ -27,6 +27,8 @@ import dataclasses
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from distlab.rank import device as rank_device
 from torch import nn
 from torch.profiler import record_function
 
@@ -44,12 +46,6 @@ class Spec:
     seq: int = 16
     microbatches: int = 4
     seed: int = 0
-
-
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _mlp_stack(spec: Spec) -> nn.Sequential:
@@ -72,7 +68,7 @@ def _data(spec: Spec, *shape) -> torch.Tensor:
 def dp_step(rank: int, world_size: int, spec: Spec = Spec(), overlap: bool = False):
     """A data-parallel step on this rank's ``batch / world_size`` rows; gradients averaged by
     all-reduce, after backward (``overlap=False``) or during it (``overlap=True``)."""
-    dev = _device()
+    dev = rank_device()
     model = _mlp_stack(spec).to(dev)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=1e-3)
@@ -116,7 +112,7 @@ def tp_step(rank: int, world_size: int, spec: Spec = Spec()):
     """A step of ``layers`` Megatron MLPs (h -> 4h -> h), each column- then row-parallel: every
     rank holds 1/n of each weight and sees the whole (batch/4, seq, h) input."""
     from distlab.tensor_parallel import MLP, TensorParallelMLP
-    dev = _device()
+    dev = rank_device()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         dense = [MLP(spec.hidden, 4 * spec.hidden) for _ in range(spec.layers)]
@@ -143,7 +139,7 @@ def pp_step(rank: int, world_size: int, spec: Spec = Spec()):
     """A GPipe step: stage ``rank`` of ``world_size`` holds its share of ``2 * layers`` blocks;
     ``microbatches`` forwards (receive from rank-1, send to rank+1), then as many backwards."""
     from distlab.pipeline import make_model, stage_layers
-    dev = _device()
+    dev = rank_device()
     stage = stage_layers(make_model(2 * spec.layers, spec.hidden, spec.seed), rank, world_size).to(dev)
     optimizer = torch.optim.SGD(stage.parameters(), lr=1e-3)
     first, last = rank == 0, rank == world_size - 1

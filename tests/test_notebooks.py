@@ -42,14 +42,25 @@ def test_student_notebook_has_no_outputs(built, lab):
 
 @pytest.mark.parametrize("lab", references.labs_with_references())
 def test_references_reproducible(lab):
-    files, manifest = references.make(lab)
-    stored = json.loads((references.DATA / lab / references.MANIFEST).read_text())
-    assert {k: v["sha256"] for k, v in stored["files"].items()} == \
-        {k: v["sha256"] for k, v in manifest["files"].items()}, \
-        f"data/{lab}/ is not what make_references() gives; run `distlab references {lab}`"
-    for name, blob in files.items():
-        assert (references.DATA / lab / name).read_bytes() == blob
-        assert set(stored["files"][name]) >= {"seed", "tensors", "sha256"}
+    problems = references.differences(lab)
+    assert not problems, (f"data/{lab}/ is not what make_references() gives; run "
+                          f"`distlab references {lab}`:\n" + "\n".join(problems))
+
+
+def test_reproducibility_check_sees_a_changed_value(tmp_path, monkeypatch):
+    lab = references.labs_with_references()[0]
+    module = references.checks_module(lab)
+    original = module.make_references
+
+    def shifted():
+        sets = original()
+        name = sorted(sets)[0]
+        key = next(k for k, v in sets[name].items() if k != "seed" and v.is_floating_point())
+        sets[name][key] = sets[name][key] + 1e-3
+        return sets
+
+    monkeypatch.setattr(module, "make_references", shifted)
+    assert any("Tensor-likes are not close" in p or "differ" in p for p in references.differences(lab))
 
 
 def test_lint_catches_broken_metadata(monkeypatch):

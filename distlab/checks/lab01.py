@@ -25,6 +25,7 @@ import torch
 
 from distlab.check import CheckFailed, assert_close
 from distlab.grade import run_each_backend
+from distlab.rank import device as rank_device
 
 LAB = "01_collectives"
 SEED = 1234
@@ -84,12 +85,25 @@ def sweep_sample(seed: int) -> dict[str, torch.Tensor]:
 
 
 def reference_fit(sizes, times) -> tuple[float, float]:
-    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t."""
-    s = torch.as_tensor(sizes, dtype=torch.float64)
-    t = torch.as_tensor(times, dtype=torch.float64)
-    design = torch.stack([1 / t, s / t], dim=1)  # (k, 2): alpha and 1/B, each row divided by t_i
-    coef = torch.linalg.lstsq(design, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)  # (2,)
-    return float(coef[0]), float(1 / coef[1])
+    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t.
+
+    Solved in closed form with exactly rounded sums (math.fsum) on unit-scaled columns, so the
+    stored reference is the same bits on every machine; a LAPACK lstsq may differ in the last bits
+    between builds and thread counts, which is harmless for students but not for a checksum.
+    """
+    t = [float(v) for v in torch.as_tensor(times, dtype=torch.float64)]
+    s = [float(v) for v in torch.as_tensor(sizes, dtype=torch.float64)]
+    x1 = [1 / ti for ti in t]                      # column of alpha, each row divided by t_i
+    x2 = [si / ti for si, ti in zip(s, t)]         # column of 1/B
+    n1, n2 = math.sqrt(math.fsum(v * v for v in x1)), math.sqrt(math.fsum(v * v for v in x2))
+    u, w = [v / n1 for v in x1], [v / n2 for v in x2]
+    uu, ww = math.fsum(a * a for a in u), math.fsum(b * b for b in w)
+    uw = math.fsum(a * b for a, b in zip(u, w))
+    u1, w1 = math.fsum(u), math.fsum(w)            # right-hand side: all ones
+    det = uu * ww - uw * uw
+    alpha = (u1 * ww - w1 * uw) / det / n1
+    inv_bandwidth = (uu * w1 - uw * u1) / det / n2
+    return alpha, 1 / inv_bandwidth
 
 
 def make_references() -> dict[str, dict]:
@@ -115,9 +129,7 @@ def _stored(name: str) -> dict[str, torch.Tensor]:
 def _apply_on_rank(rank: int, world_size: int, inputs: torch.Tensor, fn):
     """Rank body: call the student's in-rank ``fn`` on this rank's row (on its GPU under NCCL)."""
     import torch.distributed as dist
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
-    mine = inputs[rank].clone().to(device)
+    mine = inputs[rank].clone().to(rank_device())
     result = fn(mine)
     return result if result is not None else mine  # an in-place implementation may return None
 

@@ -30,6 +30,8 @@ import torch.nn as nn
 
 from distlab import tensor_parallel as tp
 from distlab.check import CheckFailed, assert_close
+from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
+from distlab.grade import run_each_backend
 
 LAB = "03_tensor_parallel_mlp"
 SEED = 3
@@ -42,18 +44,6 @@ REDUCE_SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_sin
 
 # ---------------------------------------------------------------------------------------------
 # Problems: inputs and the dense single-process results
-
-def _dense_run(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, prefix: str = "") -> dict:
-    """Forward x, backward with upstream gradient dy; weights, output, dL/dx and dL/dparams."""
-    x = x.clone().requires_grad_(True)
-    y = model(x)
-    (y * dy).sum().backward()
-    out = {f"{prefix}y": y.detach(), f"{prefix}dx": x.grad}
-    for name, p in model.named_parameters():
-        out[f"{prefix}param.{name}"] = p.detach().clone()
-        out[f"{prefix}grad.{name}"] = p.grad
-    return out
-
 
 def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
             world_size: int = 2) -> dict:
@@ -77,9 +67,9 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
             torch.manual_seed(seed)
             col, row = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
         return {"seed": seed, "x": x, "dy_col": dy_col, "z": z, "dy": dy,
-                **_dense_run(col, x, dy_col, "col."), **_dense_run(row, z, dy, "row.")}
+                **dense_run(col, x, dy_col, "col."), **dense_run(row, z, dy, "row.")}
     model = tp.dense(kind, hidden, ffn, seed)
-    return {"seed": seed, "x": x, "dy": dy, **_dense_run(model, x, dy)}
+    return {"seed": seed, "x": x, "dy": dy, **dense_run(model, x, dy)}
 
 
 def make_references() -> dict[str, dict]:
@@ -106,53 +96,11 @@ def _shape(batch, seq, hidden, ffn) -> dict:
     return dict(batch=batch, seq=seq, hidden=hidden, ffn=ffn)
 
 
-def _cut(t: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
-    """The plain slice rank r owns: elements [r*n/p, (r+1)*n/p) along dim."""
-    n = t.shape[dim] // world_size
-    return t.narrow(dim, rank * n, n)
-
-
-def _run(fn, world_size: int, *args):
-    """Run on every backend available (gloo; NCCL too where there are GPUs)."""
-    try:
-        from distlab.grade import run_each_backend
-    except ImportError:
-        import distlab
-        return [("gloo", distlab.run(fn, world_size, *args))]
-    return list(run_each_backend(fn, world_size, *args))
-
-
-def _device():
-    import torch.distributed as dist
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 # ---------------------------------------------------------------------------------------------
 # Communication: what each phase issued, compared with what it should
 
 def _family(op: str) -> str:
     return "all_gather" if op in ALL_GATHER else "reduce_scatter" if op in REDUCE_SCATTER else op
-
-
-def _phases(comms, count: int, what: str, rank: int) -> list[list]:
-    """Split a rank's record at the barriers the check's rank body puts between phases."""
-    phases = [[]]
-    for c in comms:
-        if c.op == "barrier":
-            phases.append([])
-        else:
-            phases[-1].append(c)
-    if len(phases) != count:
-        raise CheckFailed(f"{what}: rank {rank} called dist.barrier() itself; remove it (the check "
-                          f"uses barriers to tell the forward from the backward).")
-    return phases
-
-
-def _describe(comms) -> str:
-    return ", ".join(f"{c.op} of {list(c.shapes[0]) if c.shapes else '?'} ({c.bytes} bytes)"
-                     for c in comms) or "no collective"
 
 
 def _is_slice_of(comm, shape: tuple) -> bool:
@@ -192,14 +140,14 @@ def _check_comms(out, expected: list[list[tuple[str, int]]], what: str, case: st
                  weights: dict[str, tuple] | None = None, labels=("forward", "backward")) -> None:
     """Each phase must issue exactly the expected (op family, bytes) multiset, in any order."""
     for rank, comms in enumerate(out.comms):
-        phases = _phases(comms, len(expected), what, rank)
+        phases = split_phases(comms, len(expected), what, rank)
         for phase, issued, want in zip(labels, phases, expected):
             got = sorted((_family(c.op), c.bytes) for c in issued)
             if got != sorted(want):
                 want_text = ", ".join(f"{op} of {n} bytes" for op, n in want) or "no collective"
                 raise CheckFailed(
                     f"{what} on {case}: rank {rank}'s {phase} should issue exactly {want_text}; "
-                    f"it issued {_describe(issued)}.\n{_diagnose(issued, want, weights or {})}")
+                    f"it issued {describe_comms(issued)}.\n{_diagnose(issued, want, weights or {})}")
 
 
 def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
@@ -224,8 +172,8 @@ def check_shard_column(shard_column, world_size: int = 2, seed: int | None = Non
         w, b = shard_column(weight.clone(), bias.clone(), rank, world_size)
         hint = ("Column parallel splits the output features: nn.Linear's weight is (out, in), so "
                 "take rows, dim 0, the contiguous block r of p; the bias is split the same way.")
-        _close(w, _cut(weight, 0, rank, world_size), f"shard_column weight on {case}", rank, hint)
-        _close(b, _cut(bias, 0, rank, world_size), f"shard_column bias on {case}", rank, hint)
+        _close(w, cut(weight, 0, rank, world_size), f"shard_column weight on {case}", rank, hint)
+        _close(b, cut(bias, 0, rank, world_size), f"shard_column bias on {case}", rank, hint)
         outputs.append(ref["x"] @ w.T + b)                     # (b, s, f/p)
     _close(torch.cat(outputs, dim=-1), ref["col.y"], f"concatenated column outputs on {case}", None)
 
@@ -241,11 +189,11 @@ def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
         w, b = shard_row(weight.clone(), bias.clone(), rank, world_size)
         hint = ("Row parallel splits the input features: columns of nn.Linear's (out, in) "
                 "weight, dim 1, the contiguous block r of p.")
-        _close(w, _cut(weight, 1, rank, world_size), f"shard_row weight on {case}", rank, hint)
+        _close(w, cut(weight, 1, rank, world_size), f"shard_row weight on {case}", rank, hint)
         _close(b, bias, f"shard_row bias on {case}", rank,
                "Keep the whole bias on every rank: it is added once, after the partial outputs "
                "are summed (splitting or scaling it gives a different layer).")
-        total = total + _cut(ref["z"], -1, rank, world_size) @ w.T   # (b, s, h) partial
+        total = total + cut(ref["z"], -1, rank, world_size) @ w.T   # (b, s, h) partial
     _close(total + bias, ref["row.y"], f"summed row outputs on {case}", None)
 
 
@@ -255,7 +203,7 @@ def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
 def _op_on_rank(rank, world_size, op_cls, x, g):
     """Rank body: y = op_cls.apply(x, None); barrier; backward with upstream g."""
     import torch.distributed as dist
-    dev = _device()
+    dev = rank_device()
     x = x.to(dev).requires_grad_(True)
     before = x.detach().clone()
     y = op_cls.apply(x, None)
@@ -272,7 +220,7 @@ def _operator_check(op_cls, name, world_size, seed, shape, xs_of, gs_of, y_of, d
                     comms_of, hint) -> None:
     ref, case = _case("ops", seed, world_size, shape)
     xs, gs = xs_of(ref), gs_of(ref)
-    for backend, out in _run(_op_rank_indexed, world_size, op_cls, xs, gs):
+    for backend, out in run_each_backend(_op_rank_indexed, world_size, op_cls, xs, gs):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             if res["input_changed"]:
@@ -319,10 +267,10 @@ def check_gather_from_sp(op_cls, world_size: int = 2, seed: int | None = None,
     p = world_size
     _operator_check(
         op_cls, "GatherFromSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
-        lambda r: torch.stack([_cut(r["xs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
+        lambda r: torch.stack([cut(r["xs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
         lambda r: r["gs"],                                                       # (p, b, s, h)
         lambda xs, rank: torch.cat(list(xs), dim=1),
-        lambda gs, rank: _cut(gs.sum(0), 1, rank, p),
+        lambda gs, rank: cut(gs.sum(0), 1, rank, p),
         lambda xs: [[("all_gather", p * _nbytes(xs[0]))], [("reduce_scatter", p * _nbytes(xs[0]))]],
         "Forward: concatenate the ranks' sequence blocks in rank order along dim 1. Backward: every "
         "rank used the whole sequence, so sum the gradients and give each rank its own block.")
@@ -336,8 +284,8 @@ def check_reduce_scatter_to_sp(op_cls, world_size: int = 2, seed: int | None = N
     _operator_check(
         op_cls, "ReduceScatterToSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
         lambda r: r["xs"],                                                        # (p, b, s, h)
-        lambda r: torch.stack([_cut(r["gs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
-        lambda xs, rank: _cut(xs.sum(0), 1, rank, p),
+        lambda r: torch.stack([cut(r["gs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
+        lambda xs, rank: cut(xs.sum(0), 1, rank, p),
         lambda gs, rank: torch.cat(list(gs), dim=1),
         lambda xs: [[("reduce_scatter", _nbytes(xs[0]))], [("all_gather", _nbytes(xs[0]))]],
         "Forward: sum the partial (b, s, h) tensors and keep your sequence block. Backward: each "
@@ -386,12 +334,12 @@ def _module_on_rank(rank, world_size, kind, ref, student_cls, names, sequence_pa
     """Rank body: wrap the dense module, forward the (sequence shard of the) input, barrier,
     backward with the matching slice of dy; return output, input gradient, parameter gradients."""
     import torch.distributed as dist
-    dev = _device()
+    dev = rank_device()
     dense = _dense_module(kind, ref).to(dev)
     model = student_cls(dense, None).to(dev)
     x, dy = ref["x"].to(dev), ref["dy"].to(dev)
     if sequence_parallel:
-        x, dy = _cut(x, 1, rank, world_size), _cut(dy, 1, rank, world_size)   # (b, s/p, h)
+        x, dy = cut(x, 1, rank, world_size), cut(dy, 1, rank, world_size)   # (b, s/p, h)
     x = x.clone().requires_grad_(True)
     y = model(x)
     dist.barrier()
@@ -424,20 +372,20 @@ def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shap
     act = b * s * h * 4
     comms = ([[("all_gather", act), ("reduce_scatter", act)]] * 2 if sequence_parallel
              else [[("all_reduce", act)], [("all_reduce", act)]])
-    for backend, out in _run(_module_on_rank, world_size, kind, ref, student_cls, list(layout),
-                             sequence_parallel):
+    for backend, out in run_each_backend(_module_on_rank, world_size, kind, ref, student_cls,
+                                         list(layout), sequence_parallel):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
-            cut = (lambda t: _cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
-            _close(res["y"], cut(ref["y"]), f"{what} output on {where}", rank,
+            mine = (lambda t: cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
+            _close(res["y"], mine(ref["y"]), f"{what} output on {where}", rank,
                    "The output must equal the dense module's" +
                    (" sequence block of this rank." if sequence_parallel else ", on every rank."))
         # Right outputs computed the wrong way (gathered weights) are a communication mistake:
         # say so before the gradients, which such shortcuts usually get wrong as well.
         _check_comms(out, comms, what, where, weights)
         for rank, res in enumerate(out):
-            cut = (lambda t: _cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
-            _close(res["dx"], cut(ref["dx"]), f"{what} input gradient on {where}", rank,
+            mine = (lambda t: cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
+            _close(res["dx"], mine(ref["dx"]), f"{what} input gradient on {where}", rank,
                    "dL/dx sums the contributions of every rank's shards: is the backward "
                    "collective in place?")
         for name, (dense_name, dim) in layout.items():
@@ -453,7 +401,7 @@ def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shap
                 continue
             for rank, res in enumerate(out):
                 got = res["grads"][name]
-                want = full if dim is None else _cut(full, dim, rank, world_size)
+                want = full if dim is None else cut(full, dim, rank, world_size)
                 if got is None:
                     raise CheckFailed(f"{what} on {where}: {name} on rank {rank} got no gradient; "
                                       f"is it an nn.Parameter used in forward?")
@@ -466,10 +414,10 @@ def _linears_on_rank(rank, world_size, ref, col_cls, row_cls):
     """Rank body: column layer on the full x (upstream: this rank's block of dy_col), barrier,
     backward, barrier; row layer on this rank's block of z, barrier, backward."""
     import torch.distributed as dist
-    dev = _device()
+    dev = rank_device()
     res = {}
-    for tag, cls, x, dy in (("col", col_cls, ref["x"], _cut(ref["dy_col"], -1, rank, world_size)),
-                            ("row", row_cls, _cut(ref["z"], -1, rank, world_size), ref["dy"])):
+    for tag, cls, x, dy in (("col", col_cls, ref["x"], cut(ref["dy_col"], -1, rank, world_size)),
+                            ("row", row_cls, cut(ref["z"], -1, rank, world_size), ref["dy"])):
         layer = cls(_dense_module("linear", ref, f"{tag}.").to(dev), None).to(dev)
         x = x.to(dev).clone().requires_grad_(True)
         y = layer(x)
@@ -491,22 +439,22 @@ def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | No
     act_in, act_out = _nbytes(ref["x"]), _nbytes(ref["dy"])
     weights = {"the column layer's weight": tuple(ref["col.param.weight"].shape),
                "the row layer's weight": tuple(ref["row.param.weight"].shape)}
-    for backend, out in _run(_linears_on_rank, world_size, ref, col_cls, row_cls):
+    for backend, out in run_each_backend(_linears_on_rank, world_size, ref, col_cls, row_cls):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             c, r = res["col"], res["row"]
-            _close(c["y"], _cut(ref["col.y"], -1, rank, p), f"ColumnParallelLinear output on {where}",
+            _close(c["y"], cut(ref["col.y"], -1, rank, p), f"ColumnParallelLinear output on {where}",
                    rank, "Each rank outputs its own block of the output features (no gather).")
             _close(c["dx"], ref["col.dx"], f"ColumnParallelLinear input gradient on {where}", rank,
                    "dL/dx is the sum over ranks of each shard's contribution: all-reduce it backward.")
-            _close(c["grads"]["weight"], _cut(ref["col.grad.weight"], 0, rank, p),
+            _close(c["grads"]["weight"], cut(ref["col.grad.weight"], 0, rank, p),
                    f"ColumnParallelLinear weight gradient on {where}", rank)
-            _close(c["grads"]["bias"], _cut(ref["col.grad.bias"], 0, rank, p),
+            _close(c["grads"]["bias"], cut(ref["col.grad.bias"], 0, rank, p),
                    f"ColumnParallelLinear bias gradient on {where}", rank)
             _close(r["y"], ref["row.y"], f"RowParallelLinear output on {where}", rank,
                    "Sum the partial outputs over ranks, then add the bias once.")
-            _close(r["dx"], _cut(ref["row.dx"], -1, rank, p), f"RowParallelLinear input gradient on {where}", rank)
-            _close(r["grads"]["weight"], _cut(ref["row.grad.weight"], 1, rank, p),
+            _close(r["dx"], cut(ref["row.dx"], -1, rank, p), f"RowParallelLinear input gradient on {where}", rank)
+            _close(r["grads"]["weight"], cut(ref["row.grad.weight"], 1, rank, p),
                    f"RowParallelLinear weight gradient on {where}", rank)
             _close(r["grads"]["bias"], ref["row.grad.bias"], f"RowParallelLinear bias gradient on {where}", rank)
         _check_comms(out, [[], [("all_reduce", act_in)], [("all_reduce", act_out)], []],

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from distlab import attention as att
 from distlab.check import CheckFailed, assert_close
-from distlab.checks.lab03 import _cut, _dense_run, _describe, _phases, _run
+from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
+from distlab.grade import run_each_backend
 
 LAB = "04_tensor_parallel_attention"
 SEED = 4
@@ -61,7 +62,7 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int = 0, n_heads
     dy = torch.randn(batch, seq, hidden, generator=g)                                  # (b, s, h)
     model = att.dense(kind, seed, hidden, n_heads, n_kv_heads, ffn)
     return {"seed": seed, "x": x, "dy": dy, "n_heads": torch.tensor(n_heads),
-            "n_kv_heads": torch.tensor(n_kv_heads), **_dense_run(model, x, dy)}
+            "n_kv_heads": torch.tensor(n_kv_heads), **dense_run(model, x, dy)}
 
 
 def make_references() -> dict[str, dict]:
@@ -180,8 +181,7 @@ def _module_on_rank(rank, world_size, kind, ref, student_cls, names, qkv_name):
     """Rank body: wrap the dense module, forward x, barrier, backward with dy."""
     import torch.distributed as dist
 
-    from distlab.checks.lab03 import _device
-    dev = _device()
+    dev = rank_device()
     model = student_cls(_dense(kind, ref).to(dev), None).to(dev)
     x = ref["x"].to(dev).clone().requires_grad_(True)
     y = model(x)
@@ -215,15 +215,15 @@ _HOW = {"heads": "this rank's head rows ([q | k | v]) of the dense",
 def _expected_slice(full, how, layout, rank, p):
     if how == "heads":
         return full[layout.rank_rows(rank, p)]
-    return full if how is None else _cut(full, how, rank, p)
+    return full if how is None else cut(full, how, rank, p)
 
 
 def _run_module(kind: str, student_cls, world_size: int, seed, shape: dict):
     ref, case = _case(kind, seed, world_size, shape)
     _layout(ref).check_degree(world_size)
     prefix = "attn." if kind == "block" else ""
-    runs = _run(_module_on_rank, world_size, kind, ref, student_cls, list(_LAYOUT[kind]),
-                f"{prefix}qkv.weight")
+    runs = run_each_backend(_module_on_rank, world_size, kind, ref, student_cls,
+                            list(_LAYOUT[kind]), f"{prefix}qkv.weight")
     return ref, case, runs
 
 
@@ -231,7 +231,7 @@ def _check_comms(out, n_all_reduce: int, act: int, what: str, where: str, phase:
     """Rank r's `phase` (0 forward, 1 backward) must issue exactly n all_reduces of `act` bytes."""
     label = ("forward", "backward")[phase]
     for rank, comms in enumerate(out.comms):
-        issued = _phases(comms, 2, what, rank)[phase]
+        issued = split_phases(comms, 2, what, rank)[phase]
         got = sorted((c.op, c.bytes) for c in issued)
         if got == [("all_reduce", act)] * n_all_reduce:
             continue
@@ -241,7 +241,7 @@ def _check_comms(out, n_all_reduce: int, act: int, what: str, where: str, phase:
                 "each f in front of a column-parallel projection all-reduces dL/dx backward.")
         raise CheckFailed(f"{what} on {where}: rank {rank}'s {label} should issue exactly "
                           f"{n_all_reduce} all_reduce of {act} bytes (b*s*h float32); it issued "
-                          f"{_describe(issued)}.\n{hint}")
+                          f"{describe_comms(issued)}.\n{hint}")
 
 
 def _diagnose_output(res, ref, rank, p, prefix="") -> str:
@@ -334,9 +334,8 @@ def _loss_on_rank(rank, world_size, fn, logits, target):
     """Rank body: this rank's vocabulary slice of the logits -> fn -> barrier -> backward."""
     import torch.distributed as dist
 
-    from distlab.checks.lab03 import _device
-    dev = _device()
-    shard = _cut(logits, -1, rank, world_size).to(dev).clone().requires_grad_(True)  # (b, s, V/p)
+    dev = rank_device()
+    shard = cut(logits, -1, rank, world_size).to(dev).clone().requires_grad_(True)  # (b, s, V/p)
     loss = fn(shard, target.to(dev), None)
     dist.barrier()
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
@@ -348,19 +347,19 @@ def _loss_on_rank(rank, world_size, fn, logits, target):
 def _check_loss_comms(out, tokens: int, shard_bytes: int, where: str) -> None:
     small = 2 * tokens * 8          # up to two float64 numbers per token in one message
     for rank, comms in enumerate(out.comms):
-        forward, backward = _phases(comms, 2, "vocab_parallel_cross_entropy", rank)
+        forward, backward = split_phases(comms, 2, "vocab_parallel_cross_entropy", rank)
         for label, issued in (("forward", forward), ("backward", backward)):
             big = [c for c in issued if c.op != "all_reduce" or c.bytes > small]
             if big:
                 raise CheckFailed(
                     f"vocab_parallel_cross_entropy on {where}: rank {rank}'s {label} issued "
-                    f"{_describe(big)}; only all_reduces of one number per token ({tokens} tokens) are "
+                    f"{describe_comms(big)}; only all_reduces of one number per token ({tokens} tokens) are "
                     f"needed (this rank's logits are {shard_bytes} bytes). Gathering the logits "
                     f"defeats the point: reduce the max, the target logit and the sum of "
                     f"exponentials instead.")
         if len(forward) > 3:
             raise CheckFailed(f"vocab_parallel_cross_entropy on {where}: rank {rank}'s forward issued "
-                              f"{len(forward)} collectives ({_describe(forward)}); three all_reduces "
+                              f"{len(forward)} collectives ({describe_comms(forward)}); three all_reduces "
                               f"suffice (max, target logit, sum of exponentials).")
 
 
@@ -374,7 +373,7 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
     if vocab % world_size:
         raise ValueError(f"vocab={vocab} is not divisible by {world_size} ranks")
     tokens = ref["target"].numel()
-    for backend, out in _run(_loss_on_rank, world_size, fn, ref["logits"], ref["target"]):
+    for backend, out in run_each_backend(_loss_on_rank, world_size, fn, ref["logits"], ref["target"]):
         where = f"{case}, {out.backend}"
         # Gathered logits give the right loss the wrong way: say so before comparing values.
         _check_loss_comms(out, tokens, _nbytes(ref["logits"]) // world_size, where)
@@ -398,7 +397,7 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
                 raise CheckFailed(f"vocab_parallel_cross_entropy on {where}: rank {rank}'s loss has "
                                   f"no gradient path to the logits; all_reduce is not differentiable, "
                                   f"so write a torch.autograd.Function with its own backward.")
-            _close(res["grad"], _cut(ref["dlogits"], -1, rank, world_size),
+            _close(res["grad"], cut(ref["dlogits"], -1, rank, world_size),
                    f"vocab_parallel_cross_entropy gradient of the logits on {where}", rank,
                    "dL/dz = (softmax(z) - onehot(target)) / tokens on this rank's vocabulary slice; "
                    "the target's -1 only on the rank that owns the target id.")
