@@ -42,9 +42,9 @@ def graded(tmp_path_factory):
         submissions.write(submissions.solved(lab), subs, "solution", lab)
         submissions.write(submissions.student(lab), subs, "untouched", lab)
         expected[("solution", lab)] = dict.fromkeys(_points(lab), "pass")
-    for student, (nb, statuses) in submissions.lab01_samples().items():
-        submissions.write(nb, subs, student, LAB1)
-        expected[(student, LAB1)] = statuses
+    for (student, lab), (nb, statuses) in submissions.special_samples().items():
+        submissions.write(nb, subs, student, lab)
+        expected[(student, lab)] = statuses
     out = root / "scores.csv"
     status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
                          "--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
@@ -76,17 +76,32 @@ def test_untouched_student_notebook_gets_zero(graded, lab):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("student", ["partial", "hang", "crash", "edited_test"])
-def test_lab01_samples(graded, student):
-    row = graded["rows"][(student, LAB1)]
-    expected = graded["expected"][(student, LAB1)]
+@pytest.mark.parametrize("student,lab", list(submissions.special_samples()))
+def test_special_samples(graded, student, lab):
+    row = graded["rows"][(student, lab)]
+    expected = graded["expected"][(student, lab)]
     assert {t: row[t] for t in expected} == expected
-    points = _points(LAB1)
+    points = _points(lab)
     assert float(row["score"]) == sum(points[t] for t, s in expected.items() if s == "pass")
     if student == "edited_test":
         assert "edited locked cell test_bandwidths" in row["flags"]
     else:
         assert row["flags"] == ""
+
+
+@pytest.mark.slow
+def test_lab02_mistakes_get_their_exact_partial_scores(graded):
+    # Each mistake costs the 3 points of its own exercise and nothing else: 9 of 12.
+    for student in ("missing_average", "wrong_bucket"):
+        row = graded["rows"][(student, "02_data_parallel")]
+        assert (float(row["score"]), float(row["max_score"])) == (9.0, 12.0), student
+
+
+@pytest.mark.slow
+def test_deadlocked_1f1b_feedback_has_the_hang_diagnosis(graded):
+    row = graded["rows"][("deadlock", "05_pipeline_parallel")]
+    text = html.unescape(Path(row["feedback"]).read_text())
+    assert "deadlocked" in text and "rank 0: in recv" in text and "rank 1: in recv" in text
 
 
 @pytest.mark.slow

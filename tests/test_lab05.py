@@ -182,36 +182,18 @@ def test_naive_check_rejects_a_step_without_backward_on_stage_0():
         lab05.check_naive(forward_only, world_size=2)
 
 
-def one_f_one_b_recv_first(rank, world_size, stage, x, target, num_microbatches):
-    """A classic ordering mistake: each stage runs one forward and then the backward of the same
-    microbatch, waiting for its gradient *before* sending the activation that the next stage needs
-    to produce that gradient. Stage 0 waits on stage 1, stage 1 on stage 0."""
-    first, last, m = rank == 0, rank == world_size - 1, num_microbatches
-    losses = []
-    for xi, ti in zip(x.chunk(m), target.chunk(m)):
-        a = xi if first else torch.empty_like(xi)
-        if not first:
-            dist.recv(a, src=rank - 1)
-            a.requires_grad_()
-        y = stage(a)
-        if last:
-            y = loss_fn(y, ti) / m
-            losses.append(y.item())
-            y.backward()
-        else:
-            g = torch.empty_like(y)
-            dist.recv(g, src=rank + 1)                  # waits for a gradient ...
-            dist.send(y.detach(), dst=rank + 1)         # ... that needs this activation first
-            y.backward(g)
-        if not first:
-            dist.send(a.grad, dst=rank - 1)
-    return sum(losses) if last else None
+def _deadlocked_1f1b():
+    """The recv-before-send 1F1B of the grading samples (tests/submissions)."""
+    import submissions
+    namespace = {"torch": torch, "dist": dist, "loss_fn": loss_fn}
+    exec(submissions.DEADLOCKED_1F1B, namespace)
+    return namespace["one_f_one_b_step"]
 
 
 def test_deadlocking_1f1b_fails_with_the_hang_diagnosis(monkeypatch):
     monkeypatch.setattr(lab05, "TIMEOUT", 5)
     with pytest.raises(CheckFailed) as info:
-        lab05.check_1f1b(one_f_one_b_recv_first, world_size=2, num_microbatches=4)
+        lab05.check_1f1b(_deadlocked_1f1b(), world_size=2, num_microbatches=4)
     message = str(info.value)
     assert "did not finish on 2 ranks" in message
     assert "rank 0: in recv" in message and "from rank 1" in message   # the launcher's diagnosis

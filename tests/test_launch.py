@@ -314,7 +314,7 @@ SCRIPT = """
         dist.all_reduce(t)
         return t.item()
 
-    print("RESULT", distlab.run(fn, 2))
+    print(f"RESULT {distlab.run(fn, 2)}")  # one write: torchrun's two processes share stdout
 """
 
 
@@ -347,8 +347,8 @@ def test_torchrun_with_the_wrong_world_size_is_explained(tmp_path):
 
 def test_two_launchers_at_once(tmp_path):
     """Two notebooks on one machine: each has its own zygote and store port."""
-    path = _script(tmp_path, SCRIPT.replace('print("RESULT", distlab.run(fn, 2))',
-                                            'print("RESULT", [distlab.run(fn, 2) for _ in range(5)][-1])'))
+    path = _script(tmp_path, SCRIPT.replace("distlab.run(fn, 2)}",
+                                            "[distlab.run(fn, 2) for _ in range(5)][-1]}"))
     procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
     for proc in procs:

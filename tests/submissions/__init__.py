@@ -1,9 +1,10 @@
 """Sample submissions, made from the lab sources by code so they never go stale.
 
 A submission is what a student hands in: the released student notebook (``notebooks/<lab>/``)
-with some solution cells filled in. ``solved`` fills them from the lab's source; the Lab 1
-samples then break it in the ways the grader must survive (a hang in a collective, a rank that
-dies, an edited locked test cell).
+with some solution cells filled in. ``solved`` fills them from the lab's source; the special
+samples then break it in the ways the grader must survive or score exactly (a hang in a
+collective, a rank that dies, an edited locked test cell, a missing gradient average, a bucket
+sized in elements, a deadlocking 1F1B schedule).
 """
 from __future__ import annotations
 
@@ -52,6 +53,18 @@ def replace_cell(nb: nbformat.NotebookNode, grade_id: str, source: str) -> nbfor
     raise KeyError(grade_id)
 
 
+def edited(lab: str, grade_id: str, old: str, new: str) -> nbformat.NotebookNode:
+    """The solved notebook with one mistake made in solution cell ``grade_id``."""
+    nb = solved(lab)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            if old not in cell.source:
+                raise ValueError(f"{lab}/{grade_id} no longer contains {old!r}: update the sample")
+            cell.source = cell.source.replace(old, new, 1)
+            return nb
+    raise KeyError(grade_id)
+
+
 # Lab 1's broken answers -------------------------------------------------------------------
 
 HANGS = '''\
@@ -81,20 +94,63 @@ def ring_all_reduce(tensor):
 '''
 
 
-def lab01_samples() -> dict[str, tuple[nbformat.NotebookNode, dict]]:
-    """{student: (notebook, expected {test: status})} for Lab 1's special cases."""
-    lab = "01_collectives"
-    tests = ["test_all_reduce_rs_ag", "test_ring_all_reduce", "test_bandwidths", "test_alpha_beta"]
-    ok = dict.fromkeys(tests, "pass")
+# Lab 5's: a stage waits for a gradient before sending the activation that produces it.
+DEADLOCKED_1F1B = '''\
+def one_f_one_b_step(rank, world_size, stage, x, target, num_microbatches):
+    """One forward then the backward of the same microbatch, receiving the gradient *before*
+    sending the activation the next stage needs to make it: stage 0 waits on stage 1, and
+    stage 1 on stage 0."""
+    first, last, m = rank == 0, rank == world_size - 1, num_microbatches
+    losses = []
+    for xi, ti in zip(x.chunk(m), target.chunk(m)):
+        a = xi if first else torch.empty_like(xi)
+        if not first:
+            dist.recv(a, src=rank - 1)
+            a.requires_grad_()
+        y = stage(a)
+        if last:
+            y = loss_fn(y, ti) / m
+            losses.append(y.item())
+            y.backward()
+        else:
+            g = torch.empty_like(y)
+            dist.recv(g, src=rank + 1)                  # waits for a gradient ...
+            dist.send(y.detach(), dst=rank + 1)         # ... that needs this activation first
+            y.backward(g)
+        if not first:
+            dist.send(a.grad, dst=rank - 1)
+    return sum(losses) if last else None
+'''
+
+
+def _tests(lab: str) -> list[str]:
+    return [c.metadata["nbgrader"]["grade_id"] for c in source_notebook(lab).cells
+            if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def special_samples() -> dict[tuple[str, str], tuple[nbformat.NotebookNode, dict]]:
+    """{(student, lab): (notebook, expected {test: status})} beyond solution and untouched."""
+    lab1, lab2, lab5 = "01_collectives", "02_data_parallel", "05_pipeline_parallel"
+    ok1, ok2, ok5 = (dict.fromkeys(_tests(lab), "pass") for lab in (lab1, lab2, lab5))
     return {
-        "partial": (solved(lab, {"all_reduce_rs_ag", "bandwidths"}),
-                    {**ok, "test_ring_all_reduce": "not-done", "test_alpha_beta": "not-done"}),
-        "hang": (replace_cell(solved(lab), "all_reduce_rs_ag", HANGS),
-                 {**ok, "test_all_reduce_rs_ag": "hang"}),
-        "crash": (replace_cell(solved(lab), "ring_all_reduce", CRASHES),
-                  {**ok, "test_ring_all_reduce": "crash"}),
-        "edited_test": (replace_cell(student(lab), "test_bandwidths", "print('all good')"),
-                        {**dict.fromkeys(tests, "not-done")}),
+        ("partial", lab1): (solved(lab1, {"all_reduce_rs_ag", "bandwidths"}),
+                            {**ok1, "test_ring_all_reduce": "not-done",
+                             "test_alpha_beta": "not-done"}),
+        ("hang", lab1): (replace_cell(solved(lab1), "all_reduce_rs_ag", HANGS),
+                         {**ok1, "test_all_reduce_rs_ag": "hang"}),
+        ("crash", lab1): (replace_cell(solved(lab1), "ring_all_reduce", CRASHES),
+                          {**ok1, "test_ring_all_reduce": "crash"}),
+        ("edited_test", lab1): (replace_cell(student(lab1), "test_bandwidths", "print('all good')"),
+                                dict.fromkeys(ok1, "not-done")),
+        ("missing_average", lab2): (edited(lab2, "data_parallel_step", "p.grad.div_(world_size)",
+                                           "pass"),
+                                    {**ok2, "test_data_parallel_step": "fail"}),
+        ("wrong_bucket", lab2): (edited(lab2, "bucketed_all_reduce",
+                                        "per_bucket = bucket_bytes // buffer.element_size()",
+                                        "per_bucket = bucket_bytes"),
+                                 {**ok2, "test_bucketed_all_reduce": "fail"}),
+        ("deadlock", lab5): (replace_cell(solved(lab5), "one_f_one_b_step", DEADLOCKED_1F1B),
+                             {**ok5, "test_one_f_one_b_step": "fail"}),
     }
 
 
@@ -103,3 +159,4 @@ def write(nb: nbformat.NotebookNode, folder: Path, student_id: str, lab: str) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
