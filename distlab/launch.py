@@ -24,6 +24,7 @@ group, and every process gets the list of all ranks' results::
 from __future__ import annotations
 
 import atexit
+import codecs
 import itertools
 import os
 import pickle
@@ -209,6 +210,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
     zygote = warm_up()
     zygote.wait_ready()
     zygote.drain()
+    zygote.exits.clear()  # notices of earlier runs' ranks are of no further use
     store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                                        wait_for_workers=False)
     try:
@@ -232,6 +234,8 @@ class _Launch:
         self.states = [RankState(rank) for rank in range(world_size)]
         self.results: list = [None] * world_size
         self.partial = [""] * world_size
+        # Incremental decoders: a UTF-8 character may be split between two reads.
+        self.decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(world_size)]
         self.selector = selectors.DefaultSelector()
         self.conns: list[Connection] = []
         self.outs: list[socket.socket] = []
@@ -295,7 +299,7 @@ class _Launch:
         data = self.outs[rank].recv(1 << 16)
         if not data:
             return False
-        text = self.partial[rank] + data.decode(errors="replace")
+        text = self.partial[rank] + self.decoders[rank].decode(data)
         *lines, self.partial[rank] = text.split("\n")
         for line in lines:
             print(f"[rank {rank}] {line}", flush=True)

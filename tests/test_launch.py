@@ -391,3 +391,14 @@ def test_new_and_old_names_of_the_tensor_collectives_are_recorded_once():
     ops = [(c.op, c.bytes) for c in out.comms[0]]
     assert ops == [("all_gather_single", 32), ("all_gather_into_tensor", 32),
                    ("reduce_scatter_single", 32)]
+
+
+def test_output_split_inside_a_character_survives(capfd):
+    def fn(rank, world_size):
+        text = "é🏖️" * 5000  # far more than one read, so reads end inside characters
+        print(text)
+        return len(text)
+
+    distlab.run(fn, 1)
+    out, _ = capfd.readouterr()
+    assert "[rank 0] " + "é🏖️" * 5000 in out and "\ufffd" not in out
