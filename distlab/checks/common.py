@@ -28,12 +28,8 @@ def cut(t: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
 
 def split_phases(comms, count: int, what: str, rank: int) -> list[list]:
     """Split a rank's record at the barriers the check's rank body puts between phases."""
-    phases = [[]]
-    for c in comms:
-        if c.op == "barrier":
-            phases.append([])
-        else:
-            phases[-1].append(c)
+    from distlab.tensor_parallel import split_at_barriers
+    phases = split_at_barriers(comms)
     if len(phases) != count:
         raise CheckFailed(f"{what}: rank {rank} called dist.barrier() itself; remove it (the check "
                           f"uses barriers to tell the forward from the backward).")
