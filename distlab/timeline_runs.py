@@ -37,8 +37,8 @@ from torch.profiler import record_function
 class Spec:
     """Sizes of the profiled models: small enough for a few steps in about a second on a 2-core
     CPU, large enough that communication and compute both show. ``batch`` rows (``dp_batch`` for
-    data parallel, which splits them over the ranks), width ``hidden``, ``layers`` blocks, ``seq`` tokens per row (tensor parallel),
-    ``microbatches`` (pipeline)."""
+    data parallel, which splits them over the ranks), width ``hidden``, ``layers`` blocks,
+    ``seq`` tokens per row (tensor parallel), ``microbatches`` (pipeline)."""
     batch: int = 32
     dp_batch: int = 512
     hidden: int = 256
