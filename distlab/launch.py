@@ -424,7 +424,9 @@ class _Launch:
             try:
                 while conn.poll(0):
                     message = conn.recv()
-                    if message[0] == "enter":
+                    if message[0] == "ready" and self.states[rank].status == "starting":
+                        self.states[rank].status = "running"
+                    elif message[0] == "enter":
                         self.states[rank].comms.append(message[1])
                     elif message[0] == "exit":
                         self.states[rank].comms[message[1]].end = message[2]

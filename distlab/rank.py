@@ -1,9 +1,10 @@
 """What one rank does, in the process the zygote forked for it.
 
 Protocol on the control connection (``multiprocessing.connection.Connection``), rank -> launcher:
-``("pid", pid)``, then ``("enter", Comm)`` / ``("exit", index, end)`` for every torch.distributed
-call, then ``("result", bytes)`` or ``("error", type, message, traceback)``. Launcher -> rank: the
-cloudpickled ``Task`` first; closing the connection later means "all ranks are done, tear down".
+``("ready",)`` once in the process group, ``("enter", Comm)`` / ``("exit", index, end)`` for every
+torch.distributed call, then ``("result", bytes)`` or ``("error", type, message, traceback)``.
+Launcher -> rank: the pickled ``Task`` first; closing the connection later means "all ranks are
+done, tear down".
 Everything the rank prints, from Python or from C++, goes to the output socket, which is the
 rank's fd 1 and fd 2.
 """
@@ -114,7 +115,6 @@ def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
         with lock:
             conn.send(message)
 
-    report("pid", os.getpid())
     try:
         task: Task = pickle.loads(conn.recv_bytes())
     except EOFError:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,7 +61,8 @@ def test_exception_names_rank_type_and_traceback():
     assert err.rank == 1 and err.exc_type == "ValueError"
     assert "rank 1 raised ValueError: bad shard" in str(err)
     assert 'raise ValueError("bad shard")' in err.rank_traceback
-    assert "rank 0: in barrier #1" in str(err) or "rank 0: running" in str(err)
+    # Rank 0 is somewhere between joining the group and waiting in the barrier.
+    assert re.search(r"rank 0: (in barrier #1|running your function|still joining)", str(err))
 
 
 def _recv_from_each_other(rank, world_size):
