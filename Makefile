@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup doctor notebooks references bench clean-venv
+.PHONY: lab test setup doctor notebooks references bench clean-venv site formgrader
 
 setup: $(STAMP)
 
@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Jupyter refuses to run as root (containers often are) unless told it may.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT)
 
 test: setup
 	$(BIN)/python -m pytest -q -rs
@@ -30,8 +32,21 @@ clean-venv:
 	rm -rf $(VENV)
 
 # Regenerate the student labs (notebooks/) from solutions/ with nbgrader; `--check` only compares.
+# Also fills nbgrader's course folder (build/source/, grading/gradebook.db) for the formgrader.
 notebooks: setup
 	$(BIN)/python -m distlab.notebooks
+
+# nbgrader's formgrader for instructors: JupyterLab started in grader/ (nbgrader reads its config
+# from there) with the repository as its root (nbgrader wants the course inside the server's root),
+# and the venv's scripts on PATH (the gradebook runs `alembic`).
+formgrader: notebooks
+	cd grader && PATH="$(abspath $(BIN)):$$PATH" \
+		$(abspath $(BIN))/jupyter lab --ServerApp.root_dir=.. $(ALLOW_ROOT)
+
+# The course as a static HTML site for self-learners (build/site/index.html): every lab run in a
+# fresh kernel and rendered. `SITE_ARGS=--version student` renders the student labs instead.
+site: setup
+	$(BIN)/distlab site $(SITE_ARGS)
 
 # Rewrite data/<lab>/ reference outputs (with their manifest) from each lab's make_references().
 references: setup

@@ -4,17 +4,23 @@ The labs call ``distlab.run(fn, world_size, *args)``, which runs ``fn(rank, worl
 real ``torch.distributed`` ranks (gloo on CPU, NCCL when each rank can have a GPU) and returns the
 ranks' results in rank order, with each rank's collective record in ``.comms``.
 """
+import importlib as _importlib
 import os as _os
 import sys as _sys
-
-from distlab.comms import Comm
-from distlab.launch import (DistributedError, HangError, RankCrashed, RankError, Results, run,
-                            warm_up)
 
 __all__ = ["run", "warm_up", "Comm", "Results", "DistributedError", "RankError", "RankCrashed",
            "HangError"]
 
+
+def __getattr__(name: str):
+    # Imported on first use, not with the package: `python -m distlab._zygote` and
+    # `python -m distlab.sandbox` must confine themselves before torch starts its first thread.
+    if name in __all__:
+        module = _importlib.import_module("distlab.comms" if name == "Comm" else "distlab.launch")
+        return getattr(module, name)
+    raise AttributeError(f"module 'distlab' has no attribute {name!r}")
+
 # In a notebook, start the rank launcher while the student reads: the first run is then fast.
 if "ipykernel" in _sys.modules and not _os.environ.get("DISTLAB_ZYGOTE") \
         and not _os.environ.get("RANK"):
-    warm_up()
+    __getattr__("warm_up")()

@@ -28,12 +28,13 @@ def send(sock: socket.socket, message, fds=()) -> None:
     socket.send_fds(sock, [pickle.dumps(message)], list(fds))
 
 
-def recv(sock: socket.socket):
-    """One message and the file descriptors that came with it; (None, []) when the peer closed."""
+def recv(sock: socket.socket, loads=pickle.loads):
+    """One message and the file descriptors that came with it; (None, []) when the peer closed.
+    A launcher that does not trust the zygote's process (``distlab.judge``) passes a safe loads."""
     data, fds, _, _ = socket.recv_fds(sock, 1 << 16, MAX_FDS)
     if not data:
         return None, fds
-    return pickle.loads(data), fds
+    return loads(data), fds
 
 
 def _preload() -> None:
@@ -123,8 +124,20 @@ def serve(sock: socket.socket) -> None:
                 _fork_ranks(sock, run_id, world_size, fds, children)
 
 
+def _confine_if_asked() -> None:
+    """The grader's judge starts its zygote with DISTLAB_CONFINE (folders, os.pathsep-separated):
+    every rank forked from here may write only there, cannot read DISTLAB_HIDE's folders, and
+    cannot signal or trace the grader."""
+    folders = os.environ.get("DISTLAB_CONFINE")
+    if folders:
+        from distlab.sandbox import confine
+        hidden = os.environ.get("DISTLAB_HIDE")
+        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [])
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _confine_if_asked()
     _preload()
     serve(sock)
 

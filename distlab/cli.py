@@ -1,4 +1,4 @@
-"""The ``distlab`` command: ``distlab doctor | grade | build | references``."""
+"""The ``distlab`` command: ``distlab doctor | grade | merge | build | references | site``."""
 from __future__ import annotations
 
 import importlib
@@ -7,8 +7,10 @@ import sys
 COMMANDS = {
     "doctor": ("distlab.doctor", "check this machine: versions, backends, GPUs, a 2-rank smoke test"),
     "grade": ("distlab.grade", "autograde a folder of submissions into scores.csv and feedback"),
-    "build": ("distlab.notebooks", "regenerate the student labs in notebooks/ from solutions/"),
+    "merge": ("distlab.merge", "merge the work directories of sharded grading runs (grade --shard)"),
+    "build": ("distlab.notebooks", "regenerate the student labs in notebooks/ (and nbgrader's course) from solutions/"),
     "references": ("distlab.references", "rebuild the reference outputs in data/"),
+    "site": ("distlab.site", "run every lab and render the course as a static HTML site in build/site/"),
 }
 
 

@@ -52,6 +52,49 @@ PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "Socket clo
              "connection closed", "Connection refused", "NCCL communicator was aborted")
 
 
+# Set by the grader's judge (``distlab.judge``) in its own process, whose ranks run a student's
+# code: nothing they send is then read with pickle.loads, which runs whatever the data names.
+_distrust = False
+_zygote_env: dict[str, str] = {}
+_rank_cwd: str | None = None
+_rank_env: dict[str, str] = {}
+
+
+def distrust_ranks(confine: list[str] = (), hide: list[str] = (), cwd: str | None = None) -> None:
+    """From now on read ranks' messages and results with ``distlab.safe_pickle`` only, start ranks
+    in ``cwd``, and confine the zygote and its ranks: writes only to the ``confine`` folders, no
+    reads in the ``hide`` ones (``distlab.sandbox``)."""
+    global _distrust, _rank_cwd
+    _distrust, _rank_cwd = True, cwd
+    if cwd:  # where the ranks may write: their home, caches and temporary files go there too
+        # (torch writes caches while importing; a denied write there breaks later imports)
+        _rank_env.update(HOME=cwd, TMPDIR=cwd, MPLCONFIGDIR=cwd, XDG_CACHE_HOME=cwd)
+        _zygote_env.update(_rank_env)
+    if confine:
+        _zygote_env["DISTLAB_CONFINE"] = os.pathsep.join(confine)
+        _zygote_env["DISTLAB_HIDE"] = os.pathsep.join(hide)
+    if _zygote_handle is not None:  # started before: it is not confined
+        _zygote_handle.close()
+
+
+def _loads(data: bytes):
+    if _distrust:
+        from distlab.safe_pickle import loads_message
+        return loads_message(data)
+    return pickle.loads(data)
+
+
+def _recv(conn: Connection):
+    return _loads(conn.recv_bytes())
+
+
+def _load_result(data: bytes):
+    if _distrust:
+        from distlab.safe_pickle import loads_value
+        return loads_value(data)
+    return cloudpickle.loads(data)
+
+
 class DistributedError(RuntimeError):
     """Something went wrong on the ranks of a ``distlab.run``."""
 
@@ -103,7 +146,7 @@ class Zygote:
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile()
-        env = dict(os.environ, DISTLAB_ZYGOTE="1", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, DISTLAB_ZYGOTE="1", PYTHONUNBUFFERED="1", **_zygote_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distlab._zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self.log,
@@ -130,7 +173,7 @@ class Zygote:
     def _recv(self, timeout: float):
         self.sock.settimeout(timeout)
         try:
-            message, _ = _zygote.recv(self.sock)
+            message, _ = _zygote.recv(self.sock, _loads)
         except (socket.timeout, OSError):
             return None
         return message
@@ -154,7 +197,7 @@ class Zygote:
         self.sock.setblocking(False)
         try:
             while True:
-                message, _ = _zygote.recv(self.sock)
+                message, _ = _zygote.recv(self.sock, _loads)
                 if message is None:
                     break
                 self.note(message)
@@ -220,8 +263,10 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
             f"distlab.run could not send your function or its arguments to the ranks: {exc}. "
             f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
     task = Task(call=call, world_size=world_size, backend=backend, store_host="127.0.0.1",
-                store_port=store.port, timeout=timeout, cwd=os.getcwd(), path=list(sys.path),
-                env=dict(os.environ), threads=threads or max(1, (os.cpu_count() or 1) // world_size))
+                store_port=store.port, timeout=timeout, cwd=_rank_cwd or os.getcwd(),
+                path=list(sys.path), env=dict(os.environ, **_rank_env),
+                threads=threads or max(1, (os.cpu_count() or 1) // world_size),
+                plain_results=_distrust)
     return _Launch(zygote, world_size, backend, timeout).go(pickle.dumps(task))
 
 
@@ -314,7 +359,7 @@ class _Launch:
     def _read_control(self, rank: int) -> None:
         state = self.states[rank]
         try:
-            message = self.conns[rank].recv()
+            message = _recv(self.conns[rank])
         except (EOFError, OSError):
             self.selector.unregister(self.conns[rank].fileno())
             if state.status not in ("done",):
@@ -334,7 +379,7 @@ class _Launch:
             index, end = message[1], message[2]
             state.comms[index].end = end
         elif kind == "result":
-            self.results[rank] = cloudpickle.loads(message[1])
+            self.results[rank] = _load_result(message[1])
             state.status = "done"
             self._check_stuck()
         elif kind == "error":
@@ -358,7 +403,7 @@ class _Launch:
                 if other != rank and self.states[other].status in ("starting", "running"):
                     try:
                         while conn.poll(0):
-                            conn.recv()
+                            _recv(conn)
                     except (EOFError, OSError):
                         self.states[rank].status = "error"
                         self._rank_died(other, f"\nRank {rank} then failed with {symptom}")
@@ -366,7 +411,7 @@ class _Launch:
 
     def _read_zygote(self) -> None:
         try:
-            message, _ = _zygote.recv(self.zygote.sock)
+            message, _ = _zygote.recv(self.zygote.sock, _loads)
         except OSError:
             message = None
         if message is None:
@@ -383,7 +428,7 @@ class _Launch:
                 break
             self.zygote.sock.settimeout(max(0.01, deadline - time.perf_counter()))
             try:
-                message, _ = _zygote.recv(self.zygote.sock)
+                message, _ = _zygote.recv(self.zygote.sock, _loads)
             except OSError:
                 break
             self.zygote.note(message)
@@ -423,7 +468,7 @@ class _Launch:
         for rank, conn in enumerate(self.conns):
             try:
                 while conn.poll(0):
-                    message = conn.recv()
+                    message = _recv(conn)
                     if message[0] == "ready" and self.states[rank].status == "starting":
                         self.states[rank].status = "running"
                     elif message[0] == "enter":

@@ -7,6 +7,10 @@ nbgrader metadata. ``build`` turns it into nbgrader's source notebook and runs
 ``notebooks/<lab>/``. Everything is deterministic (cell ids, metadata), so a test can rebuild and
 compare byte for byte: ``distlab build --check`` fails when ``notebooks/`` is stale.
 
+``distlab build`` also writes nbgrader's source folder for instructors (``build/source/<lab>/``,
+as ``grader/nbgrader_config.py`` maps it), so nbgrader's formgrader lists the labs
+(``make formgrader``).
+
 ``lint`` states the rules a source lab must follow for the grader to treat it fairly: unique
 grade ids, balanced solution and hidden-test markers, locked test cells with points, at least one
 autograded cell, and no unlocked code cell that is not a solution.
@@ -28,6 +32,9 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
 NOTEBOOKS = REPO / "notebooks"
+# nbgrader's source folder and gradebook as grader/nbgrader_config.py maps them (a test checks).
+COURSE_SOURCE = REPO / "build" / "source"
+GRADEBOOK = REPO / "grading" / "gradebook.db"
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -54,6 +61,24 @@ def source_notebook(lab: str) -> nbformat.NotebookNode:
         cell.id = base if seen[base] == 1 else f"{base}-{seen[base]}"
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def lab_summary(lab: str) -> str:
+    """The one-line summary in the header of ``lab``'s source (``distlab: summary:``), for the
+    site's index; the student notebooks do not carry it (``source_notebook`` resets metadata)."""
+    import jupytext
+
+    meta = jupytext.read(SOLUTIONS / lab / f"{lab}.py", fmt="py:percent").metadata
+    return meta.get("distlab", {}).get("summary", "")
+
+
+def reader_notebook(lab: str) -> nbformat.NotebookNode:
+    """``lab`` as a self-learner reads it: the solutions in place without their markers, and no
+    hidden tests (they are the grader's, and would only repeat the visible ones)."""
+    nb = source_notebook(lab)
+    for cell in nb.cells:
+        cell.source = _strip_regions(cell.source, keep_solutions=True)
     return nb
 
 
@@ -149,6 +174,12 @@ def write(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> None:
         (out / lab / name).write_text(text)
 
 
+def write_course_source(lab: str, source: Path = COURSE_SOURCE) -> Path:
+    """Refresh nbgrader's source folder for ``lab`` (what the formgrader lists and grades from)."""
+    shutil.rmtree(source / lab, ignore_errors=True)  # no stale companion files
+    return write_source(lab, source)
+
+
 # ---------------------------------------------------------------------------------------------
 # The rules a source lab follows (checked by tests/test_notebooks.py and before every build).
 
@@ -232,12 +263,15 @@ def leaks(lab: str, student_text: str) -> list[str]:
     return markers + found
 
 
-def _strip_regions(source: str) -> str:
+def _strip_regions(source: str, keep_solutions: bool = False) -> str:
+    """``source`` without its markers, its hidden tests and, unless ``keep_solutions``, its
+    solutions."""
     out, skip = [], False
     for line in source.splitlines():
-        if line.strip() in (BEGIN_SOLUTION, BEGIN_HIDDEN):
-            skip = True
-        elif line.strip() in (END_SOLUTION, END_HIDDEN):
+        marker = line.strip()
+        if marker in (BEGIN_SOLUTION, BEGIN_HIDDEN):
+            skip = marker == BEGIN_HIDDEN or not keep_solutions
+        elif marker in (END_SOLUTION, END_HIDDEN):
             skip = False
         elif not skip:
             out.append(line)
@@ -247,7 +281,8 @@ def _strip_regions(source: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="distlab build",
-        description="Regenerate notebooks/<lab>/ from solutions/<lab>/<lab>.py with nbgrader.")
+        description="Regenerate notebooks/<lab>/ from solutions/<lab>/<lab>.py with nbgrader, and "
+                    "nbgrader's source folder for instructors (build/source/<lab>/).")
     parser.add_argument("labs", nargs="*", metavar="LAB", help="labs to build (default: all)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if notebooks/ differs from a fresh build")
@@ -278,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{lab}: wrote notebooks/{lab}/ ({', '.join(sorted(files))})")
         else:
             print(f"{lab}: up to date")
+        if not args.check:
+            write_course_source(lab)
+    if not args.check:
+        # the formgrader creates its gradebook there (distlab grade fills it) but not the folder
+        GRADEBOOK.parent.mkdir(parents=True, exist_ok=True)
+        print(f"nbgrader's source folder: {COURSE_SOURCE.relative_to(REPO)}/ "
+              "(`make formgrader` lists its labs)")
     return status
 
 

@@ -35,6 +35,7 @@ class Task:
     path: list
     env: dict
     threads: int
+    plain_results: bool = False  # results as torch.save data, for a launcher that trusts no pickle
 
 
 def device():
@@ -56,6 +57,14 @@ def _to_cpu(value):
     if isinstance(value, dict) and type(value) is dict:
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
+
+
+def _dump_result(value, plain: bool) -> bytes:
+    if plain:
+        from distlab.safe_pickle import dumps_value
+        return dumps_value(value)
+    import cloudpickle
+    return cloudpickle.dumps(value)
 
 
 def _redirect_output(out_fd: int) -> None:
@@ -143,7 +152,7 @@ def _run_task(rank: int, task: Task, report) -> int:
         report("ready")
         value = fn(rank, task.world_size, *args, **kwargs)
         try:
-            payload = cloudpickle.dumps(_to_cpu(value))
+            payload = _dump_result(_to_cpu(value), task.plain_results)
         except Exception as exc:
             raise TypeError(f"rank {rank} returned a {type(value).__name__}, which cannot be sent "
                             f"back to the launcher ({exc}). Return tensors, numbers, lists or "

@@ -7,14 +7,16 @@
 
 `distlab grade` loads this file and grades each student in a course folder of its own (so students
 can be graded in parallel); the same file serves an instructor who prefers nbgrader's own commands
-or its formgrader: run them from this folder (`cd grader && nbgrader autograde 01_collectives`).
+or its formgrader: run them from this folder (`cd grader && nbgrader autograde 01_collectives`;
+`make formgrader` opens the formgrader in JupyterLab).
 """
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, GetGrades,
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 
+from distlab.execution import GradedExecute
 from distlab.grade import FeedbackWithoutHiddenTests, StderrAsStdout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +30,9 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{REPO / 'grading' / 'gradebook.db'}"
+# Release and collect from the formgrader go through an exchange beside the gradebook (nbgrader's
+# default, /usr/local/share/nbgrader/exchange, needs root to create).
+c.Exchange.root = str(REPO / "grading" / "exchange")
 
 # Execution: distlab.run bounds each hang by its own timeout (DISTLAB_RANK_TIMEOUT, the launcher's
 # diagnosis becomes the test's message); these limits catch what is not inside a distlab.run.
@@ -38,8 +43,10 @@ c.LimitOutput.max_lines = 1000
 c.LimitOutput.max_traceback = 100
 
 # Rank output and warnings reach stderr; nbgrader would score such a test cell zero.
+# GradedExecute is nbgrader's Execute plus the grader's guards: output caps, a dead kernel that
+# does not end the notebook's grading, and the judge told which test cell runs (distlab.execution).
 c.Autograde.autograde_preprocessors = [
-    Execute, StderrAsStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+    GradedExecute, StderrAsStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
 ]
 # Feedback shows every test's result and message, never a hidden test's code.

@@ -85,6 +85,7 @@ def test_special_samples(graded, student, lab):
     assert float(row["score"]) == sum(points[t] for t, s in expected.items() if s == "pass")
     if student == "edited_test":
         assert "edited locked cell test_bandwidths" in row["flags"]
+        assert "edited locked cell test_bandwidths" in Path(row["feedback"]).read_text()
     else:
         assert row["flags"] == ""
 

@@ -198,3 +198,24 @@ def test_deadlocking_1f1b_fails_with_the_hang_diagnosis(monkeypatch):
     assert "did not finish on 2 ranks" in message
     assert "rank 0: in recv" in message and "from rank 1" in message   # the launcher's diagnosis
     assert "rank 1: in recv" in message and "from rank 0" in message
+
+
+def test_schedule_explorer_redraws_when_a_control_moves(monkeypatch):
+    import matplotlib.pyplot as plt
+    from distlab.pipeline import schedule_explorer
+
+    titles = []
+
+    def show(*args, **kwargs):  # what a kernel would display: the chart's title tells p and m
+        titles.append(plt.gcf().axes[0].get_title(loc="left"))
+        plt.close("all")
+
+    monkeypatch.setattr(plt, "show", show)
+    explorer = schedule_explorer()
+    controls = {c.description: c for c in explorer.children if hasattr(c, "description")}
+    assert titles[-1].startswith("1f1b: p=4, m=8: bubble 0.273")
+    controls["micro m"].value = 12
+    assert titles[-1].startswith("1f1b: p=4, m=12: bubble 0.200")   # 3 / 15: no ranks were run
+    controls["schedule"].value = "gpipe"
+    assert titles[-1].startswith("gpipe: p=4, m=12")
+    assert "in flight per stage [12, 12, 12, 12]" in titles[-1]

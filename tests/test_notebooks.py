@@ -92,3 +92,15 @@ def test_references_refuse_a_tampered_file(tmp_path):
     (folder / "all_reduce_ws2.pt").write_bytes(bytes(blob))
     with pytest.raises(ValueError, match="sha256"):
         references.load(lab, "all_reduce_ws2", data=tmp_path)
+
+
+def test_course_folder_is_where_the_nbgrader_config_looks():
+    """`distlab build` fills nbgrader's source folder and gradebook for the formgrader: they must
+    be the ones grader/nbgrader_config.py names."""
+    from pathlib import Path
+
+    from traitlets.config.loader import PyFileConfigLoader
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(notebooks.REPO / "grader")).load_config()
+    root = Path(cfg.CourseDirectory.root)
+    assert root / cfg.CourseDirectory.source_directory == notebooks.COURSE_SOURCE
+    assert cfg.CourseDirectory.db_url == f"sqlite:///{notebooks.GRADEBOOK}"

@@ -50,7 +50,7 @@ def test_console_script_lists_its_commands():
     done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "distlab"), "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for command in ("doctor", "grade", "build", "references"):
+    for command in ("doctor", "grade", "build", "references", "site"):
         assert command in done.stdout
 
 

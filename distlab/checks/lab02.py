@@ -301,3 +301,7 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
             raise CheckFailed(f"rank {rank} never all-gathered: after updating its shard, each "
                               f"rank must collect the other ranks' updated shards.")
     _compare(out, ref, setup, world_size, grads=False)
+
+
+from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+judge_module(globals())

@@ -490,3 +490,7 @@ def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | 
     and one reduce-scatter of b*s*h elements, no all-reduce."""
     _check_module(student_cls, "block", "SequenceParallelBlock", world_size, seed,
                   _shape(batch, seq, hidden, ffn), sequence_parallel=True)
+
+
+from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+judge_module(globals())

@@ -401,3 +401,7 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
                    f"vocab_parallel_cross_entropy gradient of the logits on {where}", rank,
                    "dL/dz = (softmax(z) - onehot(target)) / tokens on this rank's vocabulary slice; "
                    "the target's -1 only on the rank that owns the target id.")
+
+
+from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+judge_module(globals())

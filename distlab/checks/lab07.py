@@ -286,3 +286,7 @@ def solution_functions() -> dict:
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
             exec(compile(cell.source, f"<{LAB}:{meta['grade_id']}>", "exec"), namespace)
     return {k: namespace[k] for k in ("memory_per_gpu", "choose_degrees", "tp_plan")}
+
+
+from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+judge_module(globals())

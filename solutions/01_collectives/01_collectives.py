@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Every collective run on real ranks, all-reduce built twice (from reduce-scatter + all-gather, then from send/recv), algbw/busbw and a latency-bandwidth model of message time."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -39,6 +41,19 @@ from distlab.checks.lab01 import (check_all_reduce_rs_ag, check_alpha_beta, chec
                                   check_ring_all_reduce)
 from distlab.collectives import (bandwidth_table, demo, plot_bandwidth, plot_fit, sweep,
                                  timings)
+
+# %% [markdown]
+# Every rank runs the same function. Whatever a rank prints appears under the cell, each line
+# prefixed with the rank that printed it (the ranks print in whatever order they get there), and
+# `run` hands back what each rank returned, in rank order:
+
+# %% nbgrader={"grade": false, "grade_id": "hello_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def hello(rank, world_size):
+    print(f"hello from rank {rank} of {world_size}")
+    return rank * rank
+
+
+distlab.run(hello, 4)
 
 # %% [markdown]
 # ## 1. The collectives, one by one

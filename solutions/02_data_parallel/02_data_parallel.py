@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Gradient all-reduce, bucketing, overlap with backward and ZeRO-1, each equal to single-process training, and DistributedDataParallel for comparison."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Column- and row-parallel layers with their two autograd operators, one all-reduce per block each way, sequence parallelism, and the same plan in DTensor."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

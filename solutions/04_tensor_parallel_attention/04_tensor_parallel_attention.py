@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Attention heads sharded across ranks, a tensor-parallel transformer block, vocab-parallel cross-entropy, and scaling measured on 1, 2 and 4 ranks."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Naive, GPipe and 1F1B pipelines on real ranks, the bubble measured against (p-1)/(m+p-1), activation memory, and torch.distributed.pipelining."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -282,7 +284,8 @@ plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);
 
 # %% [markdown]
 # Explore: how large must m be for a bubble under 10% with p = 8? What does a backward twice as
-# slow as the forward change? (Widgets need a live kernel.)
+# slow as the forward change? (The chart redraws from a running kernel; on the rendered course
+# site it stays as it was saved.)
 
 # %% nbgrader={"grade": false, "grade_id": "explorer", "locked": true, "schema_version": 3, "solution": false, "task": false}
 schedule_explorer()

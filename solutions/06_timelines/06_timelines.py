@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Profiler traces of DP, TP and PP steps merged across ranks, communication share and overlap read from the lanes, and the nsys workflow."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   distlab:
+#     summary: "Memory per GPU, choosing TP, PP and DP degrees for a real cluster, and real DP x TP and PP x TP x DP runs on a device mesh."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

@@ -1,0 +1,200 @@
+"""Submissions that attack the grader or break down in ways it must survive (Lab 1 throughout).
+
+Each sample is the Lab 1 student notebook with some answers filled in and some code added to a
+solution cell, as a student could hand it in. ``attack_samples()`` gives each with the status
+every test must get; tests/test_grader_attacks.py grades them all in one run beside an honest
+``bystander`` and checks the rest (feedback, files, processes).
+"""
+from __future__ import annotations
+
+import nbformat
+
+from . import replace_cell, solved, student
+
+LAB = "01_collectives"
+TESTS = ("test_all_reduce_rs_ag", "test_ring_all_reduce", "test_bandwidths", "test_alpha_beta")
+ORPHAN_MARK = "distlab-test-orphan-7f3a"    # in the command line of every process it leaves
+MEMORY_LIMIT_GB = 3                         # the grading run's --memory-limit
+
+
+def _append(nb: nbformat.NotebookNode, grade_id: str, code: str) -> nbformat.NotebookNode:
+    """``nb`` with ``code`` added at the end of solution cell ``grade_id``."""
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            cell.source = cell.source.rstrip() + "\n\n" + code
+            return nb
+    raise KeyError(grade_id)
+
+
+def _statuses(*statuses: str) -> dict[str, str]:
+    return dict(zip(TESTS, statuses))
+
+
+# 1. Replace every checking function and comparison, and turn the judge off, in the kernel.
+PATCH_CHECKS = '''\
+import numpy, torch, torch.testing, distlab.check, distlab.checks.lab01 as lab01
+torch.allclose = lambda *args, **kwargs: True
+torch.testing.assert_close = lambda *args, **kwargs: None
+numpy.allclose = lambda *args, **kwargs: True
+distlab.check.assert_close = lambda *args, **kwargs: None
+for name in lab01.__all__:
+    setattr(lab01, name, lambda *args, **kwargs: None)
+check_all_reduce_rs_ag = check_ring_all_reduce = check_bandwidths = check_alpha_beta = \\
+    lambda *args, **kwargs: None
+import os
+os.environ.pop("DISTLAB_JUDGE", None)
+'''
+
+# 2. Read the stored references, and fix the hidden tests' seed to one whose answers it knows.
+READ_REFERENCES = '''\
+def all_reduce_rs_ag(tensor):
+    """Calls the right collectives for show, then returns an answer read from disk (the stored
+    references) or rebuilt from a seed it fixed in the kernel."""
+    n = dist.get_world_size()
+    flat = tensor.reshape(-1)
+    padded = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
+    shard = padded.new_empty(padded.numel() // n)
+    dist.reduce_scatter_single(shard, padded)
+    dist.all_gather_single(torch.empty_like(padded), shard)
+    from distlab.references import load
+    from distlab.checks.lab01 import all_reduce_inputs
+    stored = load("01_collectives", f"all_reduce_ws{n}")
+    if stored["inputs"].shape[1] == tensor.numel():
+        return stored["expected"].clone()
+    return all_reduce_inputs(n, tensor.numel(), 4321).sum(0)
+
+import distlab.check
+distlab.check.fresh_seed = fresh_seed = lambda: 4321
+'''
+
+# 4. The kernel dies: by os._exit, by a segfault, by killing itself.
+EXIT = "import os\nos._exit(0)\n"
+SEGFAULT = "import ctypes\nctypes.string_at(0)\n"
+KILL_KERNEL = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+
+# 5. A rank that sleeps forever; a function the check calls that never returns.
+SLEEPS = '''\
+def ring_all_reduce(tensor):
+    """Rank 1 never comes back."""
+    import time
+    if dist.get_rank() == 1:
+        time.sleep(10**6)
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+'''
+ENDLESS = '''\
+def bandwidths(op, nbytes, seconds, world_size):
+    """Loops forever, outside any collective."""
+    while True:
+        pass
+'''
+
+# 6. Floods: memory far beyond the limit; output without end.
+MEMORY = "hog = [torch.ones(2**27) for _ in range(64)]   # 32 GiB, touched\n"
+OUTPUT = '''\
+while True:                          # 1.2 MB a line, for ever
+    try:
+        print('flood ' * 200_000)
+    except KeyboardInterrupt:        # ignores the grader's interrupt: the kernel must be killed
+        pass
+'''
+
+# 7. Processes left behind: a double-forked daemon from the kernel and one from a rank, and a
+# thread that never ends.
+ORPHANS = f'''\
+import subprocess, sys, threading, time
+DAEMON = "import os, sys, time\\nif os.fork():\\n    sys.exit(0)\\nos.setsid()\\ntime.sleep(3600)"
+subprocess.Popen([sys.executable, "-c", DAEMON, "{ORPHAN_MARK}"], start_new_session=True)
+threading.Thread(target=time.sleep, args=(3600,)).start()
+
+def _leave_a_daemon(rank, world_size):
+    subprocess.Popen([sys.executable, "-c", DAEMON, "{ORPHAN_MARK}"], start_new_session=True)
+
+distlab.run(_leave_a_daemon, 2)
+'''
+
+# 8. Writes outside its folder: its own gradebook (full marks), the scores, another student's
+# submission, the references, the grader's folder; from the kernel and from a rank. And reads of
+# what is not its own: another student's submission, the grader's template.
+WRITES = '''\
+import os, sqlite3
+from pathlib import Path
+here = Path.cwd()                       # <work>/students/<me>/autograded/<me>/<lab>
+course = here.parents[4].parent         # where the test keeps submitted/ and scores.csv
+TARGETS = {
+    "own gradebook": here.parents[2] / "gradebook.db",
+    "scores": course / "scores.csv",
+    "another submission": course / "submitted" / "bystander" / "01_collectives" / "01_collectives.ipynb",
+    "references": Path(distlab.__file__).resolve().parents[1] / "data" / "01_collectives" / "manifest.json",
+    "grader folder": Path(os.environ.get("DISTLAB_JUDGE", "/nonexistent/x")).parent / "planted.txt",
+}
+refused = []
+for name, path in TARGETS.items():
+    try:
+        with open(path, "a") as f:
+            f.write("WRITTEN-BY-A-STUDENT")
+    except OSError:
+        refused.append(name)
+try:
+    db = sqlite3.connect(TARGETS["own gradebook"])
+    db.execute("update grade set manual_score = 100")
+    db.commit()
+except Exception:
+    refused.append("own gradebook (sql)")
+print("refused:", refused)
+unreadable = []
+for name, path in {"another submission": TARGETS["another submission"],
+                   "the grader's template": here.parents[4] / "template"}.items():
+    try:
+        os.listdir(path) if path.is_dir() else open(path, "rb").read(1)
+    except OSError:
+        unreadable.append(name)
+print("unreadable:", unreadable)
+
+def _write_from_rank(rank, world_size, path):
+    try:
+        with open(path, "a") as f:
+            f.write("WRITTEN-BY-A-STUDENT")
+        return "written"
+    except OSError:
+        return "refused"
+
+print("from ranks:", list(distlab.run(_write_from_rank, 2, str(TARGETS["scores"]))))
+'''
+
+
+def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
+    """{student: (Lab 1 notebook, {test: status it must get})}."""
+    ok = _statuses("pass", "pass", "pass", "pass")
+    deleted = solved(LAB)
+    deleted.cells = [c for c in deleted.cells
+                     if c.metadata.get("nbgrader", {}).get("grade_id") != "test_ring_all_reduce"]
+    return {
+        "bystander": (solved(LAB), ok),
+        "patched_checks": (_append(student(LAB), "all_reduce_rs_ag", PATCH_CHECKS),
+                           _statuses("tampered", "tampered", "tampered", "tampered")),
+        "reads_references": (replace_cell(solved(LAB), "all_reduce_rs_ag", READ_REFERENCES),
+                             {**ok, "test_all_reduce_rs_ag": "fail"}),
+        "deleted_test": (deleted, {**ok, "test_ring_all_reduce": "missing"}),
+        "exits": (_append(solved(LAB), "ring_all_reduce", EXIT),
+                  _statuses("pass", "not-run", "not-run", "not-run")),
+        "segfaults": (_append(solved(LAB), "bandwidths", SEGFAULT),
+                      _statuses("pass", "pass", "not-run", "not-run")),
+        "kills_kernel": (_append(solved(LAB), "alpha_beta", KILL_KERNEL),
+                         _statuses("pass", "pass", "pass", "not-run")),
+        "sleeps": (replace_cell(solved(LAB), "ring_all_reduce", SLEEPS),
+                   {**ok, "test_ring_all_reduce": "hang"}),
+        "endless_loop": (replace_cell(solved(LAB), "bandwidths", ENDLESS),
+                         {**ok, "test_bandwidths": "hang"}),
+        "memory_flood": (_append(solved(LAB), "bandwidths", MEMORY),
+                         _statuses("pass", "pass", "not-run", "not-run")),
+        "output_flood": (_append(solved(LAB), "alpha_beta", OUTPUT),
+                         _statuses("pass", "pass", "pass", "not-run")),
+        "orphans": (_append(solved(LAB), "bandwidths", ORPHANS), ok),
+        "writes_outside": (_append(student(LAB), "bandwidths", WRITES),
+                           _statuses("not-done", "not-done", "not-done", "not-done")),
+    }
+
+
+__all__ = ["attack_samples", "ORPHAN_MARK", "MEMORY_LIMIT_GB", "LAB", "TESTS"]

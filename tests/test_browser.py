@@ -1,0 +1,347 @@
+"""The labs as people use them, in a real headless Chromium driven by Playwright.
+
+- JupyterLab on a free local port with a token, in a scratch copy of the course: a student opens
+  Lab 1 from the file browser and runs all cells; an instructor runs Lab 5's nbgrader source and
+  moves its schedule widget's slider; nbgrader's formgrader lists the labs.
+- The rendered site (the build tests/conftest.py shares): the index and every lab page, their
+  figures, widgets, formulas and links, served over HTTP as a static host would.
+
+Screenshots of every page go to build/artifacts/screenshots/ (git-ignored).
+
+The browser is the system's Chromium (Debian: `apt-get install chromium chromium-driver`);
+Playwright's own browser download is not used. Without it these tests skip, saying how to enable
+them, unless DISTLAB_REQUIRE_BROWSER=1 (.ci/run sets it): there they fail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.server
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from distlab import notebooks
+
+REPO = notebooks.REPO
+SHOTS = REPO / "build" / "artifacts" / "screenshots"
+# Headless, and without the background services (updates, sync, field trials) that try to reach
+# Google: a closed network refuses them, which slows or breaks the pages under test.
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def chromium() -> str | None:
+    """The browser binary: $DISTLAB_CHROMIUM, else the first Chromium or Chrome on PATH."""
+    names = ("chromium", "chromium-browser", "google-chrome")
+    return os.environ.get("DISTLAB_CHROMIUM") or next(filter(None, map(shutil.which, names)), None)
+
+
+def missing_browser() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is not installed (`.venv/bin/pip install -e '.[test]'`)"
+    return None if chromium() else "no Chromium on PATH"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = missing_browser()
+    if missing and os.environ.get("DISTLAB_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"browser tests are mandatory here (DISTLAB_REQUIRE_BROWSER=1) but {missing}: "
+                    "install it (`apt-get install chromium chromium-driver`; .ci/run does)")
+    if missing:
+        pytest.skip(f"browser tests skipped: {missing}. To run them, install Chromium (Debian/Ubuntu: "
+                    "`sudo apt-get install chromium chromium-driver`) or set DISTLAB_CHROMIUM to a "
+                    "Chrome binary, then `make test` again")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh tab that records the page's uncaught errors and the requests that failed."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    tab = context.new_page()
+    tab.problems = []
+    tab.on("pageerror", lambda e: tab.problems.append(f"page error: {e}"))
+    tab.on("requestfailed", lambda r: tab.problems.append(f"{r.url[:120]} failed: {r.failure}"))
+    tab.on("response",
+           lambda r: r.status >= 400 and tab.problems.append(f"{r.url[:120]}: HTTP {r.status}"))
+    yield tab
+    context.close()
+
+
+def screenshot(tab, name: str, element=None, full_page: bool = False) -> None:
+    """Keep what the page shows as build/artifacts/screenshots/<name>.png (``element`` on top)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    if element is not None:
+        element.evaluate("e => e.scrollIntoView({block: 'start'})")
+        tab.wait_for_timeout(300)  # let the notebook render what scrolled in
+    tab.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def images_loaded(tab, scope: str = "") -> list[int]:
+    """The natural width of every image in ``scope`` once all have loaded (0: a broken one)."""
+    tab.wait_for_function(
+        f"() => [...document.querySelectorAll('{scope} img')].every(i => i.complete)")
+    return tab.eval_on_selector_all(f"{scope} img", "imgs => imgs.map(i => i.naturalWidth)")
+
+
+# ----------------------------------------------------------------------------- JupyterLab
+
+
+@dataclasses.dataclass
+class JupyterLab:
+    url: str
+    token: str
+    proc: subprocess.Popen
+    log: Path
+
+    def api(self, path: str, method: str = "GET"):
+        request = urllib.request.Request(f"{self.url}/api/{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def wait_ready(self, limit: float = 120) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {self.proc.returncode}:\n"
+                            f"{self.log.read_text()[-3000:]}")
+            try:
+                self.api("status")
+                return
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"JupyterLab did not answer in {limit:.0f} s:\n{self.log.read_text()[-3000:]}")
+
+    def kernel_state(self, path: str) -> str | None:
+        states = [s["kernel"]["execution_state"] for s in self.api("sessions") if s["path"] == path]
+        return states[0] if states else None
+
+    def stop(self) -> None:
+        """Shut down (the server stops its kernels, and they their ranks), then make sure."""
+        try:
+            self.api("shutdown", method="POST")
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def scratch_course(root: Path) -> None:
+    """The course as an instructor has it, in ``root``: grader/nbgrader_config.py, the student labs
+    in notebooks/, nbgrader's sources in build/source/ and grading/ for the gradebook. Running
+    cells there leaves the repository untouched."""
+    (root / "grader").mkdir(parents=True)
+    shutil.copy2(REPO / "grader" / "nbgrader_config.py", root / "grader")
+    shutil.copytree(notebooks.NOTEBOOKS, root / "notebooks",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for lab in notebooks.labs():
+        notebooks.write_course_source(lab, root / "build" / "source")
+    (root / "grading").mkdir()
+
+
+def quiet_settings(folder: Path) -> None:
+    """JupyterLab's user settings: no "Jupyter news?" pop-up over the page."""
+    path = folder / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"fetchNews": "false"}))
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(browser, tmp_path_factory):
+    """JupyterLab started from the scratch course's grader/ folder (where nbgrader reads its
+    config) with the course as its root, as `make formgrader` does; stopped at the end."""
+    tmp = tmp_path_factory.mktemp("jupyterlab")
+    course = tmp / "course"
+    scratch_course(course)
+    quiet_settings(tmp / "settings")
+    port, token = free_port(), secrets.token_hex(16)
+    # nbgrader runs `alembic`, a script of this interpreter's environment
+    env = dict(os.environ,
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={course}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")  # Jupyter refuses root otherwise (containers, CI)
+    log = tmp / "jupyterlab.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=course / "grader", env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    server = JupyterLab(f"http://127.0.0.1:{port}", token, proc, log)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def open_lab(tab, server: JupyterLab) -> None:
+    """JupyterLab with a fresh workspace (no tabs left open by an earlier test)."""
+    tab.goto(f"{server.url}/lab?reset&token={server.token}")
+    tab.locator(".jp-DirListing-item").first.wait_for(timeout=120_000)
+
+
+def open_from_file_browser(tab, server: JupyterLab, path: str):
+    """Double-click each folder of ``path``, then the notebook; its panel once shown."""
+    open_lab(tab, server)
+    for name in path.split("/"):
+        tab.locator(".jp-DirListing-item", has_text=name).first.dblclick()
+    panel = tab.locator(".jp-NotebookPanel:visible")
+    panel.locator(".jp-Cell").first.wait_for(timeout=60_000)
+    return panel
+
+
+def wait_until(condition, what: str, limit: float, tab) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {limit:.0f} s")
+        tab.wait_for_timeout(250)
+
+
+def run_all_cells(tab, server: JupyterLab, path: str, panel, limit: float = 300) -> None:
+    """Run > Run All Cells once the kernel is up; returns when the run is over (every cell ran,
+    or JupyterLab stopped at an error)."""
+    wait_until(lambda: server.kernel_state(path) == "idle", f"kernel of {path} idle", 120, tab)
+    tab.get_by_role("menuitem", name="Run", exact=True).click()
+    tab.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    running = panel.locator(".jp-InputPrompt", has_text="[*]")
+    wait_until(lambda: running.count() > 0, f"{path} running", 60, tab)
+    calm = []  # idle with nothing queued, three times in a row: not a pause between two cells
+
+    def finished():
+        calm.append(running.count() == 0 and server.kernel_state(path) == "idle")
+        return calm[-3:] == [True] * 3
+    wait_until(finished, f"Run All Cells of {path} finished", limit, tab)
+
+
+def test_student_runs_lab_1_until_the_first_exercise(page, jupyterlab):
+    path = "notebooks/01_collectives/01_collectives.ipynb"
+    panel = open_from_file_browser(page, jupyterlab, path)
+    run_all_cells(page, jupyterlab, path, panel)
+    ranks = panel.get_by_text("[rank 0] hello from rank 0 of 4")
+    assert ranks.count() == 1, "rank-prefixed output of the first cell is not shown"
+    screenshot(page, "jupyterlab-01-student-rank-output",
+               panel.locator(".jp-CodeCell", has_text="[rank 0] hello from rank 0 of 4"))
+    widths = images_loaded(page, ".jp-NotebookPanel:not(.lm-mod-hidden)")
+    assert len(widths) >= 9 and all(widths), f"figures of the demos: widths {widths}"
+    errors = panel.locator(STDERR)
+    assert errors.count() == 1, errors.all_inner_texts()     # the run stopped at the first stub
+    assert "NotImplementedError" in errors.first.text_content()
+    screenshot(page, "jupyterlab-01-student-first-exercise",
+               panel.locator(".jp-CodeCell", has=page.locator(STDERR)))
+
+
+def test_instructor_runs_lab_5_clean_and_its_schedule_widget_redraws(page, jupyterlab):
+    path = "build/source/05_pipeline_parallel/05_pipeline_parallel.ipynb"
+    panel = open_from_file_browser(page, jupyterlab, path)
+    run_all_cells(page, jupyterlab, path, panel)
+    assert panel.locator(STDERR).count() == 0, panel.locator(STDERR).all_inner_texts()
+    widths = images_loaded(page, ".jp-NotebookPanel:not(.lm-mod-hidden)")
+    assert len(widths) >= 3 and all(widths), f"figures: widths {widths}"
+
+    explorer = panel.locator(".widget-interact")
+    chart = explorer.locator(".widget-output img")
+    before = chart.get_attribute("src")
+    screenshot(page, "jupyterlab-05-schedule-explorer-m8", explorer)
+    slider = explorer.locator(".widget-slider", has_text="micro m").locator("[role=slider]")
+    slider.focus()
+    slider.press("ArrowRight")   # what a person does with the keyboard; a drag moves it the same
+    wait_until(lambda: chart.count() == 1 and chart.get_attribute("src") != before,
+               "the schedule chart redrawn after the slider moved", 60, page)
+    assert slider.get_attribute("aria-valuenow") == "9.0"
+    screenshot(page, "jupyterlab-05-schedule-explorer-m9", explorer)
+
+
+def test_formgrader_lists_the_labs(page, jupyterlab):
+    open_lab(page, jupyterlab)
+    page.get_by_role("menuitem", name="Nbgrader", exact=True).click()
+    page.get_by_role("menuitem", name="Formgrader", exact=True).click()
+    formgrader = page.frame_locator("iframe").first
+    for lab in notebooks.labs():
+        formgrader.get_by_role("link", name=lab, exact=True).wait_for(timeout=60_000)
+    screenshot(page, "jupyterlab-formgrader")
+
+
+# ----------------------------------------------------------------------------- the site
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site_url(browser, course_site):
+    """The built site served over HTTP, as a static host would serve it."""
+    folder, _, _ = course_site
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+def local_links_work(tab) -> list[str]:
+    """Every link of the page to another page of the site, each fetched: the broken ones."""
+    hrefs = tab.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+    local = {h.split("#")[0] for h in hrefs if h.startswith(tab.url.rsplit("/", 1)[0])}
+    assert local, f"{tab.url} links to no page of the site"
+    return [h for h in sorted(local) if tab.request.get(h).status != 200]
+
+
+def test_site_index_and_lab_pages_in_a_browser(page, site_url, course_site):
+    _, pages, _ = course_site
+    page.goto(site_url + "index.html")
+    assert local_links_work(page) == []
+    screenshot(page, "site-index", full_page=True)
+    for lab in pages:
+        page.goto(site_url + "index.html")
+        page.get_by_role("link", name=lab.title).click()          # as a reader would
+        page.wait_for_url(f"**/{lab.file}")
+        if lab.lab == "05_pipeline_parallel":                     # rendered from its saved state
+            page.locator(".widget-output img").wait_for(timeout=60_000)
+        if lab.lab == "02_data_parallel":
+            page.locator("mjx-container").first.wait_for(timeout=60_000)
+        widths = images_loaded(page)
+        assert widths and all(widths), f"{lab.file}: image widths {widths}"
+        assert local_links_work(page) == [], lab.file
+        screenshot(page, f"site-{lab.lab}")
+    screenshot(page, "site-05_pipeline_parallel-widget", page.locator(".widget-interact").first)
+    page.goto(site_url + "02_data_parallel.html")
+    screenshot(page, "site-02_data_parallel-formula", page.locator("mjx-container").first)
+    assert page.problems == []

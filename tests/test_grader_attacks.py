@@ -1,0 +1,147 @@
+"""The grader under attack: submissions that patch the checks, read references, kill their kernel,
+hang, flood memory and output, leave processes behind or write outside their folder
+(tests/submissions/attacks.py). One ``distlab grade --jobs 2`` run grades them all beside an honest
+``bystander``, whose grade must not move.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+
+import submissions
+from distlab import grade, notebooks, sandbox
+from distlab.references import DATA
+from submissions.attacks import LAB, MEMORY_LIMIT_GB, ORPHAN_MARK, TESTS, attack_samples
+
+SAMPLES = attack_samples()
+needs_landlock = pytest.mark.skipif(sandbox.landlock_abi() == 0,
+                                    reason="this kernel has no Landlock: writes are not confined")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _orphans() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if ORPHAN_MARK in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    subs = root / "submitted"
+    files = notebooks.build([LAB])[LAB]
+    notebooks.write(LAB, files, out=root / "released")
+    submissions.RELEASED["root"] = root / "released"
+    for student, (nb, _) in attack_samples().items():
+        submissions.write(nb, subs, student, LAB)
+    protected = [subs / "bystander" / LAB / f"{LAB}.ipynb", *sorted((DATA / LAB).iterdir())]
+    before = {p: _digest(p) for p in protected}
+    out = root / "scores.csv"
+    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
+                         "--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
+                         "--notebook-timeout", "400", "--memory-limit", str(MEMORY_LIMIT_GB)])
+    assert status == 0
+    with open(out) as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    yield {"rows": rows, "before": before, "out": out, "work": root / "work"}
+    for proc in _orphans():  # never leave them on the machine, even when a test fails
+        proc.kill()
+
+
+def _feedback(row) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", Path(row["feedback"]).read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("student", list(SAMPLES))
+def test_each_sample_gets_its_grade(attacked, student):
+    row = attacked["rows"][student]
+    expected = SAMPLES[student][1]
+    assert {t: row[t] for t in TESTS} == expected, f"{student}: {row}"
+    points = {"test_all_reduce_rs_ag": 2, "test_ring_all_reduce": 4, "test_bandwidths": 2,
+              "test_alpha_beta": 2}
+    assert float(row["score"]) == sum(points[t] for t, s in expected.items() if s == "pass")
+
+
+@pytest.mark.slow
+def test_bystander_keeps_full_marks(attacked):
+    row = attacked["rows"]["bystander"]
+    assert float(row["score"]) == float(row["max_score"]) == 10 and row["flags"] == ""
+
+
+@pytest.mark.slow
+def test_patched_checks_are_named_in_the_feedback(attacked):
+    text = _feedback(attacked["rows"]["patched_checks"])
+    assert "replaced or bypassed the checking functions" in text
+
+
+@pytest.mark.slow
+def test_hidden_test_with_its_own_seed_fails_a_submission_that_read_references(attacked):
+    text = _feedback(attacked["rows"]["reads_references"])
+    assert "on fresh inputs (seed" in text and "seed 4321" not in text
+
+
+@pytest.mark.slow
+def test_deleted_test_cell_is_flagged_and_named_in_the_feedback(attacked):
+    row = attacked["rows"]["deleted_test"]
+    assert "deleted locked cell test_ring_all_reduce" in row["flags"]
+    assert "deleted locked cell test_ring_all_reduce" in _feedback(row)
+
+
+@pytest.mark.slow
+def test_dead_kernel_is_explained(attacked):
+    assert "os._exit" in _feedback(attacked["rows"]["exits"])
+    assert "SIGSEGV" in _feedback(attacked["rows"]["segfaults"])
+    assert "SIGKILL" in _feedback(attacked["rows"]["kills_kernel"])
+
+
+@pytest.mark.slow
+def test_hangs_carry_the_launchers_diagnosis(attacked):
+    assert "did not finish within 10 s" in _feedback(attacked["rows"]["sleeps"])
+    assert "did not finish within 10 s" in _feedback(attacked["rows"]["endless_loop"])
+
+
+@pytest.mark.slow
+def test_memory_flood_is_stopped_at_the_limit(attacked):
+    text = _feedback(attacked["rows"]["memory_flood"])
+    assert f"memory limit of {MEMORY_LIMIT_GB:.1f} GiB" in text
+
+
+@pytest.mark.slow
+def test_output_flood_is_cut_and_feedback_stays_small(attacked):
+    row = attacked["rows"]["output_flood"]
+    assert Path(row["feedback"]).stat().st_size < 2_000_000
+    text = _feedback(row)
+    assert "dropped the rest of this cell's output" in text and "had not stopped" in text
+    log = attacked["work"] / "students" / "output_flood" / "grading.log"
+    assert log.stat().st_size < 1_000_000
+
+
+@pytest.mark.slow
+def test_no_process_of_a_student_survives_grading(attacked):
+    assert _orphans() == []
+
+
+@pytest.mark.slow
+@needs_landlock
+def test_writes_outside_the_folder_are_refused(attacked):
+    for path, digest in attacked["before"].items():
+        assert _digest(path) == digest, f"{path} was changed by a submission"
+    assert "WRITTEN-BY-A-STUDENT" not in attacked["out"].read_text()
+    text = _feedback(attacked["rows"]["writes_outside"])
+    assert "refused: ['own gradebook', 'scores', 'another submission', 'references', " \
+           "'grader folder', 'own gradebook (sql)']" in text
+    assert "from ranks: ['refused', 'refused']" in text
+    assert "unreadable: ['another submission', \"the grader's template\"]" in text

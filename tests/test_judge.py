@@ -1,0 +1,138 @@
+"""The judge without notebooks: a process serving checks, and kernels as plain subprocesses.
+
+The judge changes process-wide settings (it distrusts ranks), so each test runs it in a process
+of its own (``_in_judge``)."""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from distlab import judge, safe_pickle
+from distlab.judge import Verdict, review
+
+KERNEL = textwrap.dedent('''
+    import sys, torch, torch.distributed as dist
+    from distlab.checks.lab01 import check_all_reduce_rs_ag, check_bandwidths
+    def right(tensor):
+        out = tensor.clone(); dist.all_reduce(out); return out
+    def wrong(tensor):
+        return tensor
+    def bandwidths(op, nbytes, seconds, world_size):
+        return 0.0, 0.0
+    for fn in (right, wrong):
+        try:
+            check_all_reduce_rs_ag(fn, world_size=2, seed=5)
+            print("kernel saw: pass")
+        except Exception as exc:
+            print("kernel saw:", type(exc).__name__)
+    try:
+        check_bandwidths(bandwidths)
+    except Exception as exc:
+        print("kernel saw:", type(exc).__name__)
+''')
+
+JUDGE = textwrap.dedent('''
+    import os, subprocess, sys, tempfile
+    from distlab.judge import ENV, Judge
+    folder = tempfile.mkdtemp()
+    j = Judge(folder, folder, confine=False)
+    j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
+                                    "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
+                                    "check_bandwidths(bandwidths)"]))
+    kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], env=dict(os.environ, **{ENV: j.address}),
+                            capture_output=True, text=True, timeout=240)
+    print(kernel.stdout, kernel.stderr[-2000:])
+    for v in j.verdicts["test_cell"]:
+        print("verdict:", v.check, v.status, v.seed, v.message.splitlines()[0] if v.message else "")
+''')
+
+
+def _in_judge(kernel_code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", JUDGE, kernel_code], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_checks_run_in_the_judge_with_its_own_seed():
+    out = _in_judge(KERNEL)
+    verdicts = [line.split() for line in out.splitlines() if line.startswith("verdict:")]
+    # right: the function uses all_reduce, which the check refuses (it wants reduce-scatter +
+    # all-gather); wrong: a wrong value. Both fail in the judge, and the kernel shows it.
+    assert [v[1:3] for v in verdicts] == [["check_all_reduce_rs_ag", "fail"],
+                                          ["check_all_reduce_rs_ag", "fail"],
+                                          ["check_bandwidths", "fail"]], out
+    assert all(v[3] != "5" for v in verdicts[:2]), "the judge must draw its own seed"
+    assert out.count("kernel saw: CheckFailed") == 3, out
+
+
+def test_kernel_without_judge_runs_checks_itself():
+    from distlab.checks import lab01
+    assert lab01.check_bandwidths.__judged__ is not lab01.check_bandwidths
+    assert callable(lab01.check_bandwidths.__judged__)
+
+
+def test_request_naming_a_function_outside_the_checks_is_refused():
+    bad = pickle.dumps(("os:system", [], {}))
+    try:
+        judge.Judge._unpack(None, bad)
+    except ValueError as exc:
+        assert "not a graded check" in str(exc)
+    else:
+        raise AssertionError("the judge accepted os:system")
+
+
+def test_requests_and_results_never_run_code_named_in_the_data(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    for load in (safe_pickle.loads_message, ):
+        try:
+            load(pickle.dumps(("enter", Payload())))
+        except pickle.UnpicklingError:
+            pass
+    assert not marker.exists()
+    # A student's object reaches the judge as bytes and is not loaded there.
+    import cloudpickle
+    submitted = judge.Submitted(cloudpickle.dumps(Payload()), "payload")
+    assert repr(submitted) == "<submitted payload>" and not marker.exists()
+
+
+def test_review_scores_from_the_record():
+    source = "check_a(f)\ncheck_a(f, seed=fresh_seed())\ncheck_b(g)"
+    passing = [Verdict("check_a", "pass", "", None), Verdict("check_a", "pass", "", 7),
+               Verdict("check_b", "pass", "", None)]
+    assert review(source, passing) == ("pass", "")
+    status, message = review(source, passing[:2])
+    assert status == "tampered" and "check_b" in message
+    status, message = review(source, [Verdict("check_a", "hang", "stuck", 7)])
+    assert status == "hang" and "seed 7" in message
+    assert review("x = 1", []) is None
+
+
+def test_every_test_cell_calls_only_checks_the_judge_runs():
+    import importlib
+    from distlab.notebooks import labs, source_notebook
+    for lab in labs():
+        module = importlib.import_module(f"distlab.checks.lab{lab[:2]}")
+        served = {name for name, value in vars(module).items() if hasattr(value, "__judged__")}
+        for cell in source_notebook(lab).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("grade"):
+                called = set(judge.expected_checks(cell.source))
+                assert called and called <= served, (lab, meta["grade_id"], called - served)
+
+
+def test_keyword_arguments_come_from_the_instructors_source():
+    import ast
+    from distlab.checks import lab07
+    call = ast.parse("check_tp_plan(tp_plan, shape=HIDDEN_MESH, seed=fresh_seed())").body[0].value
+    kwargs = judge._keywords(call, lab07.check_tp_plan.__judged__, {"shape": "rebound", "seed": 5})
+    assert kwargs["shape"] == lab07.HIDDEN_MESH and kwargs["seed"] != 5
+    local = ast.parse("check_library_matches(runs, spec=my_spec)").body[0].value
+    assert judge._keywords(local, lab07.check_tp_plan.__judged__, {"spec": 3}) == {"spec": 3}
