@@ -124,7 +124,10 @@ def test_output_flood_is_cut_and_feedback_stays_small(attacked):
     row = attacked["rows"]["output_flood"]
     assert Path(row["feedback"]).stat().st_size < 2_000_000
     text = _feedback(row)
-    assert "dropped the rest of this cell's output" in text and "had not stopped" in text
+    # Stopped by whichever limit comes first: the kernel buffers what it cannot send, so a fast
+    # flood may pass the memory limit before the interrupt's grace period ends.
+    assert "dropped the rest of this cell's output" in text
+    assert "had not stopped" in text or "memory limit" in text
     log = attacked["work"] / "students" / "output_flood" / "grading.log"
     assert log.stat().st_size < 1_000_000
 
