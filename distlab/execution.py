@@ -83,8 +83,12 @@ class GradedExecute(Execute):
         return (f"the kernel died in {where} ({how}): the code called os._exit, crashed the "
                 f"interpreter or killed its own process")
 
+    def _kernel_process(self):
+        """The kernel's Popen (jupyter_client's local provisioner), or None."""
+        return getattr(getattr(self.km, "provisioner", None), "process", None)
+
     def _kernel_exit_code(self) -> int | None:
-        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        process = self._kernel_process()
         return process.poll() if process is not None else None
 
     def output(self, outs, msg, display_id, cell_index):
@@ -106,6 +110,6 @@ class GradedExecute(Execute):
         self._kill_kernel()
 
     def _kill_kernel(self) -> None:
-        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        process = self._kernel_process()
         if process is not None and process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)

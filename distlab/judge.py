@@ -47,7 +47,6 @@ ENV = "DISTLAB_JUDGE"         # the judge's socket path, in the environment of g
 MAX_REQUEST = 1 << 28         # bytes: a request carries the student's code and data
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
 OUTPUT_TAIL = 8000            # characters of rank output sent back to the kernel with a verdict
-CALL = re.compile(r"\b(check_\w+)\s*\(")
 _serving = False              # True in the judge's own process: checks run here, not by message
 
 
@@ -307,7 +306,8 @@ def _calls(source: str) -> dict[str, list[ast.Call]]:
         return {}
     calls = collections.defaultdict(list)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and CALL.match(node.func.id + "("):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id.startswith("check_"):
             calls[node.func.id].append(node)
     for found in calls.values():
         found.sort(key=lambda node: (node.lineno, node.col_offset))
@@ -339,8 +339,9 @@ def _keywords(call: ast.Call, check, sent: dict) -> dict:
 # Scoring a test cell from the record
 
 def expected_checks(source: str) -> collections.Counter:
-    """The checks a test cell's (instructor's) source calls, with how often."""
-    return collections.Counter(CALL.findall(source))
+    """The checks a test cell's (instructor's) source calls, with how often: the same calls the
+    judge matches requests against (a check named in a comment or a string is no call)."""
+    return collections.Counter({name: len(found) for name, found in _calls(source).items()})
 
 
 def review(source: str, verdicts: list[Verdict]) -> tuple[str, str] | None:

@@ -136,3 +136,9 @@ def test_keyword_arguments_come_from_the_instructors_source():
     assert kwargs["shape"] == lab07.HIDDEN_MESH and kwargs["seed"] != 5
     local = ast.parse("check_library_matches(runs, spec=my_spec)").body[0].value
     assert judge._keywords(local, lab07.check_tp_plan.__judged__, {"spec": 3}) == {"spec": 3}
+
+
+def test_a_check_named_in_a_comment_is_not_expected():
+    source = "# check_b(g) is the next exercise's test\ncheck_a(f)\nprint('check_c(x)')"
+    assert judge.expected_checks(source) == {"check_a": 1}
+    assert review(source, [Verdict("check_a", "pass", "", None)]) == ("pass", "")
