@@ -34,7 +34,7 @@ clean-venv:
 # Regenerate the student labs (notebooks/) from solutions/ with nbgrader; `--check` only compares.
 # Also fills nbgrader's course folder (build/source/, grading/gradebook.db) for the formgrader.
 notebooks: setup
-	$(BIN)/python -m distlab.notebooks
+	$(BIN)/python -m distlab.course.notebooks
 
 # nbgrader's formgrader for instructors: JupyterLab started in grader/ (nbgrader reads its config
 # from there) with the repository as its root (nbgrader wants the course inside the server's root),
@@ -50,4 +50,4 @@ site: setup
 
 # Rewrite data/<lab>/ reference outputs (with their manifest) from each lab's make_references().
 references: setup
-	$(BIN)/python -m distlab.references
+	$(BIN)/python -m distlab.course.references

@@ -13,21 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from distlab.data_parallel import BENCH_SETUP, compare_step_times, format_table
-
-SOURCE = Path(__file__).resolve().parents[1] / "solutions/02_data_parallel/02_data_parallel.py"
-
-
-def solution_functions() -> dict:
-    """The lab's imports cell and solution cells, executed: its implementations by name."""
-    import jupytext
-    ns: dict = {"__name__": "lab02_solution"}
-    for cell in jupytext.read(SOURCE, fmt="py:percent").cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            exec(compile(cell.source, str(SOURCE), "exec"), ns)
-    return ns
-
+from distlab.course.solutions import solution_functions
+from distlab.labs.data_parallel import BENCH_SETUP, compare_step_times, format_table
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,7 +22,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--bucket-kib", type=int, default=256)
     args = parser.parse_args()
-    ns = solution_functions()
+    ns = solution_functions("02_data_parallel", ("all_reduce_gradients", "bucketed_all_reduce",
+                                                      "OverlappedAllReduce"))
     rows = compare_step_times(ns["all_reduce_gradients"], ns["bucketed_all_reduce"],
                               ns["OverlappedAllReduce"], world_size=args.world_size,
                               steps=args.steps, bucket_bytes=args.bucket_kib * 1024)

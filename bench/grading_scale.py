@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import submissions  # noqa: E402  (tests/submissions: the sample submissions, made by code)
 
-from distlab.notebooks import labs as course_labs  # noqa: E402
+from distlab.course.notebooks import labs as course_labs  # noqa: E402
 
 COURSE = (200, 7)  # the course size the issue asks about: students x labs
 

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from distlab.mesh_training import MeshShape, TinyConfig, dense_elements, run_mesh  # noqa: E402
+from distlab.labs.mesh import MeshShape, TinyConfig, dense_elements, run_mesh  # noqa: E402
 
 LAYOUTS = [MeshShape(1, 1, 1), MeshShape(1, 2, 1), MeshShape(1, 1, 2), MeshShape(2, 1, 1),
            MeshShape(1, 2, 2), MeshShape(2, 2, 1), MeshShape(2, 1, 2), MeshShape(2, 2, 2)]

@@ -19,12 +19,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from distlab.checks.lab05 import solution_functions  # noqa: E402
-from distlab.pipeline import PipeSpec, library_step, run_schedules, schedule_table  # noqa: E402
+from distlab.course.solutions import solution_functions  # noqa: E402
+from distlab.labs.pipeline import PipeSpec, library_step, run_schedules, schedule_table  # noqa: E402
 
 
 def measure(p: int, m: int, spec: PipeSpec, repeats: int) -> dict:
-    sol = solution_functions()
+    sol = solution_functions("05_pipeline_parallel", ("partition", "naive_step", "gpipe_step",
+                                                       "one_f_one_b_step"))
     schedules = {"naive": (sol["naive_step"], None), "GPipe": (sol["gpipe_step"], m),
                  "1F1B": (sol["one_f_one_b_step"], m),
                  "torch GPipe": (library_step("ScheduleGPipe"), m),

@@ -1,4 +1,4 @@
-"""Cost of one MemoryWatch poll (distlab.sandbox) over a zygote-like family of processes.
+"""Cost of one MemoryWatch poll (distlab.grading.sandbox) over a zygote-like family of processes.
 
     .venv/bin/python bench/sandbox.py [--ranks 19] [--private-mb 50] [--polls 20]
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from distlab import sandbox
+from distlab.grading import sandbox
 
 FAMILY = """
 import os, sys, time

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from distlab.attention import plot_scaling, scaling_table
+from distlab.labs.attention import plot_scaling, scaling_table
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from distlab.tensor_parallel import format_table, megatron_comm_bytes, timing_table
+from distlab.labs.tensor_parallel import format_table, megatron_comm_bytes, timing_table
 
 
 def main() -> None:

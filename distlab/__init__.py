@@ -13,10 +13,10 @@ __all__ = ["run", "warm_up", "Comm", "Results", "DistributedError", "RankError",
 
 
 def __getattr__(name: str):
-    # Imported on first use, not with the package: `python -m distlab._zygote` and
-    # `python -m distlab.sandbox` must confine themselves before torch starts its first thread.
+    # Imported on first use, not with the package: `python -m distlab.runtime.zygote` and
+    # `python -m distlab.runtime.landlock` must confine themselves before torch starts its first thread.
     if name in __all__:
-        module = _importlib.import_module("distlab.comms" if name == "Comm" else "distlab.launch")
+        module = _importlib.import_module("distlab.runtime.comms" if name == "Comm" else "distlab.runtime.launch")
         return getattr(module, name)
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")
 

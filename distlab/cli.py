@@ -5,12 +5,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "doctor": ("distlab.doctor", "check this machine: versions, backends, GPUs, a 2-rank smoke test"),
-    "grade": ("distlab.grade", "autograde a folder of submissions into scores.csv and feedback"),
-    "merge": ("distlab.merge", "merge the work directories of sharded grading runs (grade --shard)"),
-    "build": ("distlab.notebooks", "regenerate the student labs in notebooks/ (and nbgrader's course) from solutions/"),
-    "references": ("distlab.references", "rebuild the reference outputs in data/"),
-    "site": ("distlab.site", "run every lab and render the course as a static HTML site in build/site/"),
+    "doctor": ("distlab.course.doctor", "check this machine: versions, backends, GPUs, a 2-rank smoke test"),
+    "grade": ("distlab.grading.grade", "autograde a folder of submissions into scores.csv and feedback"),
+    "merge": ("distlab.grading.merge", "merge the work directories of sharded grading runs (grade --shard)"),
+    "build": ("distlab.course.notebooks", "regenerate the student labs in notebooks/ (and nbgrader's course) from solutions/"),
+    "references": ("distlab.course.references", "rebuild the reference outputs in data/"),
+    "site": ("distlab.course.site", "run every lab and render the course as a static HTML site in build/site/"),
 }
 
 

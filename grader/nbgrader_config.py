@@ -16,8 +16,8 @@ from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPrep
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 
-from distlab.execution import GradedExecute
-from distlab.grade import FeedbackWithoutHiddenTests, StderrAsStdout
+from distlab.grading.execution import GradedExecute
+from distlab.grading.grade import FeedbackWithoutHiddenTests, StderrAsStdout
 
 REPO = Path(__file__).resolve().parents[1]
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
@@ -44,7 +44,7 @@ c.LimitOutput.max_traceback = 100
 
 # Rank output and warnings reach stderr; nbgrader would score such a test cell zero.
 # GradedExecute is nbgrader's Execute plus the grader's guards: output caps, a dead kernel that
-# does not end the notebook's grading, and the judge told which test cell runs (distlab.execution).
+# does not end the notebook's grading, and the judge told which test cell runs (distlab.grading.execution).
 c.Autograde.autograde_preprocessors = [
     GradedExecute, StderrAsStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,

@@ -16,7 +16,7 @@ SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel")
 def course_site(tmp_path_factory):
     """One site build shared by tests/test_site.py and tests/test_browser.py: (folder, pages,
     seconds it took)."""
-    from distlab import site
+    from distlab.course import site
 
     if not site.can_vendor():
         message = ("the site fetches its scripts (require.js, the widget manager, MathJax) once with "

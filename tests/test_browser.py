@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab import notebooks
+from distlab.course import notebooks
 
 REPO = notebooks.REPO
 SHOTS = REPO / "build" / "artifacts" / "screenshots"

@@ -24,8 +24,9 @@ import psutil
 import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
-from distlab import grade, results
-from distlab.merge import MergeError, merge
+from distlab.grading import grade
+from distlab.grading import records as results
+from distlab.grading.merge import MergeError, merge
 
 REPO = Path(__file__).resolve().parents[1]
 LAB1 = "01_collectives"

@@ -17,8 +17,10 @@ import nbformat
 import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
-from distlab import grade, notebooks
-from distlab.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
+from distlab.checks import ranks
+from distlab.grading import grade
+from distlab.course import notebooks
+from distlab.course.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
 
 LAB1 = "01_collectives"
 
@@ -190,7 +192,7 @@ def test_locked_cell_flags(tmp_path):
 
 
 def test_backends_setting(monkeypatch):
-    monkeypatch.setenv(grade.ENV_BACKEND, "both")
-    assert grade.backends(2)[0] == "gloo"
-    monkeypatch.setenv(grade.ENV_BACKEND, "gloo")
-    assert grade.backends(4) == ["gloo"]
+    monkeypatch.setenv(ranks.ENV_BACKEND, "both")
+    assert ranks.backends(2)[0] == "gloo"
+    monkeypatch.setenv(ranks.ENV_BACKEND, "gloo")
+    assert ranks.backends(4) == ["gloo"]

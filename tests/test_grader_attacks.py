@@ -15,12 +15,15 @@ import psutil
 import pytest
 
 import submissions
-from distlab import grade, notebooks, sandbox
-from distlab.references import DATA
+from distlab.grading import grade
+from distlab.course import notebooks
+from distlab.grading import sandbox
+from distlab.runtime import landlock
+from distlab.course.references import DATA
 from submissions.attacks import LAB, MEMORY_LIMIT_GB, ORPHAN_MARK, TESTS, attack_samples
 
 SAMPLES = attack_samples()
-needs_landlock = pytest.mark.skipif(sandbox.landlock_abi() == 0,
+needs_landlock = pytest.mark.skipif(landlock.landlock_abi() == 0,
                                     reason="this kernel has no Landlock: writes are not confined")
 
 

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import textwrap
 
-from distlab import judge, safe_pickle
-from distlab.judge import Verdict, review
+from distlab.grading import judge
+
+from distlab.runtime import safe_pickle
+from distlab.grading.judge import Verdict, review
 
 KERNEL = textwrap.dedent('''
     import sys, torch, torch.distributed as dist
@@ -35,7 +37,7 @@ KERNEL = textwrap.dedent('''
 
 JUDGE = textwrap.dedent('''
     import os, subprocess, sys, tempfile
-    from distlab.judge import ENV, Judge
+    from distlab.grading.judge import ENV, Judge
     folder = tempfile.mkdtemp()
     j = Judge(folder, folder, confine=False)
     j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
@@ -117,7 +119,7 @@ def test_review_scores_from_the_record():
 
 def test_every_test_cell_calls_only_checks_the_judge_runs():
     import importlib
-    from distlab.notebooks import labs, source_notebook
+    from distlab.course.notebooks import labs, source_notebook
     for lab in labs():
         module = importlib.import_module(f"distlab.checks.lab{lab[:2]}")
         served = {name for name, value in vars(module).items() if hasattr(value, "__judged__")}

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab import collectives
-from distlab.check import CheckFailed
+from distlab.labs import collectives
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab01
 
 matplotlib.use("Agg")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab.check import CheckFailed
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab02
-from distlab.data_parallel import (Setup, flat, gradient_average_demo, loss_fn,
+from distlab.labs.data_parallel import (Setup, flat, gradient_average_demo, loss_fn,
                                    optimizer_state_bytes, reference_training, shard_bounds)
 
 SOURCE = Path(__file__).resolve().parents[1] / "solutions/02_data_parallel/02_data_parallel.py"
@@ -72,7 +72,7 @@ def test_optimizer_state_bytes_counts_adamw_state():
 
 
 def test_references_match_the_code():
-    from distlab.references import load
+    from distlab.course.references import load
     stored = load(lab02.LAB, "adamw_3_steps")
     fresh = lab02.make_references()["adamw_3_steps"]
     for key in ("params", "grads", "exp_avg"):

@@ -6,8 +6,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distlab import tensor_parallel as tp
-from distlab.check import CheckFailed
+from distlab.labs import tensor_parallel as tp
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab03
 
 SMALL = dict(batch=3, seq=12, hidden=24, ffn=48)   # divisible by 2 and 4

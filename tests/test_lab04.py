@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab import attention as att
-from distlab import tensor_parallel as tp
-from distlab.check import CheckFailed
+from distlab.labs import attention as att
+from distlab.labs import tensor_parallel as tp
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab04
 
 GQA4 = dict(batch=3, seq=12, hidden=48, n_heads=8, n_kv_heads=4)   # heads divisible by 4 ranks

@@ -1,4 +1,4 @@
-"""Lab 05, pipeline parallelism: the plumbing in distlab.pipeline and the graded checks.
+"""Lab 05, pipeline parallelism: the plumbing in distlab.labs.pipeline and the graded checks.
 
 The correct step functions are the lab's own solutions (``solution_functions()``); the wrong ones
 below are the mistakes the checks must catch, each with the message a student would read.
@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.check import CheckFailed
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab05
-from distlab.pipeline import (SCHEDULES, PipeSpec, TimedStage, bubble_fraction, library_step,
+from distlab.course.solutions import solution_functions
+from distlab.labs.pipeline import (SCHEDULES, PipeSpec, TimedStage, bubble_fraction, library_step,
                               loss_fn, partition_layers, peak_in_flight, reference_step,
                               run_schedules, schedule_order, simulate, stage_layers,
                               theoretical_bubble)
@@ -19,7 +20,7 @@ from distlab.pipeline import (SCHEDULES, PipeSpec, TimedStage, bubble_fraction, 
 
 @pytest.fixture(scope="module")
 def sol():
-    return lab05.solution_functions()
+    return solution_functions(lab05.LAB, ("partition", "naive_step", "gpipe_step", "one_f_one_b_step"))
 
 
 # ----------------------------------------------------------------------------- single process
@@ -37,7 +38,7 @@ def test_simulated_bubble_and_memory(p, m):
 
 
 def test_simulator_reports_a_deadlocking_order(monkeypatch):
-    import distlab.pipeline as pl
+    import distlab.labs.pipeline as pl
     # Stage 0 wants B0 before F1, stage 1 wants F1 before B0: each waits for the other.
     monkeypatch.setattr(pl, "schedule_order", lambda kind, p, m: [
         [("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 0), ("F", 1), ("B", 0), ("B", 1)]])
@@ -202,7 +203,7 @@ def test_deadlocking_1f1b_fails_with_the_hang_diagnosis(monkeypatch):
 
 def test_schedule_explorer_redraws_when_a_control_moves(monkeypatch):
     import matplotlib.pyplot as plt
-    from distlab.pipeline import schedule_explorer
+    from distlab.labs.pipeline import schedule_explorer
 
     titles = []
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from distlab import timeline as T
-from distlab.check import CheckFailed
+from distlab.labs.timelines import trace as T
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab06
-from distlab.timeline_runs import Spec, formula_messages, profile_all
+from distlab.labs.timelines.runs import Spec, formula_messages, profile_all
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
@@ -133,7 +133,7 @@ def test_interval_references_match_sampling():
 # Stored references and the checks
 
 def test_stored_sets_agree_with_the_references():
-    from distlab.references import load
+    from distlab.course.references import load
     for name, run in lab06.STORED.items():
         stored = load(lab06.LAB, name)
         tl = lab06.stored_timeline(name)

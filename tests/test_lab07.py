@@ -1,5 +1,5 @@
-"""Lab 07, 3D parallelism: the planning math (distlab.planning), the mesh run
-(distlab.mesh_training) and the graded checks (distlab.checks.lab07).
+"""Lab 07, 3D parallelism: the planning math (distlab.labs.planning), the mesh run
+(distlab.labs.mesh) and the graded checks (distlab.checks.lab07).
 
 The correct answers are the lab's own solutions (``solution_functions()``); the wrong ones below
 are mistakes the checks must catch, each with the message a student would read.
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab import planning as P
-from distlab.check import CheckFailed
+from distlab.labs import planning as P
+from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab07
-from distlab.mesh_training import (MeshShape, TinyConfig, build_model, make_batches,
+from distlab.course.solutions import solution_functions
+from distlab.labs.mesh import (MeshShape, TinyConfig, build_model, make_batches,
                                    megatron_plan, reference_losses, run_mesh, split_stage)
 
 SOURCE = Path(__file__).resolve().parents[1] / "solutions" / lab07.LAB / f"{lab07.LAB}.py"
@@ -21,7 +22,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "solutions" / lab07.LAB / f"{lab0
 
 @pytest.fixture(scope="module")
 def sol():
-    return lab07.solution_functions()
+    return solution_functions(lab07.LAB, ("memory_per_gpu", "choose_degrees", "tp_plan"))
 
 
 # ----------------------------------------------------------------------------- memory math

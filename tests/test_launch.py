@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.launch import DistributedError, HangError, RankCrashed, RankError
+from distlab.runtime.launch import DistributedError, HangError, RankCrashed, RankError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

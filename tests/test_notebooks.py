@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from distlab import notebooks, references
+from distlab.course import notebooks
+
+from distlab.course import references
 
 LABS = notebooks.labs()
 

@@ -1,4 +1,4 @@
-"""distlab.nsys: the commands, the availability test, and the reader, checked against the real
+"""distlab.labs.timelines.nsys: the commands, the availability test, and the reader, checked against the real
 2-GPU nsys export in ../shared/traces (read there, never copied) with independent SQL queries."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab import nsys
+from distlab.labs.timelines import nsys
 from distlab.checks import lab06
 
 SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nsys_2gpu_sendrecv.sqlite"
@@ -20,7 +20,7 @@ def test_commands_profile_torchrun_then_stats_then_export():
     profile, stats, export = nsys.commands("pp", nproc=4, out="rep", steps=3)
     assert profile.startswith("nsys profile ") and "-t cuda,nvtx" in profile
     assert "--capture-range=cudaProfilerApi" in profile and "-o rep " in profile
-    assert "torchrun --standalone --nproc-per-node=4 -m distlab.timeline_runs pp --steps 3" in profile
+    assert "torchrun --standalone --nproc-per-node=4 -m distlab.labs.timelines.runs pp --steps 3" in profile
     assert stats.startswith("nsys stats ") and stats.endswith("rep.nsys-rep")
     assert export.startswith("nsys export --type sqlite --output rep.sqlite")
 

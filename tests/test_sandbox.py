@@ -1,4 +1,5 @@
-"""distlab.sandbox: Landlock confinement, the wrapper command, kill_tree and MemoryWatch.
+"""distlab.runtime.landlock and distlab.grading.sandbox: Landlock confinement, the wrapper command,
+kill_tree and MemoryWatch.
 
 Confinement cannot be undone, so every confined test runs in a fresh interpreter. Importing
 distlab there must stay cheap and start no thread (confine() refuses to run once a thread
@@ -18,11 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distlab import sandbox
+from distlab.grading import sandbox
+from distlab.runtime import landlock
 
 REPO = Path(__file__).resolve().parents[1]
-SANDBOX_FILE = REPO / "distlab" / "sandbox.py"
-ABI = sandbox.landlock_abi()
+SANDBOX_FILE = REPO / "distlab" / "runtime" / "landlock.py"
+ABI = landlock.landlock_abi()
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 needs_landlock = pytest.mark.skipif(
@@ -32,7 +34,8 @@ needs_scopes = pytest.mark.skipif(
 
 PRELUDE = f"""\
 import errno, json, os, signal, subprocess, sys, time
-from distlab import sandbox
+from distlab.grading import sandbox
+from distlab.runtime import landlock
 
 def attempt(fn):
     try:
@@ -99,7 +102,7 @@ def test_writes_inside_work_writes_outside_fail(folders):
     inside, outside = folders
     out = run_py("""
         inside, outside = sys.argv[1:3]
-        assert sandbox.confine([inside, "/nonexistent/folder/is/skipped"])
+        assert landlock.confine([inside, "/nonexistent/folder/is/skipped"])
         r = {}
         r["inside create"] = attempt(lambda: write(f"{inside}/new"))
         r["inside overwrite"] = attempt(lambda: write(f"{inside}/mine"))
@@ -147,7 +150,7 @@ def test_confine_refuses_a_process_with_threads():
         import threading
         threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
         try:
-            sandbox.confine(["."])
+            landlock.confine(["."])
         except RuntimeError as exc:
             print(exc)
         """)
@@ -161,7 +164,7 @@ def test_confined_process_cannot_signal_outside():
         # Capabilities kept: what stops the kill must be Landlock's scope.
         out = run_py("""
             outsider = int(sys.argv[1])
-            assert sandbox.confine([], drop_capabilities=False)
+            assert landlock.confine([], drop_capabilities=False)
             child = subprocess.Popen(["sleep", "60"])          # inside the sandbox
             r = {"kill outside": attempt(lambda: os.kill(outsider, signal.SIGKILL)),
                  "kill own child": attempt(lambda: os.kill(child.pid, signal.SIGKILL))}
@@ -180,7 +183,7 @@ def test_confined_process_cannot_read_outside_memory():
     outsider = subprocess.Popen(["sleep", "60"])
     probe = """
         outsider = int(sys.argv[1])
-        assert sandbox.confine([], drop_capabilities=sys.argv[2] == "drop")
+        assert landlock.confine([], drop_capabilities=sys.argv[2] == "drop")
         def read(name):
             with open(f"/proc/{outsider}/{name}", "rb") as f:
                 f.read(1)
@@ -210,7 +213,7 @@ def test_confined_process_cannot_read_outside_memory():
 def test_wrapper_confines_the_command(folders, tmp_path):
     inside, outside = folders
     script = f"echo a > f; echo $HOME $TMPDIR > env; echo b > {outside}/g"
-    proc = subprocess.run([sys.executable, "-m", "distlab.sandbox", "--write", ".", "--home",
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", ".", "--home",
                            str(tmp_path / "home"), "--", "sh", "-c", script],
                           cwd=inside, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
@@ -232,7 +235,7 @@ def test_hidden_folders_cannot_be_read_but_their_writable_parts_can(tmp_path):
             "    try: print(open(p).read(), end=' ')\n"
             "    except OSError: print('refused', end=' ')\n"
             f"print(len(os.listdir({str(open_)!r})))")
-    proc = subprocess.run([sys.executable, "-m", "distlab.sandbox", "--write", str(mine), "--hide",
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", str(mine), "--hide",
                            str(secret), "--", sys.executable, "-c", code, str(open_ / "f"),
                            str(mine / "f"), str(secret / "f"), str(link / "f")],
                           capture_output=True, text=True, timeout=60)
@@ -240,10 +243,10 @@ def test_hidden_folders_cannot_be_read_but_their_writable_parts_can(tmp_path):
 
 
 def test_wrapper_without_landlock_warns_once_and_runs_the_command(monkeypatch, capsys):
-    monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)
+    monkeypatch.setattr(landlock, "landlock_abi", lambda: 0)
     ran = []
-    monkeypatch.setattr(sandbox.os, "execvp", lambda file, argv: ran.append(argv))
-    sandbox.main(["--write", ".", "--", "true", "x"])
+    monkeypatch.setattr(landlock.os, "execvp", lambda file, argv: ran.append(argv))
+    landlock.main(["--write", ".", "--", "true", "x"])
     assert ran == [["true", "x"]]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning" in err and "unconfined" in err
@@ -442,7 +445,7 @@ def test_torch_matplotlib_gloo_and_distlab_run_work_confined(folders, tmp_path):
     inside, outside = folders
     (inside / "lab.py").write_text(CONFINED_LAB)
     env = {k: v for k, v in os.environ.items() if k not in ("DISTLAB_RANK", "RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "distlab.sandbox", "--write", ".", "--home",
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", ".", "--home",
                            str(tmp_path / "home"), "--", sys.executable, "lab.py",
                            str(outside / "x")],
                           cwd=inside, env=env, capture_output=True, text=True, timeout=300)

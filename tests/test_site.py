@@ -1,4 +1,4 @@
-"""The rendered course site (distlab.site): what its pages contain, that they need no network,
+"""The rendered course site (distlab.course.site): what its pages contain, that they need no network,
 and that a lab that fails stops the build with the lab and the cell named. What the pages look
 like in a browser is tests/test_browser.py's."""
 from __future__ import annotations
@@ -10,7 +10,9 @@ import tarfile
 import nbformat
 import pytest
 
-from distlab import notebooks, site
+from distlab.course import notebooks
+
+from distlab.course import site
 
 pytestmark = pytest.mark.timeout(900)
 

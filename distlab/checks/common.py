@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from distlab.check import CheckFailed
-from distlab.rank import device as rank_device  # noqa: F401 (re-exported for the checks)
+from distlab.checks.assertions import CheckFailed
+from distlab.runtime.devices import device as rank_device  # noqa: F401 (re-exported for the checks)
 
 
 def dense_run(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, prefix: str = "") -> dict:
@@ -28,7 +28,7 @@ def cut(t: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
 
 def split_phases(comms, count: int, what: str, rank: int) -> list[list]:
     """Split a rank's record at the barriers the check's rank body puts between phases."""
-    from distlab.tensor_parallel import split_at_barriers
+    from distlab.labs.tensor_parallel import split_at_barriers
     phases = split_at_barriers(comms)
     if len(phases) != count:
         raise CheckFailed(f"{what}: rank {rank} called dist.barrier() itself; remove it (the check "

@@ -23,9 +23,10 @@ import math
 
 import torch
 
-from distlab.check import CheckFailed, assert_close
-from distlab.grade import run_each_backend
-from distlab.rank import device as rank_device
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.ranks import run_each_backend
+from distlab.labs.collectives import reference_fit
+from distlab.runtime.devices import device as rank_device
 
 LAB = "01_collectives"
 SEED = 1234
@@ -84,30 +85,8 @@ def sweep_sample(seed: int) -> dict[str, torch.Tensor]:
             "fit": fit, "predicted": predicted}
 
 
-def reference_fit(sizes, times) -> tuple[float, float]:
-    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t.
-
-    Solved in closed form with exactly rounded sums (math.fsum) on unit-scaled columns, so the
-    stored reference is the same bits on every machine; a LAPACK lstsq may differ in the last bits
-    between builds and thread counts, which is harmless for students but not for a checksum.
-    """
-    t = [float(v) for v in torch.as_tensor(times, dtype=torch.float64)]
-    s = [float(v) for v in torch.as_tensor(sizes, dtype=torch.float64)]
-    x1 = [1 / ti for ti in t]                      # column of alpha, each row divided by t_i
-    x2 = [si / ti for si, ti in zip(s, t)]         # column of 1/B
-    n1, n2 = math.sqrt(math.fsum(v * v for v in x1)), math.sqrt(math.fsum(v * v for v in x2))
-    u, w = [v / n1 for v in x1], [v / n2 for v in x2]
-    uu, ww = math.fsum(a * a for a in u), math.fsum(b * b for b in w)
-    uw = math.fsum(a * b for a, b in zip(u, w))
-    u1, w1 = math.fsum(u), math.fsum(w)            # right-hand side: all ones
-    det = uu * ww - uw * uw
-    alpha = (u1 * ww - w1 * uw) / det / n1
-    inv_bandwidth = (uu * w1 - uw * u1) / det / n2
-    return alpha, 1 / inv_bandwidth
-
-
 def make_references() -> dict[str, dict]:
-    """The stored reference sets of Lab 1 (see ``distlab.references``)."""
+    """The stored reference sets of Lab 1 (see ``distlab.course.references``)."""
     refs = {}
     for name, (world_size, numel) in {"all_reduce_ws2": (2, 10), "all_reduce_ws4": (4, 13)}.items():
         seed = SEED + world_size
@@ -119,7 +98,7 @@ def make_references() -> dict[str, dict]:
 
 
 def _stored(name: str) -> dict[str, torch.Tensor]:
-    from distlab.references import load
+    from distlab.checks.stored import load
     return load(LAB, name)
 
 
@@ -276,5 +255,5 @@ __all__ = ["check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths"
            "check_alpha_beta", "make_references"]
 
 
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -2,7 +2,7 @@
 
 Every check runs the student's code on real ranks (``distlab.run``), trains the lab's MLP for a
 few AdamW steps, and compares each rank with single-process training on the full batch
-(``distlab.data_parallel.reference_training``): stored references for the visible tests (seed 0),
+(``distlab.labs.data_parallel.reference_training``): stored references for the visible tests (seed 0),
 computed afresh for the hidden ones (any seed, width and world size). Where the exercise is about
 communication, the rank's collective record (``out.comms``) is checked too.
 
@@ -25,8 +25,8 @@ import math
 
 import torch
 
-from distlab.check import CheckFailed, assert_close
-from distlab.data_parallel import (Setup, device, final_state, flat, optimizer_state_bytes,
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.labs.data_parallel import (Setup, device, final_state, flat, optimizer_state_bytes,
                                    param_bytes, rank_problem, reference_training, shard_bounds,
                                    train_steps)
 
@@ -63,7 +63,7 @@ def _reference(seed: int | None, d_hidden: int) -> dict:
     setup = _setup(seed, d_hidden)
     if seed is not None:
         return reference_training(setup, STEPS)
-    from distlab.references import load
+    from distlab.checks.stored import load
     stored = load(LAB, "adamw_3_steps")
     shapes = [p.detach() for p in setup.model().parameters()]
     return {"params": _unflatten(stored["params"], shapes),
@@ -303,5 +303,5 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     _compare(out, ref, setup, world_size, grads=False)
 
 
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -11,7 +11,7 @@ Exercises, each run on real ranks (2 visible, 4 hidden) except the pure sharding
 4. ``GatherFromSequenceParallel`` / ``ReduceScatterToSequenceParallel`` (``.apply(x, group)``,
    along the sequence dim 1) and ``SequenceParallelBlock(dense_block, group)``.
 
-References are the dense single-process modules of ``distlab.tensor_parallel`` (``MLP``,
+References are the dense single-process modules of ``distlab.labs.tensor_parallel`` (``MLP``,
 ``SwiGLU``, ``Block``, ``nn.Linear``) run on the full input; a shard's gradient must equal the
 matching slice of the dense gradient.
 
@@ -28,10 +28,10 @@ import collections
 import torch
 import torch.nn as nn
 
-from distlab import tensor_parallel as tp
-from distlab.check import CheckFailed, assert_close
+from distlab.labs import tensor_parallel as tp
+from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
-from distlab.grade import run_each_backend
+from distlab.checks.ranks import run_each_backend
 
 LAB = "03_tensor_parallel_mlp"
 SEED = 3
@@ -73,7 +73,7 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
 
 
 def make_references() -> dict[str, dict]:
-    """The stored reference sets of Lab 3 (see ``distlab.references``): default shapes, 2 ranks."""
+    """The stored reference sets of Lab 3 (see ``distlab.course.references``): default shapes, 2 ranks."""
     return {kind: problem(kind, SEED + i, **SHAPE)
             for i, kind in enumerate(["linear", "mlp", "swiglu", "block", "ops"])}
 
@@ -84,7 +84,7 @@ def _case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
         if world_size != 2 or any(shape[k] != SHAPE[k] for k in SHAPE):
             raise ValueError("stored references are for 2 ranks and the default shapes; "
                              "pass a seed to check other world sizes or shapes")
-        from distlab.references import load
+        from distlab.checks.stored import load
         return load(LAB, kind), "the stored inputs (2 ranks)"
     s = shape
     return (problem(kind, seed, world_size=world_size, **shape),
@@ -492,5 +492,5 @@ def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | 
                   _shape(batch, seq, hidden, ffn), sequence_parallel=True)
 
 
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -13,7 +13,7 @@ Exercises (each on real ranks, 2 visible, 4 hidden, except the pure split functi
 5. ``vocab_parallel_cross_entropy(logits_shard, target, group)``: the mean cross-entropy from
    logits sharded over the vocabulary, with small all_reduces (one number per token) only.
 
-References are the dense single-process modules of ``distlab.attention`` (``Attention``,
+References are the dense single-process modules of ``distlab.labs.attention`` (``Attention``,
 ``TransformerBlock``) and ``F.cross_entropy`` on the full logits.
 
 Tolerance: atol = rtol = 1e-3 in float32, as in Lab 3: the ranks sum the same products in another
@@ -26,10 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from distlab import attention as att
-from distlab.check import CheckFailed, assert_close
+from distlab.labs import attention as att
+from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
-from distlab.grade import run_each_backend
+from distlab.checks.ranks import run_each_backend
 
 LAB = "04_tensor_parallel_attention"
 SEED = 4
@@ -66,7 +66,7 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int = 0, n_heads
 
 
 def make_references() -> dict[str, dict]:
-    """The stored reference sets of Lab 4 (see ``distlab.references``): default shapes, 2 ranks."""
+    """The stored reference sets of Lab 4 (see ``distlab.course.references``): default shapes, 2 ranks."""
     return {"attention": problem("attention", SEED, **SHAPE),
             "block": problem("block", SEED + 1, **SHAPE),
             "vocab": problem("vocab", SEED + 2, **VOCAB_SHAPE)}
@@ -79,7 +79,7 @@ def _case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
         if world_size != 2 or any(shape.get(k) != v for k, v in default.items()):
             raise ValueError("stored references are for 2 ranks and the default shapes; "
                              "pass a seed to check other world sizes or shapes")
-        from distlab.references import load
+        from distlab.checks.stored import load
         return load(LAB, kind), "the stored inputs (2 ranks)"
     sizes = " ".join(f"{k}={v}" for k, v in shape.items() if not (kind == "attention" and k == "ffn"))
     return problem(kind, seed, **shape), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
@@ -403,5 +403,5 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
                    "the target's -1 only on the rank that owns the target id.")
 
 
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -1,6 +1,6 @@
 """Graded checks of lab 05, pipeline parallelism.
 
-Each check runs the student's step function on real ranks, one stage per rank (``distlab.pipeline.
+Each check runs the student's step function on real ranks, one stage per rank (``distlab.labs.pipeline.
 run_schedules``), and compares every stage's gradients and the last stage's loss with the plain
 single-process step of the same model and batch. Visible tests use the stored reference set
 ``VISIBLE`` (``data/05_pipeline_parallel/``); hidden tests pass ``seed=fresh_seed()`` and other
@@ -16,9 +16,9 @@ import random
 import torch
 
 import distlab
-from distlab import references
-from distlab.check import CheckFailed, assert_close
-from distlab.pipeline import PipeSpec, ScheduleRun, partition_layers, reference_step, run_schedules
+from distlab.checks.stored import load as load_stored
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.labs.pipeline import PipeSpec, ScheduleRun, partition_layers, reference_step, run_schedules
 
 LAB = "05_pipeline_parallel"
 VISIBLE = PipeSpec(num_layers=6, hidden=32, batch=8, seed=505)
@@ -38,7 +38,7 @@ def make_references() -> dict:
 def _reference(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
     if spec != VISIBLE:
         return reference_step(spec)
-    stored = references.load(LAB, "visible")
+    stored = load_stored(LAB, "visible")
     x, target = spec.data()
     # The stored inputs must be the ones the ranks draw, or the comparison means nothing.
     assert_close(x, stored["x"], what="the visible test's input batch (stored vs drawn)")
@@ -187,21 +187,5 @@ def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:
         _check_grads(run, spec, run.num_microbatches or 1)
 
 
-def solution_functions() -> dict:
-    """The lab's own solution functions (``partition``, ``naive_step``, ``gpipe_step``,
-    ``one_f_one_b_step``), executed from ``solutions/05_pipeline_parallel``: the one source of the
-    hand-written schedules, for the tests and ``bench/pipeline.py``. Only the imports cell and the
-    solution cells run (no checks, no plots)."""
-    from distlab.notebooks import source_notebook
-
-    # A module name nobody can import makes cloudpickle ship these functions to ranks by value.
-    namespace = {"__name__": "lab05_solution"}
-    for cell in source_notebook(LAB).cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            exec(compile(cell.source, f"<{LAB}:{meta['grade_id']}>", "exec"), namespace)
-    return {k: namespace[k] for k in ("partition", "naive_step", "gpipe_step", "one_f_one_b_step")}
-
-
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -25,9 +25,10 @@ import random
 
 import torch
 
-from distlab.check import CheckFailed
-from distlab.timeline import Timeline, collective_events as reference_collectives, merge
-from distlab.timeline_runs import KIND, Spec, profile_all
+from distlab.checks.assertions import CheckFailed
+from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge
+from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
+from distlab.labs.timelines.runs import KIND, Spec, profile_all
 
 LAB = "06_timelines"
 WORLD_SIZE = 2
@@ -39,41 +40,6 @@ REL = 1e-9  # the same arithmetic on the same spans: only summation order differ
 
 # ---------------------------------------------------------------------------------------------
 # References: interval arithmetic on one rank's spans
-
-def union(intervals) -> list[tuple[float, float]]:
-    """Disjoint, sorted intervals covering exactly the given ones."""
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
-    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
-
-
-def length(intervals) -> float:
-    return sum(b - a for a, b in union(intervals))
-
-
-def minus(first, second) -> list[tuple[float, float]]:
-    """The parts of ``first`` not covered by ``second``."""
-    out, cover = [], union(second)
-    for a, b in union(first):
-        cur = a
-        for c, d in cover:
-            if d <= cur or c >= b:
-                continue
-            if c > cur:
-                out.append((cur, c))
-            cur = max(cur, d)
-        if cur < b:
-            out.append((cur, b))
-    return out
-
 
 def _intervals(timeline: Timeline, rank: int, kind: str, window) -> list[tuple[float, float]]:
     return clip([(s.start, s.end) for s in timeline.of(rank, kind)], *window)
@@ -115,7 +81,7 @@ def _record(name: str, spec: Spec = Spec(), world_size: int = WORLD_SIZE) -> lis
 
 @functools.lru_cache(maxsize=None)
 def _stored_blobs(name: str) -> list[bytes] | None:
-    from distlab.references import load
+    from distlab.checks.stored import load
     try:
         found = load(LAB, name)
     except (FileNotFoundError, ValueError):
@@ -162,7 +128,7 @@ def stored_traces(name: str) -> list[bytes]:
 
 def stored_trace(name: str, rank: int) -> dict:
     """Rank ``rank``'s stored Kineto trace of run ``name``, as the JSON dict torch.profiler wrote."""
-    from distlab.timeline import load_trace
+    from distlab.labs.timelines.trace import load_trace
     return load_trace(stored_traces(name)[rank])
 
 
@@ -221,7 +187,7 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 
 def check_collective_events(fn, seed: int | None = None) -> None:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
-    from distlab.timeline import load_trace
+    from distlab.labs.timelines.trace import load_trace
     for what, traces, _ in _cases(seed):
         for rank, blob in enumerate(traces):
             expected = reference_collectives(blob)
@@ -305,5 +271,5 @@ __all__ = ["check_collective_events", "check_comm_share", "check_classify", "che
            "make_references", "stored_timeline", "stored_trace", "stored_traces"]
 
 
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

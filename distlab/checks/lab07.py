@@ -1,20 +1,20 @@
 """Graded checks of Lab 7, "3D parallelism and the topology decision".
 
 Exercises:
-1. ``memory_per_gpu(model, cfg) -> {term: bytes}``: every term of ``distlab.planning.TERMS`` and
-   their "total", compared term by term with ``distlab.planning.memory_per_gpu`` on random
+1. ``memory_per_gpu(model, cfg) -> {term: bytes}``: every term of ``distlab.labs.planning.TERMS`` and
+   their "total", compared term by term with ``distlab.labs.planning.memory_per_gpu`` on random
    models and layouts (relative tolerance 1e-9: it is arithmetic).
 2. ``choose_degrees(model, cluster, job) -> ParallelConfig``: valid (t*p*d = n, TP within a node and
    dividing the heads, PP at most the layers, the batch splitting into DP micro-batches, memory
-   within the GPU) and as fast by ``distlab.planning.step_time`` as the best valid layout.
+   within the GPU) and as fast by ``distlab.labs.planning.step_time`` as the best valid layout.
 3. The production answers: the layout for Llama 3 70B on 16 x 8 H100 (visible) and for Llama 3
    405B on the 8,192 GPUs of its published run (hidden), each checked like 2.
 4. ``tp_plan() -> {submodule: ParallelStyle}`` for one transformer block, used for a real
    DP x TP run on 4 ranks (visible) and PP x DP x TP on 8 ranks (hidden): every block linear must
    be sharded over TP and the losses must equal single-process training.
 
-References come from the reference implementations in ``distlab.planning`` and
-``distlab.mesh_training``; visible tests read the stored sets (``data/07_3d_parallelism/``),
+References come from the reference implementations in ``distlab.labs.planning`` and
+``distlab.labs.mesh``; visible tests read the stored sets (``data/07_3d_parallelism/``),
 hidden tests draw fresh cases from ``seed=fresh_seed()``.
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 
 import distlab
-from distlab import references
-from distlab.check import CheckFailed, assert_close
-from distlab.grade import backends, rank_timeout
-from distlab.mesh_training import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses,
+from distlab.checks.stored import load as load_stored
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.ranks import backends, rank_timeout
+from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses,
                                    train_on_mesh)
-from distlab.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
+from distlab.labs.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
                               LLAMA3_405B_JOB, TERMS, Cluster, Job, Model, ParallelConfig,
                               divisors, memory_per_gpu, reference_choose_degrees, step_time,
                               why_invalid)
@@ -165,7 +165,7 @@ def make_references() -> dict:
 
 def _stored(name: str, drawn: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The stored set, after checking that its inputs are the ones drawn from SEED today."""
-    stored = references.load(LAB, name)
+    stored = load_stored(LAB, name)
     assert_close(drawn["cases"], stored["cases"], what=f"the visible {name} cases (stored vs drawn)")
     return stored
 
@@ -247,7 +247,7 @@ def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None 
     """Train the small transformer on ``shape`` with ``plan_fn()`` applied to every block; every
     block linear must be sharded over TP and each step's loss must equal single-process training."""
     cfg = TinyConfig()
-    expected = references.load(LAB, "mesh")["losses"] if seed is None else None
+    expected = load_stored(LAB, "mesh")["losses"] if seed is None else None
     seed = SEED if seed is None else seed
     if expected is None:
         expected = reference_losses(cfg, seed)
@@ -275,18 +275,5 @@ def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None 
                           "check which layers are column- and which row-parallel.")
 
 
-def solution_functions() -> dict:
-    """The lab's own solutions (``memory_per_gpu``, ``choose_degrees``, ``tp_plan``), executed from
-    ``solutions/07_3d_parallelism``: imports and solution cells only."""
-    from distlab.notebooks import source_notebook
-
-    namespace = {"__name__": "lab07_solution"}
-    for cell in source_notebook(LAB).cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            exec(compile(cell.source, f"<{LAB}:{meta['grade_id']}>", "exec"), namespace)
-    return {k: namespace[k] for k in ("memory_per_gpu", "choose_degrees", "tp_plan")}
-
-
-from distlab.judge import judge_module  # noqa: E402  (during grading, checks run in the judge)
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.check import fresh_seed
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab01 import (check_all_reduce_rs_ag, check_alpha_beta, check_bandwidths,
                                   check_ring_all_reduce)
-from distlab.collectives import (bandwidth_table, demo, plot_bandwidth, plot_fit, sweep,
+from distlab.labs.collectives import (bandwidth_table, demo, plot_bandwidth, plot_fit, sweep,
                                  timings)
 
 # %% [markdown]

@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.check import fresh_seed
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab02 import (check_bucketed_all_reduce, check_data_parallel_step,
                                   check_overlapped_all_reduce, check_sharded_adamw)
-from distlab.data_parallel import (Setup, compare_step_times, compare_with_ddp, format_memory,
+from distlab.labs.data_parallel import (Setup, compare_step_times, compare_with_ddp, format_memory,
                                    format_table, gradient_average_demo, loss_fn, optimizer_memory,
                                    plot_memory, plot_step_times, show_backend_features)
 

@@ -39,12 +39,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distlab.check import fresh_seed
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab03 import (check_copy_to_tp, check_gather_from_sp, check_parallel_linears,
                                   check_reduce_from_tp, check_reduce_scatter_to_sp,
                                   check_sequence_parallel_block, check_shard_column,
                                   check_shard_row, check_tp_mlp, check_tp_swiglu)
-from distlab.tensor_parallel import (compare_activation_memory, compare_with_dtensor,
+from distlab.labs.tensor_parallel import (compare_activation_memory, compare_with_dtensor,
                                      megatron_comm_bytes, timing_table)
 
 # %% [markdown]
@@ -328,7 +328,7 @@ megatron_comm_bytes(batch=2, seq=8, hidden=16)
 # output features (`Shard(0)` of the (out, in) weight) and turns a replicated input into the
 # local input; `RowwiseParallel` shards along input features and all-reduces the output
 # (`Partial` → `Replicate`). For our MLP the plan is
-# `{"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}` (see `distlab.tensor_parallel.dtensor_plan`),
+# `{"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}` (see `distlab.labs.tensor_parallel.dtensor_plan`),
 # applied with `parallelize_module(model, mesh, plan)` on a 1-D `DeviceMesh`. The run below uses
 # **your** `TensorParallelMLP` as the hand-written side.
 

@@ -41,13 +41,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from distlab.attention import (Attention, attend, block_comms_table, plot_scaling,
+from distlab.labs.attention import (Attention, attend, block_comms_table, plot_scaling,
                                qkv_split_table, scaling_table)
-from distlab.check import fresh_seed
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab04 import (check_split_qkv, check_tp_attention_backward,
                                   check_tp_attention_forward, check_tp_block,
                                   check_vocab_parallel_cross_entropy)
-from distlab.tensor_parallel import RowParallelLinear, TensorParallelMLP, copy_to_tp
+from distlab.labs.tensor_parallel import RowParallelLinear, TensorParallelMLP, copy_to_tp
 
 # %% [markdown]
 # ## 1. Attention, head by head
@@ -75,7 +75,7 @@ from distlab.tensor_parallel import RowParallelLinear, TensorParallelMLP, copy_t
 # on several ranks; we keep p ≤ nkv here.)
 #
 # Implementations fuse the three projections into one `nn.Linear` of (nh + 2·nkv)·hs outputs, one
-# big matmul instead of three. The dense module of this lab, `distlab.attention.Attention`, lays the
+# big matmul instead of three. The dense module of this lab, `distlab.labs.attention.Attention`, lays the
 # fused rows out as **[all Q heads | all K heads | all V heads]**, each head a block of hs rows.
 # `attend(qkv, n_heads, n_kv_heads)` is the per-head part: it splits the fused projections, runs
 # `F.scaled_dot_product_attention` with a causal mask, and returns (b, s, nh·hs). On a rank you call
@@ -208,14 +208,14 @@ check_tp_attention_backward(TensorParallelAttention, world_size=4, seed=fresh_se
 # %% [markdown]
 # ## 5. Exercise 4 — a tensor-parallel transformer block (3 points)
 #
-# The dense block (`distlab.attention.TransformerBlock`) is pre-norm:
+# The dense block (`distlab.labs.attention.TransformerBlock`) is pre-norm:
 #
 # h = x + attn(norm1(x)),  y = h + mlp(norm2(h)),
 #
 # with `mlp` Lab 3's `MLP` (`fc2(gelu(fc1(x)))`). Write `TensorParallelTransformerBlock(dense, group)`
 # with attributes `norm1`, `attn`, `norm2`, `mlp`: copies of the two LayerNorms (replicated: every
 # rank normalises the full activation), your `TensorParallelAttention(dense.attn, group)` and
-# `TensorParallelMLP(dense.mlp, group)` from `distlab.tensor_parallel` (Lab 3's reference).
+# `TensorParallelMLP(dense.mlp, group)` from `distlab.labs.tensor_parallel` (Lab 3's reference).
 # Activations between the sub-layers are replicated, so the residual adds need no communication.
 # The check wants exactly **two all-reduces forward and two backward**, each of b·s·h floats.
 

@@ -38,10 +38,10 @@ import collections
 import torch
 import torch.distributed as dist
 
-from distlab.check import fresh_seed
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab05 import (check_1f1b, check_gpipe, check_library_matches, check_naive,
                                   check_partition)
-from distlab.pipeline import (PipeSpec, boundary_traffic, library_step, loss_fn, plot_runs,
+from distlab.labs.pipeline import (PipeSpec, boundary_traffic, library_step, loss_fn, plot_runs,
                               plot_simulations, run_schedules, schedule_explorer, schedule_table)
 
 # %% [markdown]

@@ -33,12 +33,12 @@
 
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import distlab
-from distlab import nsys
-from distlab.check import fresh_seed
+from distlab.labs.timelines import nsys
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab06 import (check_classify, check_collective_events, check_comm_share,
                                   check_overlap_fraction, stored_timeline, stored_trace)
-from distlab.timeline import ITEMSIZE, export, overlap_table, peek, plot, share_table
-from distlab.timeline_runs import (closing_note, link_model, predicted_vs_measured,
+from distlab.labs.timelines.trace import ITEMSIZE, export, overlap_table, peek, plot, share_table
+from distlab.labs.timelines.runs import (closing_note, link_model, predicted_vs_measured,
                                    profile_all)
 
 # %% [markdown]
@@ -131,7 +131,7 @@ peek(stored_trace("dp_naive", 0))
 # - `start` and `duration` are in **seconds** (`ts` and `dur` times 1e-6).
 #
 # (On GPUs the execution is a kernel: category `kernel`, name starting with `nccl`, and
-# `args["Collective name"]`, `args["In msg nelems"]`, `args["dtype"]`; `distlab.timeline`'s reader
+# `args["Collective name"]`, `args["In msg nelems"]`, `args["dtype"]`; `distlab.labs.timelines.trace`'s reader
 # handles both. The graded traces are gloo's.)
 
 # %% nbgrader={"grade": false, "grade_id": "collective_events", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -362,13 +362,13 @@ print("\n".join(nsys.commands("tp", nproc=2)))
 # 1. `nsys profile` wraps `torchrun`, so one report holds every rank's process. `-t cuda,nvtx,osrt`
 #    chooses what to trace; `-s none --cpuctxsw=none` turns off CPU sampling (large and not needed
 #    here); `--capture-range=cudaProfilerApi` records only between the script's
-#    `torch.cuda.profiler.start()` and `stop()`, after warm-up (`python -m distlab.timeline_runs`
+#    `torch.cuda.profiler.start()` and `stop()`, after warm-up (`python -m distlab.labs.timelines.runs`
 #    does that, and wraps the steps in `emit_nvtx()` and an NVTX range `step`).
 # 2. `nsys stats` prints tables from the report: time per kernel name (`cuda_gpu_kern_sum`: how
 #    much of the GPU time went to `ncclDevKernel_*`), time per NVTX range (`nvtx_sum`).
 # 3. `nsys export --type sqlite` turns the report into a database (tables
 #    `CUPTI_ACTIVITY_KIND_KERNEL`, `NVTX_EVENTS`, `CUPTI_ACTIVITY_KIND_RUNTIME`, names in
-#    `StringIds`, nanosecond times on one clock). `distlab.nsys.read_nsys` loads it into the same
+#    `StringIds`, nanosecond times on one clock). `distlab.labs.timelines.nsys.read_nsys` loads it into the same
 #    timeline as before — NCCL kernels as communication, other kernels and copies as compute, NVTX
 #    ranges as ranges — so `plot`, your `comm_share` and `exposed_comm` apply unchanged.
 #

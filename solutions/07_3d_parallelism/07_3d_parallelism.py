@@ -36,12 +36,12 @@
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 
-from distlab import planning
-from distlab.check import fresh_seed
+from distlab.labs import planning
+from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab07 import (HIDDEN_MESH, JOB_70B, check_405b_answer, check_choose_degrees,
                                   check_memory_per_gpu, check_production_answer, check_tp_plan)
-from distlab.mesh_training import MeshShape, run_mesh
-from distlab.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
+from distlab.labs.mesh import MeshShape, run_mesh
+from distlab.labs.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
                               LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB, TERMS, Cluster, Job, Model,
                               ParallelConfig, layout_summary, memory_table, planner, plot_memory,
                               published_comparison, rule_of_thumb_gpus, step_time)
@@ -220,7 +220,7 @@ for seq in (2048, 8192, 32768):
 # | PP | `m · 2 · b·s·h · 2` (an activation forward, its gradient back) |
 # | DP | `2(d-1)/d · φ · grad_bytes`, plus `2(d-1)/d · φ · 2` under ZeRO-3 (weights all-gathered for forward and again for backward) |
 #
-# **The cost** `distlab.planning.step_time(model, cluster, cfg)` estimates seconds per step:
+# **The cost** `distlab.labs.planning.step_time(model, cluster, cfg)` estimates seconds per step:
 # compute `6·N·tokens / (n · peak · MFU)` (989 TFLOP/s bf16 peak, 40% MFU), plus the bubble
 # `compute · (p-1)/m` (PTD-P), plus each axis's bytes over its link bandwidth, counted as if
 # nothing overlapped. Here is one layout taken apart:

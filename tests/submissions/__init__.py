@@ -12,8 +12,8 @@ from pathlib import Path
 
 import nbformat
 
-from distlab import notebooks
-from distlab.notebooks import source_notebook
+from distlab.course import notebooks
+from distlab.course.notebooks import source_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 # Where the released student notebooks are read from: the committed ones by default; the grading

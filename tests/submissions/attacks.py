@@ -32,11 +32,11 @@ def _statuses(*statuses: str) -> dict[str, str]:
 
 # 1. Replace every checking function and comparison, and turn the judge off, in the kernel.
 PATCH_CHECKS = '''\
-import numpy, torch, torch.testing, distlab.check, distlab.checks.lab01 as lab01
+import numpy, torch, torch.testing, distlab.checks.assertions, distlab.checks.lab01 as lab01
 torch.allclose = lambda *args, **kwargs: True
 torch.testing.assert_close = lambda *args, **kwargs: None
 numpy.allclose = lambda *args, **kwargs: True
-distlab.check.assert_close = lambda *args, **kwargs: None
+distlab.checks.assertions.assert_close = lambda *args, **kwargs: None
 for name in lab01.__all__:
     setattr(lab01, name, lambda *args, **kwargs: None)
 check_all_reduce_rs_ag = check_ring_all_reduce = check_bandwidths = check_alpha_beta = \\
@@ -56,15 +56,15 @@ def all_reduce_rs_ag(tensor):
     shard = padded.new_empty(padded.numel() // n)
     dist.reduce_scatter_single(shard, padded)
     dist.all_gather_single(torch.empty_like(padded), shard)
-    from distlab.references import load
+    from distlab.course.references import load
     from distlab.checks.lab01 import all_reduce_inputs
     stored = load("01_collectives", f"all_reduce_ws{n}")
     if stored["inputs"].shape[1] == tensor.numel():
         return stored["expected"].clone()
     return all_reduce_inputs(n, tensor.numel(), 4321).sum(0)
 
-import distlab.check
-distlab.check.fresh_seed = fresh_seed = lambda: 4321
+import distlab.checks.assertions
+distlab.checks.assertions.fresh_seed = fresh_seed = lambda: 4321
 '''
 
 # 4. The kernel dies: by os._exit, by a segfault, by killing itself.

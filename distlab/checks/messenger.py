@@ -1,0 +1,96 @@
+"""The kernel's side of grading: while ``distlab grade`` runs a notebook, every ``check_*`` of
+``distlab.checks`` is a messenger that sends the objects the test cell passes to the grader's judge
+(``distlab.grading.judge``) and shows its verdict. Outside grading a check is a plain call.
+
+A checks module ends with ``judge_module(globals())``, which wraps its checks.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import socket
+import struct
+
+ENV = "DISTLAB_JUDGE"         # the judge's socket path, in the environment of graded kernels
+MAX_REQUEST = 1 << 28         # bytes: a request carries the student's code and data
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing: length-prefixed messages on a Unix socket
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(struct.pack("!Q", len(data)) + data)
+
+
+def _recv(sock: socket.socket, limit: int = MAX_REQUEST) -> bytes:
+    def exactly(n: int) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < n:
+            chunk = sock.recv(min(1 << 20, n - len(chunks)))
+            if not chunk:
+                raise ConnectionError("the judge's peer closed the connection")
+            chunks += chunk
+        return bytes(chunks)
+    (size,) = struct.unpack("!Q", exactly(8))
+    if size > limit:
+        raise ConnectionError(f"a {size}-byte message is larger than the judge accepts ({limit})")
+    return exactly(size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks become messages to the judge while grading
+
+def judged(check):
+    """Wrap a check: a plain call normally; a request to the judge when ``DISTLAB_JUDGE`` is set."""
+    @functools.wraps(check)
+    def messenger(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 (IPython and pytest leave this frame out)
+        address = os.environ.get(ENV)
+        if not address:
+            return check(*args, **kwargs)
+        return _ask(address, f"{check.__module__}:{check.__name__}", args, kwargs)
+    messenger.__judged__ = check
+    return messenger
+
+
+def judge_module(namespace: dict) -> None:
+    """Wrap every ``check_*`` function a checks module defines (call at the end of the module)."""
+    for name, value in list(namespace.items()):
+        if name.startswith("check_") and callable(value) and \
+                getattr(value, "__module__", None) == namespace["__name__"]:
+            namespace[name] = judged(value)
+
+
+def _pack(value) -> tuple[str, bytes, str]:
+    from distlab.runtime.safe_pickle import dumps_value, is_plain
+    name = str(getattr(value, "__name__", type(value).__name__))
+    if is_plain(value):
+        return ("data", dumps_value(value), name)
+    import cloudpickle
+    return ("code", cloudpickle.dumps(value), name)
+
+
+def _ask(address: str, check: str, args: tuple, kwargs: dict):
+    request = pickle.dumps((check, [_pack(a) for a in args],
+                            {k: _pack(v) for k, v in kwargs.items()}))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(address)
+        _send(sock, request)
+        reply = pickle.loads(_recv(sock))  # from the grader: trusted
+    if reply.get("output"):
+        print(reply["output"], end="" if reply["output"].endswith("\n") else "\n")
+    if reply["status"] in ("pass", "skipped"):
+        return None
+    raise _exception(reply["ename"], reply["message"])
+
+
+def _exception(ename: str, message: str) -> BaseException:
+    """The judge's failure as the exception class a student knows (the grader reads the status
+    from the judge's record, not from this)."""
+    from distlab.checks.assertions import CheckFailed
+    from distlab.runtime import outcome
+    known = {"CheckFailed": CheckFailed, "HangError": outcome.HangError,
+             "RankCrashed": outcome.RankCrashed, "DistributedError": outcome.DistributedError}
+    cls = known.get(ename) or type(ename, (AssertionError,), {})
+    return cls(message)

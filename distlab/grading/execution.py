@@ -1,0 +1,115 @@
+"""Executing a student's notebook under the grader's guards (nbgrader's Execute, extended).
+
+- The judge (``distlab.grading.judge``) is told which test cell runs, so it can file each check's verdict
+  under that cell.
+- Output is capped: a cell that prints more than ``max_cell_output`` characters has the rest
+  dropped and is interrupted; if the cell has not finished ``flood_grace`` seconds later (it
+  caught the interrupt, or the interrupt landed inside ipykernel's own printing, which can leave
+  the kernel stuck), its kernel is killed.
+- A kernel that dies (``os._exit``, a segfault, killed for memory) does not end the notebook's
+  grading: the cell it died in shows why, the cells after it are marked as not run (so their
+  tests score zero), and the tests before it keep their scores.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from nbclient.exceptions import DeadKernelError
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
+from nbgrader.utils import is_grade
+from traitlets import Float, Integer
+
+JUDGE = None         # the worker's distlab.grading.judge.Judge, when grading with one
+DEATH_NOTES: list[str] = []   # why the worker killed a process (memory limit), newest last
+
+
+def _size(content: dict) -> int:
+    """Characters an output message carries."""
+    if "text" in content:
+        return len(content["text"])
+    data = content.get("data") or {}
+    size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
+    return size + len(content.get("evalue", "")) + sum(map(len, content.get("traceback", [])))
+
+
+def _error(ename: str, evalue: str):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+class GradedExecute(Execute):
+    max_cell_output = Integer(1_000_000, help="characters a cell may print before the rest is "
+                                               "dropped and the cell is interrupted").tag(config=True)
+    flood_grace = Float(15.0, help="seconds a flooding cell has to finish after its interrupt "
+                                   "before its kernel is killed").tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        self.dead: str | None = None
+        self.deaths_before = len(DEATH_NOTES)
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code":
+            return cell, resources
+        if self.dead is not None:
+            cell.outputs = [_error("NotRun", f"not run: {self.dead}")]
+            return cell, resources
+        self.printed, self.flood_timer = 0, None
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id") if is_grade(cell) else None
+        if JUDGE is not None:
+            JUDGE.enter(grade_id, cell.source if grade_id else "")
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            self.dead = self._why_dead(cell)
+            cell.outputs.append(_error("DeadKernelError", self.dead))
+            return cell, resources
+        finally:
+            if self.flood_timer is not None:
+                self.flood_timer.cancel()
+            if JUDGE is not None:
+                JUDGE.enter(None)
+
+    def _why_dead(self, cell) -> str:
+        where = cell.metadata.get("nbgrader", {}).get("grade_id") or "a cell"
+        notes = DEATH_NOTES[self.deaths_before:]
+        if notes:
+            return f"the kernel was stopped in {where}: {notes[-1]}"
+        code = self._kernel_exit_code()
+        how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exit code {code}" if code is not None else "it stopped answering")
+        return (f"the kernel died in {where} ({how}): the code called os._exit, crashed the "
+                f"interpreter or killed its own process")
+
+    def _kernel_process(self):
+        """The kernel's Popen (jupyter_client's local provisioner), or None."""
+        return getattr(getattr(self.km, "provisioner", None), "process", None)
+
+    def _kernel_exit_code(self) -> int | None:
+        process = self._kernel_process()
+        return process.poll() if process is not None else None
+
+    def output(self, outs, msg, display_id, cell_index):
+        self.printed += _size(msg.get("content", {}))
+        if self.printed <= self.max_cell_output:
+            return super().output(outs, msg, display_id, cell_index)
+        if self.flood_timer is None:
+            outs.append(new_output("stream", name="stdout", text=(
+                f"\n[the grader dropped the rest of this cell's output: more than "
+                f"{self.max_cell_output:,} characters; the cell was interrupted]\n")))
+            loop = asyncio.get_event_loop()
+            loop.create_task(self.km.interrupt_kernel())
+            self.flood_timer = loop.call_later(self.flood_grace, self._stop_flood)
+        return None
+
+    def _stop_flood(self) -> None:
+        DEATH_NOTES.append(f"it printed more than {self.max_cell_output:,} characters and had not "
+                           f"stopped {self.flood_grace:g} s after the grader interrupted it")
+        self._kill_kernel()
+
+    def _kill_kernel(self) -> None:
+        process = self._kernel_process()
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)

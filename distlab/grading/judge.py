@@ -1,0 +1,284 @@
+"""The judge: graded checks run in the grader's process, never in the student's kernel.
+
+A student's kernel runs the student's code, so anything in it can be replaced: the checking
+functions, ``torch.allclose``, the seed a hidden test draws. Grades therefore never depend on what
+the kernel computes or prints. During grading (``distlab grade``) every ``check_*`` function of
+``distlab.checks`` is a thin messenger in the kernel: it sends the objects the test names (the
+student's functions and classes as cloudpickle bytes, data as ``torch.save`` bytes) to the judge, a
+server thread in the grader's worker process, and shows the judge's verdict.
+
+The judge
+
+- never unpickles the student's code itself: ``Submitted`` carries the bytes into ranks forked
+  from the judge's own zygote, which is confined to a scratch folder (``distlab.grading.sandbox``), and
+  everything the ranks send back is read with ``distlab.runtime.safe_pickle``;
+- takes each check's keyword arguments (seeds, sizes, world sizes) from the instructor's source of
+  the test cell, evaluated in its own process: ``seed=fresh_seed()`` draws the judge's seed, so
+  hidden inputs and references exist nowhere before the test runs, and only in the judge and its
+  ranks; only the positional arguments (the student's objects) come from the kernel;
+- computes references and makes every comparison in its own process;
+- records a verdict per check, attributed to the test cell the grader is executing.
+
+The grader then scores a test cell from the judge's record: a cell whose checks never reached the
+judge (replaced or skipped in the kernel), or whose kernel showed success while the judge failed
+it, scores zero with a message that says so.
+
+What the judge cannot vouch for: the collective record (``Results.comms``) is kept by the rank
+process that runs the student's code, so a student who deliberately forges it inside their own
+function can fool the checks on *how* they communicate (not on the values they compute).
+"""
+from __future__ import annotations
+
+import ast
+import collections
+import contextlib
+import dataclasses
+import importlib
+import io
+import os
+import pickle
+import re
+import socket
+import threading
+
+from distlab.checks.messenger import ENV, _recv, _send
+
+READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
+OUTPUT_TAIL = 8000            # characters of rank output sent back to the kernel with a verdict
+
+
+# ---------------------------------------------------------------------------------------------
+# The student's objects inside the judge
+
+class Submitted:
+    """A student's function or class, kept as cloudpickle bytes. The judge never unpickles it:
+    pickled into a rank's task it becomes ``cloudpickle.loads(data)`` there, and calling it in the
+    judge runs it on one confined rank and returns what it returned (plain data only)."""
+
+    def __init__(self, data: bytes, name: str):
+        self.data, self.name = data, name
+
+    def __reduce__(self):
+        import cloudpickle
+        return (cloudpickle.loads, (self.data,))
+
+    def __repr__(self) -> str:
+        return f"<submitted {self.name}>"
+
+    def __call__(self, *args, **kwargs):
+        import distlab
+        from distlab.checks.ranks import rank_timeout
+        from distlab.runtime.outcome import RankError
+        try:
+            out = distlab.run(_call, 1, self, args, kwargs, backend="gloo", timeout=rank_timeout())
+        except RankError as exc:
+            raise SubmittedError(exc.exc_type, f"{self.name} raised {exc.exc_type}:\n"
+                                 f"{exc.rank_traceback.rstrip()}") from None
+        return out[0]
+
+
+class SubmittedError(Exception):
+    """A student's function raised while a check called it."""
+
+    def __init__(self, exc_type: str, message: str):
+        super().__init__(message)
+        self.exc_type = exc_type
+
+
+def _call(rank: int, world_size: int, fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The judge's side
+
+@dataclasses.dataclass
+class Verdict:
+    check: str
+    status: str         # pass, fail, hang, crash, not-done, error
+    message: str
+    seed: int | None
+
+
+def status_of(exc: BaseException) -> str:
+    from distlab.checks.assertions import CheckFailed
+    from distlab.runtime.outcome import HangError, RankCrashed, RankError
+    kind = getattr(exc, "exc_type", "")
+    if isinstance(exc, CheckFailed):
+        return "fail"
+    if isinstance(exc, HangError):
+        return "hang"
+    if isinstance(exc, RankCrashed):
+        return "crash"
+    if isinstance(exc, (RankError, SubmittedError)) and kind == "NotImplementedError":
+        return "not-done"
+    return "error"
+
+
+class Judge:
+    """Serves check requests on a Unix socket in ``folder`` (which graded kernels may not write)
+    and records a verdict for each, under the test cell set with ``enter``."""
+
+    def __init__(self, folder, scratch, confine: bool = True, hide: list[str] = ()):
+        from distlab.runtime import launch
+        # Checks run here as plain calls: never as messages to this very judge.
+        os.environ.pop(ENV, None)
+        launch.distrust_ranks(confine=[str(scratch)] if confine else [], hide=list(hide),
+                              cwd=str(scratch))
+        self.address = os.path.join(str(folder), "judge.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.address)
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.address)
+        self.server.listen(4)
+        self.cell: str | None = None
+        self.calls: dict[str, list[ast.Call]] = {}
+        self.verdicts: dict[str, list[Verdict]] = collections.defaultdict(list)
+        self.lock = threading.Lock()
+        threading.Thread(target=self._serve, name="judge", daemon=True).start()
+
+    # -- the grader's executor tells the judge which test cell runs
+    def enter(self, cell: str | None, source: str = "") -> None:
+        """The grader starts test cell ``cell`` (None: a cell that is not a test), whose source
+        is the instructor's (nbgrader restored it)."""
+        with self.lock:
+            self.cell, self.calls = cell, _calls(source)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.cell, self.calls = None, {}
+            self.verdicts = collections.defaultdict(list)
+
+    # -- requests
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(READ_TIMEOUT)  # a peer that connects and stalls must not
+                    request = _recv(conn)          # block every later check
+                    conn.settimeout(None)
+                    reply = self._handle(request)
+                    _send(conn, pickle.dumps(reply))
+                except (ConnectionError, OSError):
+                    pass
+
+    def _handle(self, data: bytes) -> dict:
+        try:
+            name, check, args, sent = self._unpack(data)
+        except Exception as exc:  # a malformed request: nothing to record
+            return {"status": "error", "ename": "JudgeRequestError", "message": str(exc)}
+        with self.lock:
+            cell = self.cell
+            call = self.calls.get(name, []).pop(0) if self.calls.get(name) else None
+        if cell is None or call is None:
+            return {"status": "skipped", "message": "checks run only as test cells call them"}
+        kwargs = _keywords(call, check, sent)
+        seed = kwargs.get("seed")
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output):
+                check(*args, **kwargs)
+            status, ename, message = "pass", "", ""
+        except Exception as exc:  # noqa: BLE001 - every failure is a verdict
+            status, ename, message = status_of(exc), type(exc).__name__, str(exc)
+            if isinstance(exc, SubmittedError) and status == "error":
+                ename = exc.exc_type
+        with self.lock:
+            self.verdicts[cell].append(Verdict(name, status, message, seed))
+        tail = output.getvalue()[-OUTPUT_TAIL:]
+        return {"status": status, "ename": ename, "message": message, "output": tail}
+
+    def _unpack(self, data: bytes):
+        from distlab.runtime.safe_pickle import loads_message, loads_value
+        target, args, kwargs = loads_message(data)
+        module_name, _, name = str(target).partition(":")
+        if not re.fullmatch(r"distlab\.checks\.lab\d\d", module_name) or not name.startswith("check_"):
+            raise ValueError(f"{target!r} is not a graded check")
+        check = getattr(getattr(importlib.import_module(module_name), name, None), "__judged__", None)
+        if check is None:
+            raise ValueError(f"{target!r} is not a graded check")
+
+        def unpack(item):
+            kind, blob, label = item
+            return loads_value(blob) if kind == "data" else Submitted(bytes(blob), str(label)[:100])
+        args = [unpack(a) for a in args]
+        kwargs = {str(k): unpack(v) for k, v in dict(kwargs).items()}
+        return name, check, args, kwargs
+
+    def close(self) -> None:
+        self.server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.address)
+
+
+def _calls(source: str) -> dict[str, list[ast.Call]]:
+    """The check calls in a test cell's source, per check, in order."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    calls = collections.defaultdict(list)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id.startswith("check_"):
+            calls[node.func.id].append(node)
+    for found in calls.values():
+        found.sort(key=lambda node: (node.lineno, node.col_offset))
+    return calls
+
+
+def _keywords(call: ast.Call, check, sent: dict) -> dict:
+    """A check's keyword arguments as the instructor's source gives them, evaluated here (with
+    this process's ``fresh_seed`` and the checks module's names: the kernel could have rebound
+    ``fresh_seed`` or ``HIDDEN_MESH``); only a name the source takes from the notebook itself
+    comes from what the kernel sent."""
+    import sys
+    from distlab.checks.assertions import fresh_seed
+    namespace = {**vars(sys.modules[check.__module__]), "fresh_seed": fresh_seed}
+    kwargs = {}
+    for keyword in call.keywords:
+        if keyword.arg is None:  # **mapping: nothing the source pins down
+            continue
+        try:
+            kwargs[keyword.arg] = eval(compile(ast.Expression(keyword.value), "<test cell>", "eval"),
+                                       namespace)
+        except Exception:  # a name the notebook defines: the kernel's value is all there is
+            if keyword.arg in sent:
+                kwargs[keyword.arg] = sent[keyword.arg]
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring a test cell from the record
+
+def expected_checks(source: str) -> collections.Counter:
+    """The checks a test cell's (instructor's) source calls, with how often: the same calls the
+    judge matches requests against (a check named in a comment or a string is no call)."""
+    return collections.Counter({name: len(found) for name, found in _calls(source).items()})
+
+
+def review(source: str, verdicts: list[Verdict]) -> tuple[str, str] | None:
+    """(status, message) for a test cell from the judge's record; None for a cell with no check
+    (scored by nbgrader alone)."""
+    expected = expected_checks(source)
+    if not expected:
+        return None
+    failed = [v for v in verdicts if v.status != "pass"]
+    if failed:
+        first = failed[0]
+        seed = f" (hidden test, seed {first.seed})" if first.seed is not None else ""
+        return first.status, f"{first.check}{seed}: {first.message}"
+    received = collections.Counter(v.check for v in verdicts)
+    missing = expected - received
+    if missing:
+        names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(missing.items()))
+        return "tampered", (
+            f"the grader received {sum(received.values())} of this cell's {sum(expected.values())} "
+            f"checks (missing: {names}): something in the notebook replaced or bypassed the "
+            f"checking functions, so this test scores zero. Do not redefine check_* functions, "
+            f"distlab, torch's comparison functions or the DISTLAB_JUDGE setting.")
+    return "pass", ""

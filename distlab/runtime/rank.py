@@ -1,0 +1,148 @@
+"""What one rank does, in the process the zygote forked for it.
+
+Protocol on the control connection (``multiprocessing.connection.Connection``), rank -> launcher:
+``("ready",)`` once in the process group, ``("enter", Comm)`` / ``("exit", index, end)`` for every
+torch.distributed call, then ``("result", bytes)`` or ``("error", type, message, traceback)``.
+Launcher -> rank: the pickled ``Task`` first; closing the connection later means "all ranks are
+done, tear down".
+Everything the rank prints, from Python or from C++, goes to the output socket, which is the
+rank's fd 1 and fd 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+import threading
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+
+@dataclasses.dataclass
+class Task:
+    """What a rank needs to know. ``call`` is ``cloudpickle.dumps((fn, args, kwargs))``, unpickled
+    only after the rank has taken the caller's cwd and sys.path, so that functions from the
+    caller's own modules import, and a failure to unpickle is reported like any other error."""
+    call: bytes
+    world_size: int
+    backend: str
+    store_host: str
+    store_port: int
+    timeout: float
+    cwd: str
+    path: list
+    env: dict
+    threads: int
+    plain_results: bool = False  # results as torch.save data, for a launcher that trusts no pickle
+
+
+def _dump_result(value, plain: bool) -> bytes:
+    if plain:
+        from distlab.runtime.safe_pickle import dumps_value
+        return dumps_value(value)
+    import cloudpickle
+    return cloudpickle.dumps(value)
+
+
+def _redirect_output(out_fd: int) -> None:
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+
+
+def _close_output() -> None:
+    """Flush and close the output socket so the launcher has every line before the result."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def _setup(rank: int, task: Task) -> None:
+    os.chdir(task.cwd)
+    sys.path[:] = task.path
+    os.environ.update(task.env)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(task.world_size),
+                      LOCAL_WORLD_SIZE=str(task.world_size), MASTER_ADDR=task.store_host,
+                      MASTER_PORT=str(task.store_port), DISTLAB_RANK="1")
+    import torch
+    # Ranks share the machine's cores; more threads than cores would only thrash.
+    torch.set_num_threads(task.threads)
+
+
+def _init_group(rank: int, task: Task) -> None:
+    import torch
+    import torch.distributed as dist
+    store = dist.TCPStore(task.store_host, task.store_port, task.world_size, is_master=False,
+                          timeout=timedelta(seconds=task.timeout + 30))
+    kwargs = {}
+    if task.backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    # The group's own timeout is longer than the launcher's, so the launcher's diagnosis comes first.
+    dist.init_process_group(task.backend, store=store, rank=rank, world_size=task.world_size,
+                            timeout=timedelta(seconds=task.timeout + 30), **kwargs)
+
+
+def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
+    os.setsid()  # its own process group: the launcher can kill the rank and all it started
+    _redirect_output(out_fd)
+    conn = Connection(ctrl_fd)
+    lock = threading.Lock()
+
+    def report(*message) -> None:
+        with lock:
+            conn.send(message)
+
+    try:
+        task: Task = pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return 0
+    code = _run_task(rank, task, report)
+    try:  # wait until every rank is done: a peer may still be talking to this rank
+        conn.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+def _run_task(rank: int, task: Task, report) -> int:
+    """Set up, join the group, call the function; report its result or its exception."""
+    from distlab.runtime.comms import Recorder
+    try:
+        _setup(rank, task)
+        Recorder(rank, lambda kind, comm, index: report(kind, comm) if kind == "enter"
+                 else report(kind, index, comm.end)).install()
+        import cloudpickle
+        fn, args, kwargs = cloudpickle.loads(task.call)
+        _init_group(rank, task)
+        report("ready")
+        value = fn(rank, task.world_size, *args, **kwargs)
+        try:
+            from distlab.runtime.devices import to_cpu
+            payload = _dump_result(to_cpu(value), task.plain_results)
+        except Exception as exc:
+            raise TypeError(f"rank {rank} returned a {type(value).__name__}, which cannot be sent "
+                            f"back to the launcher ({exc}). Return tensors, numbers, lists or "
+                            f"dicts of them.") from exc
+        _close_output()
+        report("result", payload)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        # Start the traceback at the student's code, not at this launcher frame.
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+        _close_output()
+        report("error", type(exc).__name__, str(exc), text)
+        return 1

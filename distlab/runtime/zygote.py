@@ -1,0 +1,146 @@
+"""The zygote: a process that imported torch once and forks fresh ranks on request.
+
+``python -m distlab.runtime.zygote FD`` is started by the launcher (``distlab.runtime.launch``) in a fresh
+interpreter, never by re-importing the caller's main script, so a lab exported to a plain script
+(no ``if __name__ == "__main__":`` guard) works too. It imports torch and the distributed
+libraries the labs use, then waits on the socket FD for requests:
+
+    ("fork", run_id, world_size)  + 2 * world_size file descriptors (control, output per rank)
+
+and answers ("forked", run_id, [pid, ...]) and, as each rank ends, ("exit", run_id, rank, status).
+A fork costs milliseconds; a fresh ``import torch`` costs seconds. The zygote itself never runs a
+torch op, starts no threads and never touches CUDA, so forking it is safe for OpenMP and for CUDA
+in the children.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+
+MAX_FDS = 512
+
+
+def send(sock: socket.socket, message, fds=()) -> None:
+    socket.send_fds(sock, [pickle.dumps(message)], list(fds))
+
+
+def recv(sock: socket.socket, loads=pickle.loads):
+    """One message and the file descriptors that came with it; (None, []) when the peer closed.
+    A launcher that does not trust the zygote's process (``distlab.grading.judge``) passes a safe loads."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, MAX_FDS)
+    if not data:
+        return None, fds
+    return loads(data), fds
+
+
+def _preload() -> None:
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401  (DDP)
+    import cloudpickle  # noqa: F401
+    # Labs on DTensor, FSDP and pipelining must not pay these imports on every launch.
+    for name in ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
+                 "torch.distributed.tensor.debug", "torch.distributed.pipelining",
+                 "torch.distributed.fsdp", "numpy", "distlab.runtime.rank"):
+        try:
+            __import__(name)
+        except Exception:  # an optional extra: the rank imports it itself if it needs it
+            pass
+
+
+def _fork_ranks(sock, run_id: int, world_size: int, fds: list[int], children: dict) -> None:
+    pids = []
+    for rank in range(world_size):
+        pid = os.fork()
+        if pid == 0:
+            _become_rank(sock, rank, fds)
+        children[pid] = (run_id, rank)
+        pids.append(pid)
+    for fd in fds:
+        os.close(fd)
+    send(sock, ("forked", run_id, pids))
+
+
+def _become_rank(sock, rank: int, fds: list[int]) -> None:
+    """In the forked child: keep this rank's two descriptors, drop the zygote's, run the rank."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        ctrl, out = fds[2 * rank], fds[2 * rank + 1]
+        for fd in fds:
+            if fd not in (ctrl, out):
+                os.close(fd)
+        from distlab.runtime import rank as rank_main
+        code = rank_main.main(rank, ctrl, out)
+    finally:
+        os._exit(code)
+
+
+def _reap(sock, children: dict) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        run_id, rank = children.pop(pid, (None, None))
+        if run_id is not None:
+            try:
+                send(sock, ("exit", run_id, rank, status))
+            except OSError:
+                pass
+
+
+def serve(sock: socket.socket) -> None:
+    children: dict[int, tuple[int, int]] = {}
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    send(sock, ("ready", os.getpid()))
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        _reap(sock, children)
+        if sock in readable:
+            message, fds = recv(sock)
+            if message is None:  # the launcher is gone: so are its ranks
+                for pid in children:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                return
+            kind, run_id, world_size = message
+            if kind == "fork":
+                _fork_ranks(sock, run_id, world_size, fds, children)
+
+
+def _confine_if_asked() -> None:
+    """The grader's judge starts its zygote with DISTLAB_CONFINE (folders, os.pathsep-separated):
+    every rank forked from here may write only there, cannot read DISTLAB_HIDE's folders, and
+    cannot signal or trace the grader."""
+    folders = os.environ.get("DISTLAB_CONFINE")
+    if folders:
+        from distlab.runtime.landlock import confine
+        hidden = os.environ.get("DISTLAB_HIDE")
+        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [])
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    _confine_if_asked()
+    _preload()
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()
