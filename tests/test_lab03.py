@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distlab.labs import tensor_parallel as tp
+from distlab.labs.activation_memory import ActivationMeter
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab03
 
@@ -172,7 +173,7 @@ def test_sequence_parallel_saves_activation_memory():
 def test_saved_activations_counts_a_linear_input_once():
     layer = nn.Linear(8, 8)
     x = torch.randn(4, 8, requires_grad=True)
-    with tp.SavedActivations(layer) as saved:
+    with ActivationMeter(layer) as saved:
         layer(x)
     assert saved.bytes == x.numel() * 4   # the input; the weight is a parameter, not counted
 

@@ -27,12 +27,12 @@ import copy
 import dataclasses
 import functools
 import time
-import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from distlab.labs.activation_memory import ActivationMeter
 from distlab.runtime.devices import device as rank_device
 
 # ----------------------------------------------------------------------------- the model
@@ -131,49 +131,6 @@ class Event:
     end: float
 
 
-class _ActivationMeter:
-    """Counts the bytes autograd saves for backward (activations), excluding parameters, by
-    storage, so a tensor saved by two ops counts once; a storage leaves the count when its last
-    saved reference is freed (after the backward that used it)."""
-
-    def __init__(self, params):
-        self.param_storages = {p.untyped_storage().data_ptr() for p in params}
-        self.refs = collections.Counter()
-        self.live = self.peak = 0
-
-    def _pack(self, t: torch.Tensor):
-        key = t.untyped_storage().data_ptr()
-        if key in self.param_storages:
-            return t
-        holder = _Saved(t)
-        if self.refs[key] == 0:
-            self.live += t.untyped_storage().nbytes()
-            self.peak = max(self.peak, self.live)
-        self.refs[key] += 1
-        weakref.finalize(holder, self._release, key, t.untyped_storage().nbytes())
-        return holder
-
-    def _release(self, key, nbytes):
-        self.refs[key] -= 1
-        if self.refs[key] == 0:
-            del self.refs[key]
-            self.live -= nbytes
-
-    @staticmethod
-    def _unpack(obj):
-        return obj.tensor if isinstance(obj, _Saved) else obj
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-
-
-class _Saved:
-    __slots__ = ("tensor", "__weakref__")
-
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-
 class _BackwardStarts(torch.autograd.Function):
     """Identity on the stage output; its backward runs first in the stage's backward."""
 
@@ -225,7 +182,7 @@ class TimedStage(nn.Module):
         self.events: list[Event] = []
         self._bwd_start: dict[int, float] = {}
         self._forwards = 0
-        self._meter = _ActivationMeter(self.parameters())
+        self._meter = ActivationMeter(self.parameters())
 
     @property
     def peak_activation_bytes(self) -> int:

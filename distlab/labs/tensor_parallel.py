@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from distlab.labs.activation_memory import ActivationMeter
 from distlab.runtime.devices import device as rank_device
 
 # torch 2.13 renamed these two to *_single; distlab's collective record (distlab.runtime.comms) sees the
@@ -494,38 +495,6 @@ def parallelize(model: nn.Module, kind: str, group=None) -> nn.Module:
 # --------------------------------------------------------------------------------------------
 
 
-class SavedActivations:
-    """Bytes autograd keeps for backward while the `with` block runs, parameters excluded.
-
-    Counted through `torch.autograd.graph.saved_tensors_hooks`, one count per storage (views of
-    one buffer are not counted twice). That is the activation memory a training step holds
-    between its forward and its backward: the quantity sequence parallelism shrinks.
-    """
-
-    def __init__(self, module: nn.Module | None = None):
-        self._skip = {p.untyped_storage().data_ptr() for p in module.parameters()} if module else set()
-        self._seen: dict[int, int] = {}
-
-    def _pack(self, t):
-        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self._skip:
-                self._seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    def __enter__(self):
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-
-    @property
-    def bytes(self) -> int:
-        return sum(self._seen.values())
-
-
 def megatron_comm_bytes(batch: int, seq: int, hidden: int, itemsize: int = 4) -> dict:
     """Per MLP block and per rank, nccl-tests message bytes (Megatron-LM, section 3):
     tensor parallel: one all-reduce of b*s*h elements forward, one backward;
@@ -652,7 +621,7 @@ def _memory_rank(rank, world_size, sp_cls, shape, dropout):
     result = {}
     for name, model, inp in variants:
         inp = inp.clone().requires_grad_(True)
-        with SavedActivations(model) as saved:
+        with ActivationMeter(model) as saved:
             y = model(inp)
         y.sum().backward()   # every variant's collectives are issued on every rank, in step
         result[name] = saved.bytes

@@ -489,7 +489,7 @@ check_sequence_parallel_block(SequenceParallelBlock, world_size=4, seed=fresh_se
 # %% [markdown]
 # ### What sequence parallelism saves
 #
-# `SavedActivations` counts the bytes autograd keeps for backward (parameters excluded) in one
+# `ActivationMeter` counts the bytes autograd keeps for backward (parameters excluded) in one
 # forward of the block, on each rank: the dense block on one device, the block with a
 # tensor-parallel MLP (norm, dropout mask and residual input replicated), and your
 # sequence-parallel block. Dropout 0.1 here, so the masks count too.
