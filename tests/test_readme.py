@@ -1,0 +1,324 @@
+"""Every command README.md shows, run exactly as written, in a copy of the course.
+
+The commands are read from README.md's ```bash blocks (comments dropped), so a command that
+changes there fails here until the scenario below that runs it changes with it, and a command
+added there fails `test_every_readme_command_is_run` until a scenario runs it. `make test` is
+the one exception: it runs this suite, and CI runs it (`.ci/run`).
+
+The copy is the checkout's tracked files in a temporary folder, with the checkout's `.venv`
+linked in and `PYTHONPATH` pointing at the copy's package, so that what the commands write
+(student labs, references, the site, grading folders) never touches the checkout. The Slurm
+scenario starts a real one-node cluster (tests/slurm_cluster.py).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import slurm_cluster
+import submissions
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+LAB1 = "01_collectives"
+pytestmark = pytest.mark.slow
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's commands
+
+def readme_commands(text: str | None = None) -> list[str]:
+    """Each command line of the README's ```bash blocks, in order, comments removed."""
+    text = README.read_text() if text is None else text
+    commands = []
+    for indent, body in re.findall(r"^( *)```bash\n(.*?)^\1```", text, re.M | re.S):
+        for line in body.splitlines():
+            line = re.sub(r"\s+#.*$", "", line.strip())
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def readme_python_example() -> str:
+    """The README's ```python block: the `distlab.run` example that `demo.py` saves."""
+    return re.search(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S).group(1)
+
+
+# Each scenario runs these README commands, in this order.
+SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
+SITE = ["make site", "python3 -m http.server -d build/site",
+        'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
+GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
+SLURM = ["mkdir -p logs",
+         "jid=$(sbatch --parsable --array=0-7 --export=ALL,SUBMISSIONS=$PWD/submitted "
+         "grader/slurm/grade.sbatch)",
+         "sbatch --dependency=afterok:$jid grader/slurm/merge.sbatch",
+         "sbatch --array=3 --export=ALL,SUBMISSIONS=$PWD/submitted,SHARD_COUNT=8 "
+         "grader/slurm/grade.sbatch",
+         ".venv/bin/distlab merge grading-shards/shard-* --workdir grading --out scores.csv"]
+AUTHORING = ["make notebooks", "make references", "make formgrader"]
+RUN_BY_CI = ["make test"]   # runs this very suite: .ci/run runs it
+
+
+def test_every_readme_command_is_run():
+    shown = readme_commands()
+    run = SETUP + SITE + GRADING + SLURM + AUTHORING + RUN_BY_CI
+    assert sorted(shown) == sorted(run), (
+        f"README.md and tests/test_readme.py disagree.\n  shown but not run: "
+        f"{sorted(set(shown) - set(run))}\n  run but not shown: {sorted(set(run) - set(shown))}\n"
+        f"Change the scenario that runs the command together with README.md.")
+
+
+def test_ci_runs_make_test():
+    assert re.search(r"^make test$", (REPO / ".ci" / "run").read_text(), re.M)
+
+
+def test_readme_commands_are_read_from_bash_blocks_only():
+    text = "x `make inline`\n```bash\nmake a   # note\n\n# only a comment\n```\n" \
+           "  ```bash\n  make b\n  ```\n```python\nprint(1)\n```\n"
+    assert readme_commands(text) == ["make a", "make b"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A copy of the course to run them in
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """The checkout's tracked files, with its .venv linked in."""
+    venv = REPO / ".venv"
+    stamp = venv / ".installed"
+    if not stamp.exists() or stamp.stat().st_mtime < (REPO / "pyproject.toml").stat().st_mtime:
+        pytest.fail("run `make setup` first: the README's commands reuse the checkout's .venv, "
+                    "and in a copy with a stale .venv `make` would reinstall it there")
+    root = tmp_path_factory.mktemp("readme") / "course"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, root / rel)   # copy2 keeps mtimes: make sees nothing stale
+    (root / ".venv").symlink_to(venv)
+    return root
+
+
+def environ(course: Path, **extra) -> dict[str, str]:
+    # The copy's package, not the checkout's editable install, and no browser to open.
+    env = dict(os.environ, PYTHONPATH=str(course), BROWSER="true", **extra)
+    env.pop("DISTLAB_JUDGE", None)
+    return env
+
+
+def sh(command: str, course: Path, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run a README command verbatim with bash in the copy; fail with its output if it fails."""
+    done = subprocess.run(["bash", "-c", command], cwd=course, env=environ(course), text=True,
+                          capture_output=True, timeout=timeout, **kw)
+    assert done.returncode == 0, (f"`{command}` exited {done.returncode}:\n{done.stdout[-3000:]}"
+                                  f"\n{done.stderr[-3000:]}")
+    return done
+
+
+class Server:
+    """A README command that serves until stopped: started in its own process group."""
+
+    def __init__(self, command: str, course: Path, env: dict | None = None):
+        self.command = command
+        self.log = open(course / f".server-{abs(hash(command))}.log", "w+")
+        self.proc = subprocess.Popen(["bash", "-c", command], cwd=course,
+                                     env=env or environ(course), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output())
+            if found:
+                return found
+            assert self.proc.poll() is None, f"`{self.command}` exited:\n{self.output()[-3000:]}"
+            time.sleep(0.5)
+        raise AssertionError(f"`{self.command}` did not print {pattern!r} within {timeout:g} s:\n"
+                             f"{self.output()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return reply.status, reply.read().decode(errors="replace")
+
+
+def jupyter_answers(server: Server, path: str) -> str:
+    """The body of ``path`` on a Jupyter server the command started (its URL carries a token)."""
+    found = server.wait_for(r"(http://(?:127\.0\.0\.1|localhost):\d+)/\S*\?token=(\w+)", 180)
+    status, body = get(f"{found.group(1)}{path}?token={found.group(2)}")
+    assert status == 200
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+
+def test_setup_commands(course):
+    make_lab, doctor, torchrun = SETUP
+    server = Server(make_lab, course)
+    try:
+        assert '"started"' in jupyter_answers(server, "/api/status")
+        assert jupyter_answers(server, "/api/contents/01_collectives")  # the labs are its root
+    finally:
+        server.stop()
+    out = sh(doctor, course, timeout=300).stdout
+    assert re.search(r"2-rank gloo all-reduce\s+ok", out) and "OK: ready for the labs." in out, out
+    (course / "demo.py").write_text(readme_python_example())
+    sh(torchrun, course, timeout=300)
+
+
+def _wait_free(port: int, timeout: float = 120) -> None:
+    """The README serves on port 8000: wait while another test run holds it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return
+        time.sleep(1)
+    pytest.fail(f"port {port} stayed busy for {timeout:g} s, so `python3 -m http.server` cannot "
+                f"serve the site there")
+
+
+def test_site_commands(course):
+    from distlab import paths
+    make_site, serve, student_site, one_lab = SITE
+    if shutil.which("npm") is None and os.environ.get("DISTLAB_REQUIRE_BROWSER") != "1":
+        pytest.skip("the site fetches its scripts with npm, which is not installed "
+                    "(`sudo apt-get install npm`)")
+    labs = paths.labs()
+    site = course / "build" / "site"
+    sh(make_site, course, timeout=1800)
+    assert all((site / f"{lab}.html").exists() or (site / lab / "index.html").exists()
+               for lab in labs), sorted(p.name for p in site.iterdir())
+    _wait_free(8000)
+    server = Server(serve, course)
+    try:
+        server.wait_for(r"Serving HTTP on", 60)
+        status, body = get("http://127.0.0.1:8000/index.html")
+        assert status == 200 and all(lab in body for lab in labs)
+    finally:
+        server.stop()
+    sh(student_site, course, timeout=900)
+    sh(one_lab, course, timeout=900)
+    index = (site / "index.html").read_text()
+    assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
+
+
+def _samples(folder: Path) -> dict[str, str]:
+    """Three students' Lab 1: a full answer, a partial one, and the untouched lab. Of 8 shards
+    (sha256 of the name mod 8) alice is in 0, bob in 1 and walter in 3, the task the README
+    submits again."""
+    lab = LAB1
+    notebooks = {"alice": submissions.solved(lab),
+                 "bob": submissions.solved(lab, {"all_reduce_rs_ag", "bandwidths"}),
+                 "walter": submissions.student(lab)}
+    for student, nb in notebooks.items():
+        submissions.write(nb, folder, student, lab)
+    return {"alice": "pass", "bob": "not-done", "walter": "not-done"}
+
+
+def _scores(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{k: v for k, v in row.items() if k != "feedback"} for row in rows]
+
+
+def test_grading_commands(course):
+    (grade,) = GRADING
+    expected = _samples(course / "submitted")
+    sh(grade, course, timeout=1800)
+    rows = {row["student"]: row for row in _scores(course / "scores.csv")}
+    assert set(rows) == set(expected)
+    assert rows["alice"]["score"] == rows["alice"]["max_score"] != "0"
+    assert float(rows["bob"]["score"]) > 0 and rows["walter"]["score"] == "0"
+    assert (course / "grading" / "feedback" / "alice" / LAB1 / f"{LAB1}.html").exists()
+
+    why = slurm_cluster.missing()
+    if why:
+        if os.environ.get("DISTLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(why)
+        pytest.skip(f"Slurm scenario skipped: {why}")
+    # The cluster writes scores.csv and grading/ again: keep the single machine's aside.
+    single = _scores(course / "scores.csv")
+    shutil.move(course / "grading", course / "grading-single")
+    (course / "scores.csv").unlink()
+    mkdir, submit, merge, resubmit, merge_again = SLURM
+    with slurm_cluster.Cluster(course.parent / "slurm") as cluster:
+        def run(command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+            done = subprocess.run(["bash", "-c", command], cwd=course, text=True, timeout=timeout,
+                                  env=environ(course, SLURM_CONF=cluster.env["SLURM_CONF"]),
+                                  capture_output=True)
+            assert done.returncode == 0, f"`{command}`:\n{done.stdout}\n{done.stderr}"
+            return done
+        run("\n".join([mkdir, submit, merge]))      # one shell: `jid` is shared, as typed
+        cluster.wait_idle(timeout=1500)
+        states = cluster.job_states()
+        assert states and set(states.values()) == {"COMPLETED"}, (states, cluster.logs(),
+                                                                  _logs(course))
+        assert _scores(course / "scores.csv") == single
+        # A task run again resumes (nobody is graded twice), and the merge can be repeated.
+        job = re.search(r"Submitted batch job (\d+)", run(resubmit).stdout).group(1)
+        cluster.wait_idle(timeout=600)
+        assert set(cluster.job_states().values()) == {"COMPLETED"}, _logs(course)
+        again = _logs(course, f"grade-{job}_3.out")
+        assert re.search(r"walter\s+skipped: graded before", again), again
+    run(merge_again)
+    assert _scores(course / "scores.csv") == single
+
+
+def _logs(course: Path, pattern: str = "*") -> str:
+    return "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-1500:]}"
+                     for p in sorted((course / "logs").glob(pattern)))
+
+
+def test_authoring_commands(course):
+    from distlab.course import references
+    notebooks, make_references, formgrader = AUTHORING
+    sh(notebooks, course, timeout=900)
+    changed = [str(p.relative_to(course)) for p in sorted((course / "notebooks").rglob("*.ipynb"))
+               if p.read_bytes() != (REPO / p.relative_to(course)).read_bytes()]
+    assert not changed, f"`make notebooks` changed committed student labs: {changed}"
+    sh(make_references, course, timeout=1800)
+    for lab in sorted(p.name for p in (course / "data").iterdir() if p.is_dir()):
+        fresh = (course / "data" / lab / references.MANIFEST).read_text()
+        old = (REPO / "data" / lab / references.MANIFEST).read_text()
+        # Seeds, shapes and dtypes must agree exactly; values are compared by the manifest's
+        # hashes only where the bytes agree (float rounding may differ across machines).
+        assert _without_hashes(fresh) == _without_hashes(old), lab
+    server = Server(formgrader, course)
+    try:
+        body = jupyter_answers(server, "/formgrader/api/assignments")
+        assert all(lab in body for lab in ("01_collectives", "07_3d_parallelism")), body[:500]
+    finally:
+        server.stop()
+
+
+def _without_hashes(manifest: str) -> str:
+    return re.sub(r'"(sha256|torch)": "[^"]*"', "", manifest)
