@@ -364,8 +364,8 @@ compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 # | `GatherFromSequenceParallel` | all-gather (b, s/p, h) → (b, s, h) | reduce-scatter |
 # | `ReduceScatterToSequenceParallel` | reduce-scatter (b, s, h) → (b, s/p, h) | all-gather |
 #
-# `dist.all_gather_into_tensor(out, inp)` and `dist.reduce_scatter_tensor(out, inp)` work on
-# dim 0, so move the sequence there first (`x.movedim(1, 0).contiguous()`) and back after.
+# `dist.all_gather_single(out, inp)` and `dist.reduce_scatter_single(out, inp)` (torch 2.13's
+# names for `all_gather_into_tensor` and `reduce_scatter_tensor`, as in Lab 1) work on dim 0, so move the sequence there first (`x.movedim(1, 0).contiguous()`) and back after.
 #
 # Then `SequenceParallelBlock(dense_block, group)` for the dense `x + dropout(fc2(gelu(fc1(norm(x)))))`
 # (`dense_block.norm`, `dense_block.mlp.fc1`, `.mlp.fc2`, `.drop`): input and output are this
@@ -377,9 +377,12 @@ compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 # The norm's weights (and fc2's bias) are replicated but now see only this rank's tokens, so their
 # gradient on each rank is a partial sum: the check adds them over ranks. In training one small
 # all-reduce of these gradients per step completes them (DTensor leaves them `Partial` for the
-# same reason). Dropout on sequence shards must draw *different* random masks on each rank, while
-# inside the TP region the masks must agree: Megatron keeps two RNG states for this. The check
-# uses dropout 0.
+# same reason). Dropout RNG follows the same split (Megatron-LM, arXiv 1909.08053 §3). Where an
+# activation is *sharded* (the sequence shards here, or the columns and heads inside the TP
+# region) each rank holds different elements, so its masks must be *independent*: Megatron seeds
+# a model-parallel RNG differently on every TP rank. Only where an activation is *replicated*
+# (outside TP and SP regions, e.g. after the all-reduce in plain TP) must the ranks draw the
+# *same* mask, from an RNG seeded alike on every rank. The check uses dropout 0.
 
 # %% nbgrader={"grade": false, "grade_id": "sequence_parallel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def all_gather_seq(x, group=None):
@@ -388,7 +391,7 @@ def all_gather_seq(x, group=None):
     p = dist.get_world_size(group)
     front = x.movedim(1, 0).contiguous()                             # (s/p, b, h)
     out = front.new_empty((p * front.shape[0], *front.shape[1:]))    # (s, b, h)
-    dist.all_gather_into_tensor(out, front, group=group)
+    dist.all_gather_single(out, front, group=group)
     return out.movedim(0, 1)                                         # (b, s, h)
     ### END SOLUTION
 
@@ -399,7 +402,7 @@ def reduce_scatter_seq(x, group=None):
     p = dist.get_world_size(group)
     front = x.movedim(1, 0).contiguous()                             # (s, b, h)
     out = front.new_empty((front.shape[0] // p, *front.shape[1:]))   # (s/p, b, h)
-    dist.reduce_scatter_tensor(out, front, group=group)
+    dist.reduce_scatter_single(out, front, group=group)
     return out.movedim(0, 1)                                         # (b, s/p, h)
     ### END SOLUTION
 

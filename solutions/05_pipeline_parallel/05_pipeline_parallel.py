@@ -205,9 +205,12 @@ check_gpipe(gpipe_step, world_size=2, num_microbatches=3, batch=6, num_layers=5,
 #
 # **Deadlocks.** In the steady state stage s sends an activation to s+1 and then waits for a
 # gradient from s+1, while s+1 sends a gradient to s and waits for the next activation. With
-# blocking `send` on both sides (NCCL, and gloo for large messages, block until the peer posts
-# its `recv`) both wait for each other forever. Post sends with `dist.isend`, keep the returned
-# work objects, and `wait()` them all at the end. Likewise, never `recv` a gradient for a backward
+# blocking `send` on both sides both wait for each other forever. On gloo a large `send` blocks
+# the calling thread until the peer posts its `recv`. On NCCL `dist.send` returns to the host at
+# once; the deadlock is on the GPU, where the send kernel waits for the matching receive on its
+# stream and everything queued behind it waits too, so the hang shows up at the next
+# synchronisation (a `.item()`, a `wait()`, the optimizer step). Post sends with `dist.isend`,
+# keep the returned work objects, and `wait()` them all at the end. Likewise, never `recv` a gradient for a backward
 # before sending the activation that the next stage needs to produce it.
 
 # %% nbgrader={"grade": false, "grade_id": "one_f_one_b_step", "locked": false, "schema_version": 3, "solution": true, "task": false}

@@ -258,8 +258,10 @@ share_table(runs["TP"].timeline, comm_share, exposed_comm);
 # ## 5. Exercise 3 — recognise the signature (3 points)
 #
 # Each parallelism leaves its own mark on a timeline:
-# - **TP**: many short all-reduces *inside* forward and backward, one per layer (or two with
-#   sequence parallelism), each on the critical path;
+# - **TP**: many short all-reduces *inside* forward and backward, one per tensor-parallel MLP
+#   (or attention) block each way: two per transformer layer in the forward and two in the
+#   backward (with sequence parallelism each becomes a reduce-scatter and an all-gather), each on
+#   the critical path;
 # - **DP**: few, large all-reduces of gradients at the end of (or overlapped with the end of)
 #   backward, none in forward;
 # - **PP**: point-to-point `send`/`recv` at the stage edges, one per microbatch each way, and idle
@@ -343,8 +345,10 @@ plot(runs["DP overlapped"].timeline, title="DP overlapped: all-reduces start dur
 # It hides less than a GPU would: here the ranks and gloo's threads share the same few
 # CPU cores, so communicating slows computing down, and the last gradients (the first layer's)
 # are only ready when backward ends, so their all-reduce cannot hide behind anything. On GPUs,
-# NCCL runs on its own CUDA stream and the copy engines, and bucketed overlap (DDP) typically
-# hides most of the all-reduce time except the last bucket's.
+# NCCL's collectives are kernels on a CUDA stream of their own (by default they use SMs, not the
+# copy engines): they run concurrently with the compute kernels, slowing them a little by sharing
+# SMs and memory bandwidth, and bucketed overlap (DDP) typically hides most of the all-reduce
+# time except the last bucket's.
 
 # %% [markdown]
 # ## 7. The same on a GPU node: NVIDIA Nsight Systems
