@@ -1,0 +1,226 @@
+"""Noticing a graded answer that is, or runs, an implementation the course ships.
+
+The course's package holds working implementations of many exercises (Lab 3's layers, Lab 4's
+attention, Lab 7's memory model, the checks' references): later labs build on them. A submission
+that hands one of them in as its own answer must earn nothing, whatever the route:
+
+- *is*: an alias (``copy_to_tp = tp.copy_to_tp``), ``functools.partial`` of one, a bound method;
+- *subclasses*: ``class ColumnParallelLinear(tp.ColumnParallelLinear): pass``;
+- *calls*: a wrapper, a closure, a default argument, ``importlib``/``getattr`` inside the body, a
+  helper that calls one... anything that runs guarded code on behalf of the student's code.
+
+The first two are seen on the student's objects themselves (``load_submitted`` inspects each as
+a rank unpickles it). The third shows only at run time: while the rank runs, a profile hook
+(``sys.setprofile``, on every thread) looks at each Python function call; a call into guarded
+code counts when the nearest caller that is not a library's (torch, the standard library) is
+the student's code rather than the course's own (a check calling a reference is fine).
+
+A ``Guard`` names the guarded objects as ``"module:qualname"``; a class guards all its methods.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib
+import os
+import sys
+import sysconfig
+import threading
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib",
+                                                                       "purelib", "platlib")
+                              if (p := sysconfig.get_paths().get(key))}))
+
+
+class CourseCodeUsed(Exception):
+    """A graded answer is, or runs, an implementation of an exercise that the course ships."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    guarded: frozenset[str]            # "module:qualname" of the course's shipped answers
+    exercise: str = ""                 # what is graded, for the message ("check_copy_to_tp")
+
+    def objects(self) -> dict[object, str]:
+        """{object: its name} for every guarded name that resolves."""
+        found = {}
+        for name in sorted(self.guarded):
+            obj = resolve(name)
+            if obj is not None:
+                found[obj] = name
+        return found
+
+
+def resolve(name: str):
+    """The object named ``"module:qualname"``; None when it does not exist (any more)."""
+    module_name, _, qualname = name.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _functions_of(obj) -> list:
+    """The plain functions behind a guarded object: a function itself, or every method, static
+    method, class method and property a class defines (an autograd Function's forward and
+    backward among them)."""
+    if isinstance(obj, type):
+        found = []
+        for value in vars(obj).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                found += [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+            elif isinstance(value, type):
+                found += _functions_of(value)
+            elif hasattr(value, "__code__"):
+                found.append(value)
+        return found
+    obj = getattr(obj, "__func__", obj)
+    return [obj] if hasattr(obj, "__code__") else []
+
+
+def guarded_codes(guard: Guard) -> dict:
+    """{code object: "module:qualname" of the guarded object it belongs to}."""
+    return {f.__code__: name for obj, name in guard.objects().items() for f in _functions_of(obj)}
+
+
+def static_use(obj, guard: Guard) -> str | None:
+    """The name of the guarded object that ``obj`` is, subclasses or directly wraps (a partial,
+    a bound method, a decorator's ``__wrapped__``, a method of a guarded class)."""
+    objects, codes = guard.objects(), guarded_codes(guard)
+    seen, todo = set(), [obj]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        try:
+            if item in objects:
+                return objects[item]
+        except TypeError:     # unhashable: not a function or class
+            pass
+        if getattr(item, "__code__", None) in codes:
+            return codes[item.__code__]
+        if isinstance(item, type):
+            todo += [base for base in item.__mro__[1:] if base is not object]
+            continue
+        for attr in ("func", "__func__", "__wrapped__"):   # partial, bound method, decorator
+            inner = getattr(item, attr, None)
+            if inner is not None:
+                todo.append(inner)
+    return None
+
+
+def _kind(filename: str) -> str:
+    """Whose code a frame runs: "course" (this package), "library" (the standard library,
+    installed packages, generated code such as a dataclass's __init__) or "student"."""
+    path = os.path.abspath(filename) if not filename.startswith("<") else filename
+    if path.startswith(PACKAGE_DIR + os.sep):
+        return "course"
+    if filename.startswith("<ipython-input"):
+        return "student"
+    if filename.startswith("<") or path.startswith(_LIBRARY_DIRS):
+        return "library"
+    return "student"
+
+
+def _caller(frame):
+    """The nearest frame above ``frame`` that is not a library's, with its kind. A stack of
+    library frames only is a thread's (the rank's own thread starts in the course's code): a
+    thread that runs guarded code was started by the student's code, or for it."""
+    caller = frame.f_back
+    while caller is not None:
+        kind = _kind(caller.f_code.co_filename)
+        if kind != "library":
+            return caller, kind
+        caller = caller.f_back
+    return None, "student"
+
+
+class Watch:
+    """While open, notes every call into guarded code made by the student's code."""
+
+    def __init__(self, guard: Guard):
+        self.guard = guard
+        self.codes = guarded_codes(guard)
+        self.uses: list[str] = []
+
+    def _profile(self, frame, event, arg):
+        if event != "call" or frame.f_code not in self.codes:
+            return
+        caller, kind = _caller(frame)
+        if kind == "student":
+            where = (f"{caller.f_code.co_name} (line {caller.f_lineno})" if caller is not None
+                     else "thread")
+            use = f"{self.codes[frame.f_code]}, called from your {where}"
+            if use not in self.uses:
+                self.uses.append(use)
+
+    def note(self, use: str) -> None:
+        if use not in self.uses:
+            self.uses.append(use)
+
+    def __enter__(self) -> "Watch":
+        if self.codes:
+            threading.setprofile(self._profile)
+            sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.codes:
+            sys.setprofile(None)
+            threading.setprofile(None)
+
+    def verdict(self) -> CourseCodeUsed | None:
+        if not self.uses:
+            return None
+        listed = "\n".join(f"  - {u}" for u in self.uses[:5])
+        return CourseCodeUsed(
+            f"your answer uses the course's own implementation of an exercise:\n{listed}\n"
+            f"The distlab package ships working versions of many exercises (later labs build on "
+            f"them), but a graded answer must be your own code: importing, aliasing, subclassing "
+            f"or calling one earns nothing. Write the exercise yourself; you may still use what "
+            f"the lab's text tells you to use.")
+
+
+# The watch of the rank this process runs (set by the rank before it unpickles the task, so that
+# the student's objects are inspected as they arrive).
+_current: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("distlab_watch",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def watching(guard: Guard | None):
+    """Run the body under ``guard`` (nothing when None); yields the Watch (or None)."""
+    if guard is None:
+        yield None
+        return
+    watch = Watch(guard)
+    token = _current.set(watch)
+    try:
+        with watch:
+            yield watch
+    finally:
+        _current.reset(token)
+
+
+def load_submitted(data: bytes, name: str):
+    """Unpickle a student's object (``Submitted.__reduce__`` calls this on the rank) and note it
+    if it is, subclasses or wraps guarded course code."""
+    import cloudpickle
+    obj = cloudpickle.loads(data)
+    watch = _current.get()
+    if watch is not None:
+        used = static_use(obj, watch.guard)
+        if used is not None:
+            watch.note(f"{used}, handed in as your {name}")
+    return obj
+

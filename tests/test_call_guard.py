@@ -1,0 +1,105 @@
+"""distlab.runtime.call_guard: a graded answer that is, subclasses, wraps or calls a shipped
+implementation is noticed, by every route; the course's own calls and unrelated code are not."""
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+
+import cloudpickle
+
+from distlab.labs.activation_memory import ActivationMeter
+from distlab.labs.timelines import intervals
+from distlab.runtime import call_guard
+from distlab.runtime.call_guard import Guard, load_submitted, static_use, watching
+
+UNION = "distlab.labs.timelines.intervals:union"
+METER = "distlab.labs.activation_memory:ActivationMeter"
+GUARD = Guard(frozenset({UNION, METER, "distlab.no_such_module:thing"}))
+SPANS = [(0.0, 1.0), (0.5, 2.0)]
+
+
+def uses(fn, *args) -> list[str]:
+    with watching(GUARD) as watch:
+        fn(*args)
+    return watch.uses
+
+
+def test_an_alias_a_partial_and_a_subclass_are_the_shipped_object():
+    assert static_use(intervals.union, GUARD) == UNION
+    assert static_use(functools.partial(intervals.union), GUARD) == UNION
+
+    class Meter(ActivationMeter):
+        pass
+    assert static_use(Meter, GUARD) == METER
+    assert static_use(ActivationMeter(None).hooks, GUARD) == METER     # a bound method
+    assert static_use(ActivationMeter.hooks, GUARD) == METER           # a method's function
+
+
+def test_own_code_is_not_flagged():
+    def mine(spans):
+        return sorted(spans)
+    assert static_use(mine, GUARD) is None
+    assert uses(mine, SPANS) == []
+
+
+def test_calls_by_every_route_are_noticed():
+    def wrapper(spans):
+        return intervals.union(spans)
+
+    def by_import(spans):
+        module = importlib.import_module("distlab.labs.timelines.intervals")
+        return getattr(module, "union")(spans)
+
+    def by_default(spans, impl=intervals.union):
+        return impl(spans)
+
+    def closure():
+        impl = intervals.union
+        return lambda spans: impl(spans)
+
+    def helper(spans):
+        return wrapper(spans)
+
+    def in_a_thread(spans):
+        t = threading.Thread(target=intervals.union, args=(spans,))
+        t.start()
+        t.join()
+
+    def a_subclass_at_run_time(spans):
+        class Meter(ActivationMeter):
+            pass
+        return Meter(None)
+
+    for fn in (wrapper, by_import, by_default, closure(), helper, in_a_thread,
+               a_subclass_at_run_time):
+        found = uses(fn, SPANS)
+        assert found and found[0].startswith((UNION, METER)), (fn, found)
+
+
+def test_the_course_calling_its_own_code_is_not_the_students_use():
+    # intervals.length calls union itself: the caller of union is the course, not the student.
+    assert uses(intervals.length, SPANS) == []
+
+
+def test_the_verdict_names_the_object_and_the_caller():
+    def wrapper(spans):
+        return intervals.union(spans)
+    with watching(GUARD) as watch:
+        wrapper(SPANS)
+    message = str(watch.verdict())
+    assert UNION in message and "wrapper" in message and "your own code" in message
+
+
+def test_objects_handed_in_are_inspected_as_they_are_unpickled():
+    with watching(GUARD) as watch:
+        obj = load_submitted(cloudpickle.dumps(intervals.union), "union")
+    assert obj is intervals.union
+    assert watch.uses == [f"{UNION}, handed in as your union"]
+
+
+def test_no_guard_watches_nothing():
+    with watching(None) as watch:
+        intervals.union(SPANS)
+    assert watch is None
+    assert call_guard._current.get() is None
