@@ -52,8 +52,10 @@ def test_bytes_per_parameter_without_sharding_or_activations():
 def test_zero_stages_divide_the_right_terms(zero, divided):
     base = P.memory_per_gpu(P.LLAMA3_70B, P.ParallelConfig(8, 1, 1, P.Job(zero_stage=zero, global_batch=8)))
     wide = P.memory_per_gpu(P.LLAMA3_70B, P.ParallelConfig(8, 1, 8, P.Job(zero_stage=zero, global_batch=8)))
+    gathered = 2 * 2 * P.LLAMA3_70B.layer_params / 8 if zero == 3 else 0   # ZeRO-3: 2 whole layers
     for term in P.TERMS:
-        assert wide[term] == pytest.approx(base[term] / (8 if term in divided else 1))
+        extra = gathered if term == "weights" else 0
+        assert wide[term] == pytest.approx(base[term] / (8 if term in divided else 1) + extra)
 
 
 def test_activation_formulas_are_korthikantis():
@@ -70,11 +72,12 @@ def test_activation_formulas_are_korthikantis():
 
 
 def test_pipeline_holds_about_all_layers_of_activations_on_stage_0():
-    # 1F1B: p micro-batches in flight through L/p layers each, so PP does not divide activations.
+    # 1F1B: p micro-batches in flight through L/p layers each, so PP does not divide activations
+    # (the single stage of p = 1 also holds the logits).
     job = P.Job(global_batch=64)
     one = P.memory_per_gpu(P.LLAMA3_70B, P.ParallelConfig(8, 1, 16, job))["activations"]
     four = P.memory_per_gpu(P.LLAMA3_70B, P.ParallelConfig(8, 4, 4, job))["activations"]
-    assert four == pytest.approx(one)
+    assert four == pytest.approx(one - P.logits_bytes(P.LLAMA3_70B, 8, job))
 
 
 def test_rule_of_thumb():
@@ -89,13 +92,116 @@ def test_communication_formulas():
     cfg = P.ParallelConfig(8, 4, 4, job)
     m, act = 64 // 4, 4096 * model.hidden * 2
     comm = P.comm_bytes_per_step(model, cfg)
-    assert comm["tp"] == pytest.approx(m * 20 * 4 * 2 * 7 / 8 * act)
+    # Sequence parallelism: 4 all-reduces' worth (8) plus the backward's re-gathers of the
+    # sequence shard (2), in (t-1)/t-sized collectives.
+    assert comm["tp"] == pytest.approx(m * 20 * 10 * 7 / 8 * act)
+    no_sp = P.comm_bytes_per_step(model, P.with_job(cfg, sequence_parallel=False))
+    assert no_sp["tp"] == pytest.approx(m * 20 * 4 * 2 * 7 / 8 * act)
     assert comm["pp"] == pytest.approx(m * 2 * act)
-    assert comm["dp"] == pytest.approx(2 * 3 / 4 * P.stage_params(model, 8, 4) * 4)
+    phi = P.stage_params(model, 8, 4)
+    assert comm["dp"] == pytest.approx(3 / 4 * phi * (4 + 2))          # RS of grads + AG of bf16 weights
     single = P.comm_bytes_per_step(model, P.ParallelConfig(1, 1, 1, job))
     assert single == {"tp": 0.0, "pp": 0.0, "dp": 0.0}
-    zero3 = P.comm_bytes_per_step(model, P.with_job(cfg, zero_stage=3))
-    assert zero3["dp"] == pytest.approx(comm["dp"] * 1.5)   # ZeRO-3: 1.5x the DP traffic
+    plain = P.comm_bytes_per_step(model, P.with_job(cfg, zero_stage=0))
+    assert plain["dp"] == pytest.approx(2 * 3 / 4 * phi * 4)            # all-reduce of gradients
+
+
+def test_sequence_parallel_counts_the_backward_all_gather():
+    cfg = P.ParallelConfig(8, 1, 16, P.Job())
+    assert P.tp_collectives_per_layer(cfg) == 10
+    assert P.tp_collectives_per_layer(P.with_job(cfg, sequence_parallel=False)) == 8
+    assert P.tp_collectives_per_layer(P.with_job(cfg, recompute="full")) == 14
+
+
+def test_zero_volumes_follow_the_zero_paper():
+    # One micro-batch per step: ZeRO-1/2 move (d-1)/d phi (g + w), ZeRO-3 (d-1)/d phi (g + 2w),
+    # 1.5x DP when g = w (arXiv:1910.02054, Section 7.2).
+    model = P.LLAMA3_70B
+    cfg = P.ParallelConfig(8, 4, 4, P.Job(global_batch=4, grad_bytes=2))
+    phi, share = P.stage_params(model, 8, 4), 3 / 4
+    plain = P.comm_bytes_per_step(model, P.with_job(cfg, zero_stage=0))["dp"]
+    for zero, volume in [(1, 2 + 2), (2, 2 + 2), (3, 2 + 2 * 2)]:
+        dp = P.comm_bytes_per_step(model, P.with_job(cfg, zero_stage=zero))["dp"]
+        assert dp == pytest.approx(share * phi * volume)
+    assert P.comm_bytes_per_step(model, P.with_job(cfg, zero_stage=3))["dp"] == pytest.approx(1.5 * plain)
+
+
+def test_405b_zero3_bytes_per_pass_were_40_8_and_are_27_2_gb():
+    # The published layout, one micro-batch's forward and backward (m = 1): the old charge was
+    # 2 (d-1)/d phi (g + w) = 40.8 GB, the right one (d-1)/d phi (g + 2w) = 27.2 GB.
+    cfg = P.with_job(P.LLAMA3_405B_PUBLISHED, global_batch=64)
+    job, d = cfg.job, cfg.dp
+    phi = P.stage_params(P.LLAMA3_405B, cfg.tp, cfg.pp)
+    old = 2 * (d - 1) / d * phi * job.grad_bytes + 2 * (d - 1) / d * phi * job.weight_bytes
+    assert old / P.GB == pytest.approx(40.8, abs=0.05)
+    assert P.comm_bytes_per_step(P.LLAMA3_405B, cfg)["dp"] / P.GB == pytest.approx(27.2, abs=0.05)
+
+
+def test_zero_with_microbatches_charges_memory_or_traffic():
+    # 32 micro-batches: regathering keeps the 1/d but pays ZeRO-3's collectives 32 times;
+    # resident pays them once and keeps full weights and gradients.
+    model, cfg = P.LLAMA3_405B, P.LLAMA3_405B_PUBLISHED
+    m, d = cfg.microbatches, cfg.dp
+    assert m == 32
+    phi = P.stage_params(model, cfg.tp, cfg.pp)
+    regather = P.with_job(cfg, zero_accumulation="regather")
+    resident = P.with_job(cfg, zero_accumulation="resident")
+    assert P.comm_bytes_per_step(model, regather)["dp"] == pytest.approx((d - 1) / d * phi * m * (4 + 2 * 2))
+    assert P.comm_bytes_per_step(model, resident)["dp"] == pytest.approx((d - 1) / d * phi * (4 + 2))
+    mem = P.memory_per_gpu(model, resident)
+    assert mem["weights"] == pytest.approx(2 * phi) and mem["gradients"] == pytest.approx(4 * phi)
+    # Regathering holds the shard and two whole gathered layers: never 0.1 GB of weights.
+    mem = P.memory_per_gpu(model, regather)
+    assert mem["weights"] == pytest.approx(2 * phi / d + 2 * 2 * model.layer_params / cfg.tp)
+    assert mem["weights"] / P.GB > 1.0
+    # ZeRO-2 regathering: gradients reduce-scattered per micro-batch, weights gathered once.
+    z2 = P.with_job(cfg, zero_stage=2)
+    assert P.comm_bytes_per_step(model, z2)["dp"] == pytest.approx((d - 1) / d * phi * (m * 4 + 2))
+    with pytest.raises(ValueError, match="zero_accumulation"):
+        P.memory_per_gpu(model, P.with_job(cfg, zero_accumulation="lazy"))
+
+
+def test_efficiency_is_inside_kernels_and_the_405b_step_is_compared_whole():
+    # 430 TFLOP/s is end to end: 6 N tokens / (8192 x 430e12) is the whole measured step.
+    cfg = P.LLAMA3_405B_PUBLISHED
+    measured = P.measured_step_seconds(P.LLAMA3_405B, cfg, P.LLAMA3_405B_TFLOPS)
+    assert measured == pytest.approx(11.6, abs=0.05)
+    cluster = P.LLAMA3_405B_CLUSTER
+    assert not hasattr(cluster, "mfu") and cluster.kernel_efficiency == P.Cluster("x", 1, 8, 80).kernel_efficiency
+    st = P.step_time(P.LLAMA3_405B, cluster, cfg)
+    # The model's MFU counts the whole modelled step, so it is below the kernels' efficiency.
+    assert P.model_mfu(P.LLAMA3_405B, cluster, cfg) == pytest.approx(
+        st["compute"] / st["total"] * cluster.kernel_efficiency)
+    text = P.published_comparison()
+    assert f"{measured:.1f} s" in text and "MFU (model)" in text
+
+
+def test_405b_near_ties():
+    ties = P.near_ties(P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB)
+    assert ties[0][1] == 1.0 and all(1.0 <= r <= 1 + P.RESOLUTION for _, r in ties)
+    best = P.reference_choose_degrees(P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB)
+    assert (ties[0][0].tp, ties[0][0].pp) == (best.tp, best.pp)
+    table = P.near_tie_table(P.LLAMA3_70B, P.H100_16x8, lab07.JOB_70B)
+    assert len(table.splitlines()) >= 4                     # several 70B layouts tie within 5%
+
+
+def test_activations_count_logits_and_llama_differs_from_gpt():
+    model, job = P.LLAMA3_70B, P.Job(seq_len=4096, global_batch=16)
+    one = P.memory_per_gpu(model, P.ParallelConfig(8, 1, 16, job))
+    per_layer = P.activation_bytes_per_layer(model, 8, job)
+    logits = 4 * 4096 * model.vocab / 8
+    assert P.logits_bytes(model, 8, job) == pytest.approx(logits)
+    assert one["activations"] == pytest.approx(per_layer * 80 + logits)
+    # With a pipeline the first stage (p micro-batches in flight, no logits) is the heavier.
+    four = P.memory_per_gpu(model, P.ParallelConfig(8, 4, 4, job))
+    assert four["activations"] == pytest.approx(per_layer * 20 * 4)
+    # Llama's layer: 12 + 4 r + 6 f/h (r = 1/8, f/h = 3.5: 33.5) against GPT's 34, in s b h bytes.
+    sbh = 4096 * model.hidden
+    llama = P.llama_activation_bytes_per_layer(model, 1, P.Job(seq_len=4096))
+    assert llama == pytest.approx(sbh * (12 + 4 / 8 + 6 * 3.5))
+    assert P.activation_bytes_per_layer(model, 1, P.Job(seq_len=4096)) == pytest.approx(34 * sbh)
+    no_sp = P.llama_activation_bytes_per_layer(model, 8, P.Job(seq_len=4096, sequence_parallel=False))
+    assert no_sp == pytest.approx(sbh * (8 + (4.5 + 21) / 8))
 
 
 def test_bubble_and_axis_links():
@@ -112,6 +218,7 @@ def test_step_time_parts_add_up():
     assert st["total"] == pytest.approx(sum(v for k, v in st.items() if k != "total"))
     tokens = lab07.JOB_70B.global_batch * lab07.JOB_70B.seq_len
     assert st["compute"] == pytest.approx(6 * P.LLAMA3_70B.params * tokens / (128 * 989e12 * 0.4))
+    assert P.H100_16x8.kernel_efficiency == 0.4
 
 
 def test_choose_degrees_reports_and_refuses():

@@ -20,7 +20,7 @@ PLAIN = (type(None), bool, int, float, complex, str, bytes)
 # distlab's own records (dataclasses of plain fields, no code of their own) that results and
 # answers may contain: a pipeline's events, a parallel layout, a timeline's spans.
 RECORDS = {"distlab.runtime.comms": ("Comm",), "distlab.labs.pipeline": ("Event", "PipeSpec"),
-           "distlab.labs.planning": ("Model", "Cluster", "Job", "ParallelConfig"),
+           "distlab.labs.planning.shapes": ("Model", "Cluster", "Job", "ParallelConfig"),
            "distlab.labs.timelines.trace": ("Span", "Timeline"), "distlab.labs.mesh": ("MeshShape",)}
 
 

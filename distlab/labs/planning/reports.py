@@ -1,0 +1,168 @@
+"""What Lab 7 prints and draws: the search's report, memory tables and bars, one layout taken
+apart, the near-tie table, the comparison with Llama 3 405B's published run, and the planner's
+sliders."""
+from __future__ import annotations
+
+from distlab.labs.planning.communication import axis_bandwidth, comm_bytes_per_step, dp_traffic
+from distlab.labs.planning.degrees import RESOLUTION, near_ties, reference_choose_degrees
+from distlab.labs.planning.memory import memory_per_gpu, rule_of_thumb_gpus
+from distlab.labs.planning.shapes import (GB, LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB,
+                                          LLAMA3_405B_MFU, LLAMA3_405B_PUBLISHED,
+                                          LLAMA3_405B_TFLOPS, TERMS, Cluster, Job, Model,
+                                          ParallelConfig, model_of_size)
+from distlab.labs.planning.step_time import (bubble_fraction, measured_step_seconds, model_mfu,
+                                             step_time)
+
+
+def plan_report(model, cluster, best, valid, rejected, shown: int = 5) -> str:
+    """A few lines saying what was ruled out, why, and how the fastest layouts compare."""
+    lines = [f"{model.name} ({model.params / 1e9:.1f}B params) on {cluster.name} "
+             f"({cluster.gpus} GPUs, {cluster.gpu_mem_gb:g} GB each): "
+             f"{len(valid)} valid layouts, {len(rejected)} ruled out."]
+    for cfg, reason in rejected[:shown]:
+        lines.append(f"  ruled out {cfg}: {reason}")
+    if len(rejected) > shown:
+        lines.append(f"  ... and {len(rejected) - shown} more")
+    lines.append("  fastest valid layouts (seconds per step):")
+    ranked = sorted(valid, key=lambda c: step_time(model, cluster, c)["total"])
+    for cfg in ranked[:shown]:
+        st, mem = step_time(model, cluster, cfg), memory_per_gpu(model, cfg)["total"]
+        lines.append(f"    {str(cfg):20s} {st['total']:7.2f} s  (bubble {st['bubble']:.2f}, "
+                     f"TP {st['tp']:.2f}, PP {st['pp']:.2f}, DP {st['dp']:.2f})  {mem / GB:5.1f} GB")
+    lines.append(f"  chosen: {best}")
+    return "\n".join(lines)
+
+
+def memory_table(model: Model, configs: list[ParallelConfig], memory=memory_per_gpu) -> str:
+    """GB per GPU by term, one column per layout."""
+    cols = [memory(model, c) for c in configs]
+    head = f"{'GB per GPU':16s}" + "".join(f"{str(c):>22s}" for c in configs)
+    rows = [f"{term:16s}" + "".join(f"{col[term] / GB:22.1f}" for col in cols)
+            for term in (*TERMS, "total")]
+    return "\n".join([head, *rows])
+
+
+def plot_memory(model: Model, configs: list[ParallelConfig], gpu_mem_gb: float,
+                memory=memory_per_gpu):
+    """Stacked bars of the memory terms per layout, with the GPU's capacity as a line."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [f"{c}\nZeRO-{c.job.zero_stage}" for c in configs]
+    bottom = [0.0] * len(configs)
+    for term in TERMS:
+        values = [memory(model, c)[term] / GB for c in configs]
+        ax.bar(labels, values, bottom=bottom, label=term)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(gpu_mem_gb, color="k", linestyle="--", linewidth=1)
+    ax.text(len(configs) - 0.5, gpu_mem_gb, f" {gpu_mem_gb:g} GB GPU", va="bottom", ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("GB per GPU (log)")
+    ax.set_title(f"{model.name}: memory per GPU by term")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    return fig
+
+
+def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
+    """Memory, bubble and per-axis communication of one layout, as text."""
+    mem, st = memory_per_gpu(model, cfg), step_time(model, cluster, cfg)
+    comm, bw = comm_bytes_per_step(model, cfg), axis_bandwidth(cluster, cfg)
+    job = cfg.job
+    lines = [f"{model.name} on {cluster.name}, {cfg}, ZeRO-{job.zero_stage}, "
+             f"m = {cfg.microbatches} micro-batches of {job.micro_batch} x {job.seq_len} tokens",
+             "  memory per GPU: " + ", ".join(f"{k} {mem[k] / GB:.1f}" for k in TERMS)
+             + f" = {mem['total'] / GB:.1f} GB of {cluster.gpu_mem_gb:g}",
+             f"  bubble: (p-1)/(m+p-1) = {bubble_fraction(cfg.pp, cfg.microbatches):.3f} of the "
+             f"pipeline's time"]
+    if job.zero_stage >= 2 and cfg.microbatches > 1:
+        lines.append(f"  ZeRO-{job.zero_stage} with {cfg.microbatches} micro-batches, charged as "
+                     + ("'regather': sharded states, their collectives once per micro-batch"
+                        if job.zero_accumulation == "regather" else
+                        "'resident': full weights and gradients kept, collectives once per step"))
+    lines.append("  per step and GPU    GB sent   link GB/s   seconds")
+    for axis in ("tp", "pp", "dp"):
+        lines.append(f"    {axis.upper():4s}             {comm[axis] / GB:9.2f}   {bw[axis] / GB:9.0f}"
+                     f"   {st[axis]:7.2f}")
+    lines.append("    DP by collective: " + ", ".join(
+        f"{k.replace('_', '-')} {v / GB:.2f} GB" for k, v in dp_traffic(model, cfg).items()))
+    lines.append(f"  compute {st['compute']:.2f} s + bubble {st['bubble']:.2f} s + communication "
+                 f"{st['tp'] + st['pp'] + st['dp']:.2f} s = {st['total']:.2f} s per step")
+    return "\n".join(lines)
+
+
+def near_tie_table(model: Model, cluster: Cluster, job: Job, within: float = RESOLUTION) -> str:
+    """The layouts within ``within`` of the fastest: step time, its ratio to the fastest, memory."""
+    lines = [f"{model.name} on {cluster.name}: layouts within {100 * within:g}% of the fastest",
+             f"  {'layout':20s} {'s/step':>8s} {'vs best':>8s} {'GB/GPU':>7s}"]
+    for cfg, ratio in near_ties(model, cluster, job, within):
+        lines.append(f"  {str(cfg):20s} {step_time(model, cluster, cfg)['total']:8.2f} "
+                     f"{100 * (ratio - 1):+7.1f}% {memory_per_gpu(model, cfg)['total'] / GB:7.1f}")
+    return "\n".join(lines)
+
+
+def published_comparison(choose=reference_choose_degrees) -> str:
+    """Llama 3 405B: the layout ``choose`` picks for its published cluster and batch, beside the
+    published layout (TP 8, PP 16, DP 64 on 8,192 GPUs), and the model's whole step beside the
+    measured one (430 TFLOP/s per GPU is end to end, so it implies the whole step)."""
+    ours = choose(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB)
+    ours = ParallelConfig(ours.tp, ours.pp, ours.dp, LLAMA3_405B_JOB)
+    cluster = LLAMA3_405B_CLUSTER
+    lines = ["                    " + f"{'published (Llama 3, Table 4)':>30s}{'this model picks':>22s}"]
+    for label, fn in [("layout", str),
+                      ("memory GB/GPU", lambda c: f"{memory_per_gpu(LLAMA3_405B, c)['total'] / GB:.1f}"),
+                      ("bubble (p-1)/(m+p-1)", lambda c: f"{bubble_fraction(c.pp, c.microbatches):.3f}"),
+                      ("step time s (model)", lambda c: f"{step_time(LLAMA3_405B, cluster, c)['total']:.1f}"),
+                      ("MFU (model)", lambda c: f"{100 * model_mfu(LLAMA3_405B, cluster, c):.0f}%")]:
+        lines.append(f"{label:20s}{fn(LLAMA3_405B_PUBLISHED):>30s}{fn(ours):>22s}")
+    measured = measured_step_seconds(LLAMA3_405B, LLAMA3_405B_PUBLISHED, LLAMA3_405B_TFLOPS)
+    lines.append(f"measured (paper): {LLAMA3_405B_TFLOPS:.0f} TFLOP/s per GPU, "
+                 f"{100 * LLAMA3_405B_MFU:.0f}% MFU, end to end -> the whole 16M-token step takes "
+                 f"{measured:.1f} s (6 N tokens, attention FLOPs left out)")
+    return "\n".join(lines)
+
+
+def planner(choose=reference_choose_degrees):
+    """Sliders for model size, sequence length, GPUs per node, nodes and GPU memory; shows the
+    chosen degrees, memory per GPU by term, the bubble and the communication per axis."""
+    import ipywidgets as w
+
+    def show(params_b, seq_len, gpus_per_node, nodes, gpu_mem_gb, batch_m_tokens, zero_stage,
+             recompute, zero_accumulation):
+        model = model_of_size(params_b)
+        cluster = Cluster(f"{nodes} x {gpus_per_node} GPUs", nodes, gpus_per_node, gpu_mem_gb)
+        # The batch in sequences: the token budget rounded to a multiple of the GPU count.
+        seqs = max(cluster.gpus, cluster.gpus * round(batch_m_tokens * 1e6 / seq_len / cluster.gpus))
+        job = Job(seq_len=seq_len, global_batch=seqs, zero_stage=zero_stage, recompute=recompute,
+                  zero_accumulation=zero_accumulation)
+        print(f"{model.name}: {model.layers} layers, hidden {model.hidden}, {model.heads} heads "
+              f"({model.params / 1e9:.1f}B params); batch {seqs} x {seq_len} tokens")
+        print(f"rule of thumb: {rule_of_thumb_gpus(model.params, gpu_mem_gb):.1f} GPUs to hold it")
+        try:
+            cfg = choose(model, cluster, job)
+        except ValueError as err:
+            print(err)
+            return
+        print(layout_summary(model, cluster, ParallelConfig(cfg.tp, cfg.pp, cfg.dp, job)))
+
+    style = {"description_width": "150px"}
+    layout = w.Layout(width="480px")
+    return w.interactive(
+        show,
+        params_b=w.FloatLogSlider(value=70, base=10, min=0, max=3, description="model (B params)",
+                                  style=style, layout=layout),
+        seq_len=w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768], value=4096,
+                                  description="sequence length", style=style, layout=layout),
+        gpus_per_node=w.SelectionSlider(options=[1, 2, 4, 8], value=8, description="GPUs per node",
+                                        style=style, layout=layout),
+        nodes=w.SelectionSlider(options=[2 ** k for k in range(12)], value=16, description="nodes",
+                                style=style, layout=layout),
+        gpu_mem_gb=w.SelectionSlider(options=[16, 24, 40, 48, 80, 96, 141, 192], value=80,
+                                     description="GPU memory (GB)", style=style, layout=layout),
+        batch_m_tokens=w.SelectionSlider(options=[0.5, 1, 2, 4, 8, 16], value=4,
+                                         description="batch (M tokens)", style=style, layout=layout),
+        zero_stage=w.Dropdown(options=[0, 1, 2, 3], value=1, description="ZeRO stage", style=style),
+        recompute=w.Dropdown(options=["none", "selective", "full"], value="selective",
+                             description="recompute", style=style),
+        zero_accumulation=w.Dropdown(options=["regather", "resident"], value="regather",
+                                     description="ZeRO-2/3 over micro-batches", style=style),
+    )
