@@ -7,8 +7,12 @@ Exercises:
 2. ``choose_degrees(model, cluster, job) -> ParallelConfig``: valid (t*p*d = n, TP within a node and
    dividing the heads, PP at most the layers, the batch splitting into DP micro-batches, memory
    within the GPU) and as fast by ``distlab.labs.planning.step_time`` as the best valid layout.
-3. The production answers: the layout for Llama 3 70B on 16 x 8 H100 (visible) and for Llama 3
-   405B on the 8,192 GPUs of its published run (hidden), each checked like 2.
+3. The production answers. Llama 3 70B on 16 x 8 H100: the numbers the student computed for each
+   layout they considered (memory per GPU, bubble, bytes per axis; visible) must be the model's,
+   and the layout they chose must be within 5% of the fastest valid layout's modelled step time
+   with at least 10% of the GPU's memory free (hidden); any such layout earns the points, and
+   their written reasons go to the instructor (a manually graded cell). Llama 3 405B on the
+   8,192 GPUs of its published run (hidden) is checked like 2.
 4. ``tp_plan() -> {submodule: ParallelStyle}`` for one transformer block, used for a real
    DP x TP run on 4 ranks (visible) and PP x DP x TP on 8 ranks (hidden): every block linear must
    be sharded over TP and the losses must equal single-process training.
@@ -28,13 +32,16 @@ from distlab.checks.ranks import backends, rank_timeout
 from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses,
                                    train_on_mesh)
 from distlab.labs.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
-                              LLAMA3_405B_JOB, TERMS, Cluster, Job, Model, ParallelConfig,
-                              divisors, memory_per_gpu, reference_choose_degrees, step_time,
-                              why_invalid)
+                                   LLAMA3_405B_JOB, RESOLUTION, TERMS, ZERO_ACCUMULATION, Cluster,
+                                   Job, Model, ParallelConfig, acceptable_layout, bubble_fraction,
+                                   comm_bytes_per_step, divisors, memory_per_gpu,
+                                   reference_choose_degrees, step_time, why_invalid)
 
 LAB = "07_3d_parallelism"
 SEED = 707
 RECOMPUTE = ("none", "selective", "full")
+HEADROOM = 0.10          # the memory a defensible 70B layout leaves free
+AXES = ("tp", "pp", "dp")
 JOB_70B = Job(seq_len=4096, global_batch=1024, micro_batch=1, zero_stage=1)  # 4M tokens per step
 VISIBLE_MESH = MeshShape(pp=1, dp=2, tp=2)
 HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
@@ -43,13 +50,17 @@ HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
 MESH_TIMEOUT = 120
 
 HINTS = {
-    "weights": "weights = weight_bytes x params per GPU; only ZeRO-3 divides them by DP.",
-    "gradients": "gradients = grad_bytes x params per GPU, divided by DP from ZeRO-2 on.",
+    "weights": "weights = weight_bytes x params per GPU; only ZeRO-3 divides them by DP (not when "
+               "'resident' over m > 1 micro-batches), and then adds two whole layers, gathered.",
+    "gradients": "gradients = grad_bytes x params per GPU, divided by DP from ZeRO-2 on (not when "
+                 "'resident' over m > 1 micro-batches).",
     "master_weights": "master weights are fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
     "adam_m": "Adam's first moment is fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
     "adam_v": "Adam's second moment is fp32 (4 bytes per parameter), divided by DP from ZeRO-1 on.",
     "activations": "activations = bytes per layer (Korthikanti's formula for the recompute and "
-                   "sequence-parallel setting) x ceil(L/p) layers x min(p, m) micro-batches in flight.",
+                   "sequence-parallel setting) x ceil(L/p) layers x min(p - s, m) micro-batches in "
+                   "flight on stage s, plus the fp32 logits of one micro-batch on the last stage; "
+                   "report the heavier of the first and the last stage.",
     "total": "total is the sum of the six terms.",
 }
 
@@ -78,7 +89,7 @@ def _random_job(g: torch.Generator, dp: int) -> Job:
                global_batch=micro * dp * int(torch.randint(1, 65, (1,), generator=g)),
                micro_batch=micro, zero_stage=int(torch.randint(0, 4, (1,), generator=g)),
                recompute=_pick(g, RECOMPUTE), sequence_parallel=bool(_pick(g, [True, False])),
-               grad_bytes=_pick(g, [2, 4]))
+               grad_bytes=_pick(g, [2, 4]), zero_accumulation=_pick(g, ZERO_ACCUMULATION))
 
 
 def _model_row(m: Model) -> list[int]:
@@ -87,12 +98,13 @@ def _model_row(m: Model) -> list[int]:
 
 def _job_row(j: Job) -> list[int]:
     return [j.seq_len, j.global_batch, j.micro_batch, j.zero_stage, RECOMPUTE.index(j.recompute),
-            int(j.sequence_parallel), j.grad_bytes]
+            int(j.sequence_parallel), j.grad_bytes, ZERO_ACCUMULATION.index(j.zero_accumulation)]
 
 
 def _job_from(row) -> Job:
-    seq, gb, mb, zero, rec, sp, gbytes = (int(v) for v in row)
-    return Job(seq, gb, mb, zero, RECOMPUTE[rec], bool(sp), gbytes)
+    seq, gb, mb, zero, rec, sp, gbytes, acc = (int(v) for v in row)
+    return Job(seq, gb, mb, zero, RECOMPUTE[rec], bool(sp), gbytes,
+               zero_accumulation=ZERO_ACCUMULATION[acc])
 
 
 def _model_from(row) -> Model:
@@ -233,6 +245,64 @@ def check_production_answer(answer, *, model: Model = LLAMA3_70B, cluster: Clust
     best = reference_choose_degrees(model, cluster, job)
     _check_choice(answer, model, cluster, job, step_time(model, cluster, best)["total"],
                   f"your answer for {model.name} on {cluster.name}")
+
+
+def _layout_of(entry) -> tuple[int, int, int]:
+    layout = entry.get("layout") if isinstance(entry, dict) else None
+    if not (isinstance(layout, (tuple, list)) and len(layout) == 3):
+        raise CheckFailed(f"each entry of your plans needs 'layout': (tp, pp, dp); got {entry!r:.200}")
+    return tuple(int(v) for v in layout)
+
+
+def _off(got: float, want: float) -> str:
+    return f"{100 * (got / want - 1):+.2f}%" if want else f"{got:.3g} instead of 0"
+
+
+def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B) -> None:
+    """``plans``: a list of at least two dicts, one per layout considered, each with "layout"
+    (tp, pp, dp), "memory" (bytes per GPU, memory_per_gpu's total), "bubble" ((p-1)/(m+p-1)) and
+    "bytes" ({"tp", "pp", "dp"}: bytes one GPU sends per step on each axis). Every number must be
+    the model's (relative tolerance 1e-6)."""
+    if not isinstance(plans, (list, tuple)) or len(plans) < 2:
+        raise CheckFailed("plans_70b must be a list with one dict per layout you considered, at "
+                          "least two: a choice is a comparison.")
+    for entry in plans:
+        t, p, d = _layout_of(entry)
+        cfg = ParallelConfig(t, p, d, job)
+        want = {"memory": memory_per_gpu(model, cfg)["total"],
+                "bubble": bubble_fraction(p, cfg.microbatches),
+                **{f"bytes {a}": v for a, v in comm_bytes_per_step(model, cfg).items()}}
+        got = dict(entry)
+        got.update({f"bytes {a}": (entry.get("bytes") or {}).get(a) for a in AXES})
+        for key, value in want.items():
+            if got.get(key) is None:
+                raise CheckFailed(f"{cfg}: your entry has no {key!r} (keys: layout, memory, bubble, "
+                                  f"bytes with tp, pp, dp).")
+            g = float(got[key])
+            if abs(g - value) > 1e-6 * max(abs(value), 1e-12):
+                unit = "" if key == "bubble" else f" ({g / GB:.3f} GB vs {value / GB:.3f} GB)"
+                raise CheckFailed(
+                    f"{cfg}: your {key} is {g:.6g}, the model's {value:.6g}{unit}, "
+                    f"{_off(g, value)}. Section 3's table gives each axis's bytes; the memory "
+                    f"follows exercise 1's conventions; the bubble is (p-1)/(m+p-1).")
+
+
+def check_70b_plan(plans, answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,
+                   job: Job = JOB_70B) -> None:
+    """The numbers of ``plans`` are the model's (check_layout_numbers), ``answer`` is one of the
+    layouts considered, and it is within RESOLUTION (5%) of the fastest valid layout's modelled
+    step time with at least HEADROOM (10%) of the GPU's memory free. Any such layout passes."""
+    check_layout_numbers(plans, model=model, job=job)
+    if not all(hasattr(answer, a) for a in ("tp", "pp", "dp")):
+        raise CheckFailed(f"answer_70b: expected a ParallelConfig(tp, pp, dp, job), got "
+                          f"{type(answer).__name__} {answer!r:.200}.")
+    layout = (int(answer.tp), int(answer.pp), int(answer.dp))
+    if layout not in [_layout_of(e) for e in plans]:
+        raise CheckFailed(f"answer_70b {ParallelConfig(*layout)} is not among the layouts in "
+                          f"plans_70b: add its numbers, the ones your choice rests on.")
+    reason = acceptable_layout(model, cluster, ParallelConfig(*layout, job), RESOLUTION, HEADROOM)
+    if reason:
+        raise CheckFailed(f"answer_70b: {reason}.")
 
 
 def check_405b_answer(answer) -> None:

@@ -65,7 +65,6 @@ def reference_choose_degrees(model: Model, cluster: Cluster, job: Job = Job(),
             f"recompute, a smaller micro-batch or more GPUs.")
     best = min(valid, key=lambda c: (step_time(model, cluster, c)["total"], c.tp * c.pp, c.pp))
     if verbose:
-        from distlab.labs.planning.reports import plan_report
         print(plan_report(model, cluster, best, valid, rejected))
     return best
 
@@ -101,3 +100,22 @@ def acceptable_layout(model: Model, cluster: Cluster, cfg: ParallelConfig,
                 f"the {limit / GB:.0f} GB that leaves {100 * headroom:g}% of "
                 f"{cluster.gpu_mem_gb:g} GB free")
     return ""
+
+
+def plan_report(model, cluster, best, valid, rejected, shown: int = 5) -> str:
+    """A few lines saying what was ruled out, why, and how the fastest layouts compare."""
+    lines = [f"{model.name} ({model.params / 1e9:.1f}B params) on {cluster.name} "
+             f"({cluster.gpus} GPUs, {cluster.gpu_mem_gb:g} GB each): "
+             f"{len(valid)} valid layouts, {len(rejected)} ruled out."]
+    for cfg, reason in rejected[:shown]:
+        lines.append(f"  ruled out {cfg}: {reason}")
+    if len(rejected) > shown:
+        lines.append(f"  ... and {len(rejected) - shown} more")
+    lines.append("  fastest valid layouts (seconds per step):")
+    ranked = sorted(valid, key=lambda c: step_time(model, cluster, c)["total"])
+    for cfg in ranked[:shown]:
+        st, mem = step_time(model, cluster, cfg), memory_per_gpu(model, cfg)["total"]
+        lines.append(f"    {str(cfg):20s} {st['total']:7.2f} s  (bubble {st['bubble']:.2f}, "
+                     f"TP {st['tp']:.2f}, PP {st['pp']:.2f}, DP {st['dp']:.2f})  {mem / GB:5.1f} GB")
+    lines.append(f"  chosen: {best}")
+    return "\n".join(lines)

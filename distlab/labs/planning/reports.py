@@ -4,7 +4,8 @@ sliders."""
 from __future__ import annotations
 
 from distlab.labs.planning.communication import axis_bandwidth, comm_bytes_per_step, dp_traffic
-from distlab.labs.planning.degrees import RESOLUTION, near_ties, reference_choose_degrees
+from distlab.labs.planning.degrees import (RESOLUTION, near_ties, plan_report,
+                                           reference_choose_degrees)
 from distlab.labs.planning.memory import memory_per_gpu, rule_of_thumb_gpus
 from distlab.labs.planning.shapes import (GB, LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB,
                                           LLAMA3_405B_MFU, LLAMA3_405B_PUBLISHED,
@@ -12,25 +13,6 @@ from distlab.labs.planning.shapes import (GB, LLAMA3_405B, LLAMA3_405B_CLUSTER, 
                                           ParallelConfig, model_of_size)
 from distlab.labs.planning.step_time import (bubble_fraction, measured_step_seconds, model_mfu,
                                              step_time)
-
-
-def plan_report(model, cluster, best, valid, rejected, shown: int = 5) -> str:
-    """A few lines saying what was ruled out, why, and how the fastest layouts compare."""
-    lines = [f"{model.name} ({model.params / 1e9:.1f}B params) on {cluster.name} "
-             f"({cluster.gpus} GPUs, {cluster.gpu_mem_gb:g} GB each): "
-             f"{len(valid)} valid layouts, {len(rejected)} ruled out."]
-    for cfg, reason in rejected[:shown]:
-        lines.append(f"  ruled out {cfg}: {reason}")
-    if len(rejected) > shown:
-        lines.append(f"  ... and {len(rejected) - shown} more")
-    lines.append("  fastest valid layouts (seconds per step):")
-    ranked = sorted(valid, key=lambda c: step_time(model, cluster, c)["total"])
-    for cfg in ranked[:shown]:
-        st, mem = step_time(model, cluster, cfg), memory_per_gpu(model, cfg)["total"]
-        lines.append(f"    {str(cfg):20s} {st['total']:7.2f} s  (bubble {st['bubble']:.2f}, "
-                     f"TP {st['tp']:.2f}, PP {st['pp']:.2f}, DP {st['dp']:.2f})  {mem / GB:5.1f} GB")
-    lines.append(f"  chosen: {best}")
-    return "\n".join(lines)
 
 
 def memory_table(model: Model, configs: list[ParallelConfig], memory=memory_per_gpu) -> str:
