@@ -503,3 +503,16 @@ def test_mesh_2x2x2_matches_single_process():
     run = run_mesh(MeshShape(pp=2, dp=2, tp=2), seed=5)
     assert run.max_error <= 1e-5
     assert sum(r["losses"] is not None for r in run.results) == 4   # the last stage's 4 ranks
+
+
+def test_answers_cell_runs_the_new_checks_and_a_manual_cell_collects_reasons():
+    from distlab.course.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, source_notebook
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in source_notebook(lab07.LAB).cells}
+    test = cells["test_answers"].source
+    hidden, _ = _regions(test, BEGIN_HIDDEN, END_HIDDEN)
+    assert test.startswith("check_layout_numbers(plans_70b)")
+    assert "check_70b_plan(plans_70b, answer_70b)" in " ".join(hidden)
+    assert "check_405b_answer(answer_405b)" in " ".join(hidden)
+    manual = cells["justify_70b"]
+    meta = manual.metadata["nbgrader"]
+    assert manual.cell_type == "markdown" and meta["solution"] and meta["grade"] and meta["points"] > 0
