@@ -8,7 +8,7 @@
 - ``reports``: the tables, figures and planner the lab shows.
 """
 from distlab.labs.planning.communication import (axis_bandwidth, comm_bytes_per_step, dp_traffic,
-                                                 tp_collectives_per_layer)
+                                                 tp_collectives_per_layer, zero_charge)
 from distlab.labs.planning.degrees import (RESOLUTION, acceptable_layout, candidates, divisors,
                                            near_ties, reference_choose_degrees, valid_layouts,
                                            why_invalid)
@@ -16,9 +16,10 @@ from distlab.labs.planning.memory import (GATHERED_LAYERS, LOGIT_BYTES, activati
                                           inflight_microbatches, llama_activation_bytes_per_layer,
                                           logits_bytes, memory_per_gpu, rule_of_thumb_gpus,
                                           stage_params, zero_divides)
-from distlab.labs.planning.reports import (layout_summary, memory_table, near_tie_table,
-                                           plan_report, planner, plot_memory,
-                                           published_comparison)
+from distlab.labs.planning.reports import (ZERO_OPTIONS, layout_summary, memory_table,
+                                           near_tie_table, plan_report, planner, plot_memory,
+                                           published_comparison, published_verdict,
+                                           zero_options_table)
 from distlab.labs.planning.shapes import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
                                           LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB, LLAMA3_405B_MFU,
                                           LLAMA3_405B_PUBLISHED, LLAMA3_405B_TFLOPS, TERMS,

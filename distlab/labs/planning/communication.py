@@ -61,6 +61,31 @@ def dp_traffic(model: Model, cfg: ParallelConfig) -> dict[str, float]:
             "all_gather": share * job.weight_bytes * (2 * m if div["weights"] else 1)}
 
 
+def zero_charge(job, microbatches: int) -> str:
+    """In words, what dp_traffic and memory_per_gpu charge for the job's ZeRO stage over
+    ``microbatches`` micro-batches per step: which states are sharded, which collectives, how often."""
+    if job.zero_stage == 0:
+        return "ZeRO-0 (plain DP): nothing sharded; one all-reduce of the gradients per step"
+    div = zero_divides(job, max(microbatches, 1))
+    sharded = ", ".join(label for name, label in (("optimizer", "optimizer state"),
+                                                   ("gradients", "gradients"),
+                                                   ("weights", "weights")) if div[name])
+    if job.zero_stage == 1 or (microbatches <= 1 or job.zero_accumulation == "resident"):
+        how = "one reduce-scatter of the gradients and one all-gather of the weights per step"
+        if job.zero_stage == 3 and div["weights"]:
+            how = ("one reduce-scatter of the gradients and two all-gathers of the weights "
+                   "(forward, backward) per step")
+        kept = "" if job.zero_stage == 1 or microbatches <= 1 else \
+            f", full {'weights and ' if job.zero_stage == 3 else ''}gradients kept resident " \
+            f"over the {microbatches} micro-batches"
+        return f"ZeRO-{job.zero_stage}: {sharded} sharded over DP{kept}; {how}"
+    per = "reduce-scatter of the gradients" + (" and two all-gathers of the weights"
+                                               if job.zero_stage == 3 else "")
+    once = "" if job.zero_stage == 3 else "; one all-gather of the weights per step"
+    return (f"ZeRO-{job.zero_stage}, regathering: {sharded} sharded over DP; a {per} "
+            f"for each of the {microbatches} micro-batches{once}")
+
+
 def comm_bytes_per_step(model: Model, cfg: ParallelConfig) -> dict[str, float]:
     """Bytes one GPU sends per optimizer step on each axis.
 

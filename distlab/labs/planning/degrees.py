@@ -2,6 +2,7 @@
 valid one by step_time, and the layouts that tie with it within the model's resolution. Lab 7."""
 from __future__ import annotations
 
+from distlab.labs.planning.communication import zero_charge
 from distlab.labs.planning.memory import memory_per_gpu
 from distlab.labs.planning.shapes import GB, Cluster, Job, Model, ParallelConfig
 from distlab.labs.planning.step_time import step_time
@@ -117,5 +118,5 @@ def plan_report(model, cluster, best, valid, rejected, shown: int = 5) -> str:
         st, mem = step_time(model, cluster, cfg), memory_per_gpu(model, cfg)["total"]
         lines.append(f"    {str(cfg):20s} {st['total']:7.2f} s  (bubble {st['bubble']:.2f}, "
                      f"TP {st['tp']:.2f}, PP {st['pp']:.2f}, DP {st['dp']:.2f})  {mem / GB:5.1f} GB")
-    lines.append(f"  chosen: {best}")
+    lines.append(f"  chosen: {best}; DP charged as {zero_charge(best.job, best.microbatches)}")
     return "\n".join(lines)

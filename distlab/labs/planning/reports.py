@@ -3,7 +3,10 @@ apart, the near-tie table, the comparison with Llama 3 405B's published run, and
 sliders."""
 from __future__ import annotations
 
-from distlab.labs.planning.communication import axis_bandwidth, comm_bytes_per_step, dp_traffic
+from dataclasses import replace
+
+from distlab.labs.planning.communication import (axis_bandwidth, comm_bytes_per_step, dp_traffic,
+                                                 zero_charge)
 from distlab.labs.planning.degrees import (RESOLUTION, near_ties, plan_report,
                                            reference_choose_degrees)
 from distlab.labs.planning.memory import memory_per_gpu, rule_of_thumb_gpus
@@ -56,11 +59,7 @@ def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
              + f" = {mem['total'] / GB:.1f} GB of {cluster.gpu_mem_gb:g}",
              f"  bubble: (p-1)/(m+p-1) = {bubble_fraction(cfg.pp, cfg.microbatches):.3f} of the "
              f"pipeline's time"]
-    if job.zero_stage >= 2 and cfg.microbatches > 1:
-        lines.append(f"  ZeRO-{job.zero_stage} with {cfg.microbatches} micro-batches, charged as "
-                     + ("'regather': sharded states, their collectives once per micro-batch"
-                        if job.zero_accumulation == "regather" else
-                        "'resident': full weights and gradients kept, collectives once per step"))
+    lines.append(f"  DP charged as {zero_charge(job, cfg.microbatches)}")
     lines.append("  per step and GPU    GB sent   link GB/s   seconds")
     for axis in ("tp", "pp", "dp"):
         lines.append(f"    {axis.upper():4s}             {comm[axis] / GB:9.2f}   {bw[axis] / GB:9.0f}"
@@ -75,6 +74,9 @@ def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
 def near_tie_table(model: Model, cluster: Cluster, job: Job, within: float = RESOLUTION) -> str:
     """The layouts within ``within`` of the fastest: step time, its ratio to the fastest, memory."""
     lines = [f"{model.name} on {cluster.name}: layouts within {100 * within:g}% of the fastest",
+             f"  (ZeRO-{job.zero_stage}, "
+             + ("once per step" if job.zero_stage <= 1 else f"{job.zero_accumulation} over "
+                f"micro-batches") + f"; {job.recompute} recompute)",
              f"  {'layout':20s} {'s/step':>8s} {'vs best':>8s} {'GB/GPU':>7s}"]
     for cfg, ratio in near_ties(model, cluster, job, within):
         lines.append(f"  {str(cfg):20s} {step_time(model, cluster, cfg)['total']:8.2f} "
@@ -91,6 +93,7 @@ def published_comparison(choose=reference_choose_degrees) -> str:
     cluster = LLAMA3_405B_CLUSTER
     lines = ["                    " + f"{'published (Llama 3, Table 4)':>30s}{'this model picks':>22s}"]
     for label, fn in [("layout", str),
+                      ("ZeRO, recompute", lambda c: f"ZeRO-{c.job.zero_stage}, {c.job.recompute}"),
                       ("memory GB/GPU", lambda c: f"{memory_per_gpu(LLAMA3_405B, c)['total'] / GB:.1f}"),
                       ("bubble (p-1)/(m+p-1)", lambda c: f"{bubble_fraction(c.pp, c.microbatches):.3f}"),
                       ("step time s (model)", lambda c: f"{step_time(LLAMA3_405B, cluster, c)['total']:.1f}"),
@@ -101,6 +104,47 @@ def published_comparison(choose=reference_choose_degrees) -> str:
                  f"{100 * LLAMA3_405B_MFU:.0f}% MFU, end to end -> the whole 16M-token step takes "
                  f"{measured:.1f} s (6 N tokens, attention FLOPs left out)")
     return "\n".join(lines)
+
+
+# The ways the published layout can charge ZeRO over its micro-batches, as (stage, accumulation).
+ZERO_OPTIONS = ((1, "regather"), (2, "regather"), (2, "resident"), (3, "regather"), (3, "resident"))
+
+
+def zero_options_table(model: Model, cluster: Cluster, cfg: ParallelConfig,
+                       recomputes=("selective", "full")) -> str:
+    """One layout under each ZeRO stage and charge (ZERO_OPTIONS) and each recompute setting:
+    weights and total memory per GPU, whether it fits, DP bytes per step and the step time."""
+    lines = [f"{model.name}, {cfg} (m = {cfg.microbatches}) on {cluster.name}",
+             f"  {'ZeRO':5s} {'over micro-batches':18s} {'recompute':10s} {'weights':>8s} "
+             f"{'GB/GPU':>7s} {'fits':>5s} {'DP GB':>7s} {'s/step':>7s}"]
+    for recompute in recomputes:
+        for stage, acc in ZERO_OPTIONS:
+            c = replace(cfg, job=replace(cfg.job, zero_stage=stage, zero_accumulation=acc,
+                                         recompute=recompute))
+            mem = memory_per_gpu(model, c)
+            how = "once per step" if stage == 1 else acc
+            lines.append(f"  {stage:<5d} {how:18s} {recompute:10s} {mem['weights'] / GB:8.1f} "
+                         f"{mem['total'] / GB:7.1f} "
+                         f"{'yes' if mem['total'] <= cluster.gpu_mem_gb * GB else 'no':>5s} "
+                         f"{comm_bytes_per_step(model, c)['dp'] / GB:7.1f} "
+                         f"{step_time(model, cluster, c)['total']:7.2f}")
+    return "\n".join(lines)
+
+
+def published_verdict(within: float = RESOLUTION) -> str:
+    """Where the published 405B layout lands among the near ties of the course's model, in one
+    sentence."""
+    model, cluster, job = LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB
+    ties = near_ties(model, cluster, job, within)
+    best = ties[0][0]
+    pub = LLAMA3_405B_PUBLISHED
+    gap = step_time(model, cluster, pub)["total"] / step_time(model, cluster, best)["total"] - 1
+    among = any((c.tp, c.pp, c.dp) == (pub.tp, pub.pp, pub.dp) for c, _ in ties)
+    where = (f"among the {len(ties)} near ties" if among else "outside the near ties")
+    inside = "inside" if gap <= within else "outside"
+    return (f"The published layout {pub} is {where}: {100 * gap:.1f}% slower than the fastest, "
+            f"{best}, {inside} the model's {100 * within:g}% resolution (ZeRO-{job.zero_stage}, "
+            f"{job.recompute} recompute).")
 
 
 def planner(choose=reference_choose_degrees):
