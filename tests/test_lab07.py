@@ -129,7 +129,7 @@ def test_zero_volumes_follow_the_zero_paper():
 def test_405b_zero3_bytes_per_pass_were_40_8_and_are_27_2_gb():
     # The published layout, one micro-batch's forward and backward (m = 1): the old charge was
     # 2 (d-1)/d phi (g + w) = 40.8 GB, the right one (d-1)/d phi (g + 2w) = 27.2 GB.
-    cfg = P.with_job(P.LLAMA3_405B_PUBLISHED, global_batch=64)
+    cfg = P.with_job(P.LLAMA3_405B_PUBLISHED, global_batch=64, zero_stage=3)
     job, d = cfg.job, cfg.dp
     phi = P.stage_params(P.LLAMA3_405B, cfg.tp, cfg.pp)
     old = 2 * (d - 1) / d * phi * job.grad_bytes + 2 * (d - 1) / d * phi * job.weight_bytes
@@ -140,7 +140,7 @@ def test_405b_zero3_bytes_per_pass_were_40_8_and_are_27_2_gb():
 def test_zero_with_microbatches_charges_memory_or_traffic():
     # 32 micro-batches: regathering keeps the 1/d but pays ZeRO-3's collectives 32 times;
     # resident pays them once and keeps full weights and gradients.
-    model, cfg = P.LLAMA3_405B, P.LLAMA3_405B_PUBLISHED
+    model, cfg = P.LLAMA3_405B, P.with_job(P.LLAMA3_405B_PUBLISHED, zero_stage=3)
     m, d = cfg.microbatches, cfg.dp
     assert m == 32
     phi = P.stage_params(model, cfg.tp, cfg.pp)
@@ -169,11 +169,65 @@ def test_efficiency_is_inside_kernels_and_the_405b_step_is_compared_whole():
     cluster = P.LLAMA3_405B_CLUSTER
     assert not hasattr(cluster, "mfu") and cluster.kernel_efficiency == P.Cluster("x", 1, 8, 80).kernel_efficiency
     st = P.step_time(P.LLAMA3_405B, cluster, cfg)
-    # The model's MFU counts the whole modelled step, so it is below the kernels' efficiency.
+    # The model's MFU counts the whole modelled step, so it is below the kernels' efficiency; it
+    # does not count the full recompute's extra forward (8 N tokens computed, 6 N counted).
+    assert cfg.job.recompute == "full"
     assert P.model_mfu(P.LLAMA3_405B, cluster, cfg) == pytest.approx(
-        st["compute"] / st["total"] * cluster.kernel_efficiency)
+        st["compute"] / st["total"] * cluster.kernel_efficiency * 6 / 8)
     text = P.published_comparison()
     assert f"{measured:.1f} s" in text and "MFU (model)" in text
+
+
+def test_405b_job_is_zero1_charged_once_per_step():
+    # A pipeline pairs with ZeRO-1: the published layout keeps its stage's whole bf16 weights and
+    # fp32 gradients and moves (d-1)/d phi (g + w) once per step, however many micro-batches.
+    model, pub = P.LLAMA3_405B, P.LLAMA3_405B_PUBLISHED
+    assert pub.job.zero_stage == 1 and pub.microbatches == 32
+    phi, d = P.stage_params(model, pub.tp, pub.pp), pub.dp
+    mem = P.memory_per_gpu(model, pub)
+    assert mem["weights"] == pytest.approx(2 * phi) and mem["weights"] / P.GB > 6
+    assert mem["gradients"] == pytest.approx(4 * phi)
+    assert P.comm_bytes_per_step(model, pub)["dp"] == pytest.approx((d - 1) / d * phi * (4 + 2))
+    assert mem["total"] <= 0.9 * P.LLAMA3_405B_CLUSTER.gpu_mem_gb * P.GB
+    # Every report says which stage and which charge it used.
+    summary = P.layout_summary(model, P.LLAMA3_405B_CLUSTER, pub)
+    assert "DP charged as ZeRO-1: optimizer state sharded over DP; one reduce-scatter of the " \
+           "gradients and one all-gather of the weights per step" in summary
+    assert "ZeRO-1, once per step" in P.near_tie_table(model, P.LLAMA3_405B_CLUSTER, pub.job)
+    assert "ZeRO-1, full" in P.published_comparison()
+    z3 = P.zero_charge(P.with_job(pub, zero_stage=3).job, 32)
+    assert "regathering" in z3 and "each of the 32 micro-batches" in z3
+    assert "kept resident" in P.zero_charge(P.with_job(pub, zero_stage=2, zero_accumulation="resident").job, 32)
+
+
+def test_zero_options_show_why_pipelines_pair_with_zero1():
+    model, cluster, pub = P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_PUBLISHED
+    rows = [r.split() for r in P.zero_options_table(model, cluster, pub).splitlines()[2:]]
+    assert len(rows) == 2 * len(P.ZERO_OPTIONS)
+    z1 = [r for r in rows if r[0] == "1"]
+    z3 = [r for r in rows if r[0] == "3" and "regather" in r]
+    assert [r[-3] for r in z1] == ["no", "yes"]          # ZeRO-1 fits only with full recompute
+    assert [r[-3] for r in z3] == ["yes", "yes"]
+    assert float(z3[0][-2]) > 40 * float(z1[0][-2])      # regathering ZeRO-3: m (g + 2w) against g + w
+    assert float(z3[1][-1]) > float(z1[1][-1])           # and a slower step than ZeRO-1
+
+
+def test_405b_published_layout_is_a_near_tie():
+    # Charged as ZeRO-3 over 32 micro-batches the published layout was 25% behind; with ZeRO-1, as
+    # pipelines run, it is within the model's resolution of the fastest.
+    model, cluster, job = P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB
+    pub = P.LLAMA3_405B_PUBLISHED
+    ties = P.near_ties(model, cluster, job)
+    assert (pub.tp, pub.pp, pub.dp) in [(c.tp, c.pp, c.dp) for c, _ in ties]
+    assert {c.tp for c, _ in ties} == {8}
+    assert not P.acceptable_layout(model, cluster, pub)
+    family = [P.step_time(model, cluster, P.ParallelConfig(8, p, 8192 // (8 * p), job))["total"]
+              for p in (8, 16, 32)]
+    assert max(family) / min(family) - 1 < P.RESOLUTION
+    verdict = P.published_verdict()
+    gap = P.step_time(model, cluster, pub)["total"] / P.step_time(model, cluster, ties[0][0])["total"] - 1
+    assert verdict.startswith(f"The published layout {pub} is among the {len(ties)} near ties: "
+                              f"{100 * gap:.1f}% slower than the fastest, {ties[0][0]}, inside")
 
 
 def test_405b_near_ties():
@@ -260,12 +314,12 @@ def test_lab_text_matches_the_math():
         / P.step_time(P.LLAMA3_70B, P.H100_16x8, best)["total"] - 1
     assert f"within {100 * gap:.1f}% at {P.memory_per_gpu(P.LLAMA3_70B, alt)['total'] / P.GB:.1f} GB" in text
     assert "arXiv:2407.21783" in text and "arXiv:2205.05198" in text
-    assert "land on the published degrees" not in text.replace("does not land on the published", "")
+    assert "land on the published degrees" not in text
 
 
 def test_405b_text_matches_the_model():
-    """Lab 7's 405B paragraphs: whole steps compared with the measured one, the model's choice
-    and the published layout's gap, ZeRO-3's traffic, and the near ties of the published family."""
+    """Lab 7's 405B paragraphs: ZeRO-1 against regathering, why the job recomputes, whole steps
+    compared with the measured one, and the published layout among the near ties."""
     text = " ".join(SOURCE.read_text().replace("# ", " ").split())
     model, cluster, job = P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB
     pub = P.LLAMA3_405B_PUBLISHED
@@ -275,18 +329,21 @@ def test_405b_text_matches_the_model():
     assert f"model's total, {st['total']:.1f} s for the published layout" in text
     assert f"an MFU of {100 * P.model_mfu(model, cluster, pub):.0f}%" in text
     assert f"compute alone, {st['compute']:.1f} s" in text and st["compute"] > measured
-    best = P.reference_choose_degrees(model, cluster, job)
-    assert f"picks TP={best.tp}, PP={best.pp}, DP={best.dp} " \
-           f"({P.step_time(model, cluster, best)['total']:.1f} s per step)" in text
-    gap = st["total"] / P.step_time(model, cluster, best)["total"] - 1
-    assert f"about {round(100 * gap)}% behind" in text
-    assert f"sends {P.comm_bytes_per_step(model, pub)['dp'] / P.GB:.0f} GB per step on the DP axis, " \
-           f"{st['dp']:.1f} s" in text
-    resident = P.memory_per_gpu(model, P.with_job(pub, zero_accumulation="resident"))["total"]
-    assert f"need {resident / P.GB:.1f} GB per GPU and does not fit" in text and resident > 80 * P.GB
+    z3 = P.with_job(pub, zero_stage=3, recompute="selective")
+    z1 = P.with_job(pub, recompute="selective")
+    dp3, dp1 = (P.comm_bytes_per_step(model, c)["dp"] for c in (z3, z1))
+    assert f"sends {dp3 / P.GB:.0f} GB per GPU per step on the DP axis, " \
+           f"{round(dp3 / dp1)} times ZeRO-1's {dp1 / P.GB:.1f} GB" in text
+    assert f"full bf16 weights, {P.memory_per_gpu(model, pub)['weights'] / P.GB:.1f} GB" in text
+    selective = P.memory_per_gpu(model, z1)
+    assert f"ZeRO-1 with selective recompute needs {selective['total'] / P.GB:.1f} GB" in text
+    assert f"about `L` layers of activations, {selective['activations'] / P.GB:.0f} GB" in text
+    assert selective["total"] > 80 * P.GB and "**ZeRO-1, charged once per step**" in text
     family = [P.step_time(model, cluster, P.ParallelConfig(8, p, 8192 // (8 * p), job))["total"]
               for p in (8, 16, 32)]
-    assert f"within {100 * (max(family) / min(family) - 1):.0f}% of each other" in text
+    assert f"within {round(100 * (max(family) / min(family) - 1))}% of each other" in text
+    assert "print(published_verdict())" in text and "among the near ties" in text
+    assert "does not land on the published" not in text and "% behind" not in text
 
 
 def test_lab_states_the_conventions_memory_needs():
@@ -350,7 +407,7 @@ def test_check_production_answers():
     best_405b = P.reference_choose_degrees(P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB)
     lab07.check_405b_answer(best_405b)
     with pytest.raises(CheckFailed, match="valid but takes"):
-        lab07.check_405b_answer(P.LLAMA3_405B_PUBLISHED)         # 25% slower by this model
+        lab07.check_405b_answer(P.LLAMA3_405B_PUBLISHED)         # a near tie, not the fastest
     with pytest.raises(CheckFailed, match="valid but takes"):
         lab07.check_production_answer(P.ParallelConfig(8, 1, 16, lab07.JOB_70B))
     with pytest.raises(CheckFailed, match="expected a ParallelConfig"):
