@@ -253,12 +253,16 @@ def _scores(path: Path) -> list[dict]:
 def test_grading_commands(course):
     (grade,) = GRADING
     expected = _samples(course / "submitted")
-    sh(grade, course, timeout=1800)
+    done = sh(grade, course, timeout=1800)
     rows = {row["student"]: row for row in _scores(course / "scores.csv")}
     assert set(rows) == set(expected)
     assert rows["alice"]["score"] == rows["alice"]["max_score"] != "0"
     assert float(rows["bob"]["score"]) > 0 and rows["walter"]["score"] == "0"
     assert (course / "grading" / "feedback" / "alice" / LAB1 / f"{LAB1}.html").exists()
+    # The similarity report: written beside the grading folders; honest students are not flagged.
+    report = (course / "grading" / "similarity.csv").read_text().splitlines()
+    assert report[0].startswith("lab,cell,student,other") and len(report) == 1, report
+    assert "similarity: no answers flagged" in done.stdout, done.stdout[-2000:]
 
     why = slurm_cluster.missing()
     if why:
