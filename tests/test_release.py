@@ -135,9 +135,7 @@ def test_make_lab_and_lab1s_visible_tests_work_from_the_handout(handout):
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         base, token = _jupyter_url(server, timeout=180)
-        with urllib.request.urlopen(f"{base}/api/contents/{LAB1}?token={token}",
-                                    timeout=30) as reply:
-            listing = json.load(reply)
+        listing = _get_json(f"{base}/api/contents/{LAB1}?token={token}", timeout=60)
         assert f"{LAB1}.ipynb" in [item["name"] for item in listing["content"]]
     finally:
         import os
@@ -170,7 +168,20 @@ def _jupyter_url(server: subprocess.Popen, timeout: float) -> tuple[str, str]:
         if not line and server.poll() is not None:
             break
         seen.append(line)
-        found = re.search(r"(http://(?:127\.0\.0\.1|localhost):\d+)/\S*\?token=(\w+)", line)
+        found = re.search(r"http://(?:127\.0\.0\.1|localhost)(:\d+)/\S*\?token=(\w+)", line)
         if found:
-            return found.group(1), found.group(2)
+            return f"http://127.0.0.1{found.group(1)}", found.group(2)
     raise AssertionError("`make lab` did not print its URL:\n" + "".join(seen[-40:]))
+
+
+def _get_json(url: str, timeout: float):
+    """The JSON at ``url``, asked again while the server is still starting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as reply:
+                return json.load(reply)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
