@@ -59,6 +59,7 @@ def readme_python_example() -> str:
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = ["make site", "python3 -m http.server -d build/site",
         'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
+RELEASE = ["make release"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
          "jid=$(sbatch --parsable --array=0-7 --export=ALL,SUBMISSIONS=$PWD/submitted "
@@ -73,7 +74,7 @@ RUN_BY_CI = ["make test"]   # runs this very suite: .ci/run runs it
 
 def test_every_readme_command_is_run():
     shown = readme_commands()
-    run = SETUP + SITE + GRADING + SLURM + AUTHORING + RUN_BY_CI
+    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI
     assert sorted(shown) == sorted(run), (
         f"README.md and tests/test_readme.py disagree.\n  shown but not run: "
         f"{sorted(set(shown) - set(run))}\n  run but not shown: {sorted(set(run) - set(shown))}\n"
@@ -229,6 +230,18 @@ def test_site_commands(course):
     sh(one_lab, course, timeout=900)
     index = (site / "index.html").read_text()
     assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
+
+
+def test_release_command(course):
+    (release,) = RELEASE
+    out = sh(release, course, timeout=600).stdout
+    handout = course / "build" / "release"
+    assert "hand out this folder" in out, out[-2000:]
+    assert (handout / "notebooks" / LAB1 / f"{LAB1}.ipynb").is_file()
+    assert (handout / "data" / LAB1 / "manifest.json").is_file()
+    assert (handout / "distlab" / "__init__.py").is_file() and (handout / "Makefile").is_file()
+    assert not (handout / "solutions").exists() and not (handout / "grader").exists()
+    # What is in it, and what it must not hold, is tests/test_release.py's.
 
 
 def _samples(folder: Path) -> dict[str, str]:
