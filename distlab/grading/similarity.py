@@ -223,6 +223,7 @@ def _flag(lab, cell, student, other, kind, score, size) -> Flag:
 # The course's side: shipped implementations, handed-out cells, solutions
 
 REFERENCE_FLOORS = ("labs", "checks")   # the package's floors whose code could be an answer
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def course_implementations(package: Path = paths.PACKAGE) -> dict[str, str]:
@@ -234,13 +235,16 @@ def course_implementations(package: Path = paths.PACKAGE) -> dict[str, str]:
             lines = path.read_text().splitlines()
             module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
             for node in ast.parse("\n".join(lines)).body:
-                members = node.body if isinstance(node, ast.ClassDef) else []
-                for item, qualname in [(node, getattr(node, "name", ""))] + \
-                        [(m, f"{getattr(node, 'name', '')}.{getattr(m, 'name', '')}") for m in members]:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                        # dedented, so that a method parses (and is normalised) on its own
-                        text = "\n".join(lines[item.lineno - 1:item.end_lineno])
-                        found[f"{module}:{qualname}"] = textwrap.dedent(text)
+                if not isinstance(node, _DEFS):
+                    continue
+                items = [(node, node.name)]
+                if isinstance(node, ast.ClassDef):
+                    items += [(m, f"{node.name}.{m.name}") for m in node.body
+                              if isinstance(m, _DEFS)]
+                for item, qualname in items:
+                    # dedented, so that a method parses (and is normalised) on its own
+                    text = "\n".join(lines[item.lineno - 1:item.end_lineno])
+                    found[f"{module}:{qualname}"] = textwrap.dedent(text)
     return found
 
 
