@@ -253,12 +253,17 @@ def _solution_cells(nb) -> dict[str, str]:
             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
 
 
-def course_cells(lab: str) -> dict[str, list[str]]:
-    """{grade_id: [handed-out code, the course's solution]} for ``lab``'s solution cells."""
+def course_cells(lab: str, released: Path | None = None) -> dict[str, list[str]]:
+    """{grade_id: [handed-out code, the course's solution]} for ``lab``'s solution cells; the
+    handed-out cells from ``released/<lab>/`` (the grading run's own nbgrader release) where it
+    has the lab, else from the student labs in ``notebooks/``."""
     import nbformat
     from distlab.grading.course_dir import source_notebook
 
-    handed = _solution_cells(nbformat.read(paths.notebooks() / lab / f"{lab}.ipynb", as_version=4))
+    handout = released / lab / f"{lab}.ipynb" if released else None
+    if handout is None or not handout.is_file():
+        handout = paths.notebooks() / lab / f"{lab}.ipynb"
+    handed = _solution_cells(nbformat.read(handout, as_version=4))
     solved = _solution_cells(source_notebook(lab))
     marks = ("### BEGIN SOLUTION", "### END SOLUTION")
     return {gid: [code, "\n".join(line for line in solved.get(gid, "").splitlines()
@@ -290,12 +295,14 @@ def read_answers(submissions: Path, found: dict[str, list[str]], lab: str,
     return answers
 
 
-def report(submissions: Path, found: dict[str, list[str]]) -> list[Flag]:
-    """Every flag for the submissions ``found`` ({student: [lab, ...]})."""
+def report(submissions: Path, found: dict[str, list[str]],
+           released: Path | None = None) -> list[Flag]:
+    """Every flag for the submissions ``found`` ({student: [lab, ...]}); ``released``: the
+    release folder of the grading run's template, if there is one (see ``course_cells``)."""
     references = References(course_implementations())
     flags = []
     for lab in sorted({lab for labs in found.values() for lab in labs}):
-        cells = course_cells(lab)
+        cells = course_cells(lab, released)
         for gid, answers in read_answers(submissions, found, lab, list(cells)).items():
             flags += compare_cell(lab, gid, answers, cells[gid], references)
     return flags
@@ -336,7 +343,7 @@ def after_grading(submissions: Path, found: dict[str, list[str]], workdir: Path,
         return code
     path = workdir / "similarity.csv"
     try:
-        flags = report(submissions.resolve(), found)
+        flags = report(submissions.resolve(), found, workdir / "template" / "release")
         write_report(flags, path)
     except Exception as exc:  # noqa: BLE001 - the scores are written; say so and go on
         print(f"warning: the similarity report failed ({type(exc).__name__}: {exc}); the scores "
@@ -360,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     for nb in sorted(args.submissions.glob("*/*/*.ipynb")):
         if nb.stem == nb.parent.name and nb.stem in paths.labs():
             found.setdefault(nb.parent.parent.name, []).append(nb.stem)
-    path = args.workdir.resolve() / "similarity.csv"
-    flags = report(args.submissions.resolve(), found)
+    workdir = args.workdir.resolve()
+    flags = report(args.submissions.resolve(), found, workdir / "template" / "release")
+    path = workdir / "similarity.csv"
     write_report(flags, path)
     print(summary(flags, path))
     return 0
