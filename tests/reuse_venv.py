@@ -34,7 +34,8 @@ def make(venv: Path) -> Path:
                            "import sys; print(sys.base_prefix)"],
                           capture_output=True, text=True, check=True).stdout.strip()
     python = Path(base) / "bin" / f"python{sysconfig.get_python_version()}"
-    subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True)
     (site_packages(venv) / "distlab-test-reuse.pth").write_text(
         f"{site_packages(CHECKOUT_VENV)}\n")
     _copy_scripts(venv)

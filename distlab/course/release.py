@@ -1,4 +1,4 @@
-"""What an instructor hands out: ``distlab release OUT`` (``make release`` writes ``build/release/``).
+"""What an instructor hands out: ``distlab release OUT`` (``make release``: ``build/release/``).
 
 The handout holds
 - ``notebooks/<lab>/``: the student labs, built afresh from ``solutions/`` by nbgrader (solution
