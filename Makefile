@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test setup doctor notebooks references bench clean-venv site formgrader
+.PHONY: lab test setup doctor notebooks references bench clean-venv site formgrader release
 
 setup: $(STAMP)
 
@@ -51,3 +51,8 @@ site: setup
 # Rewrite data/<lab>/ reference outputs (with their manifest) from each lab's make_references().
 references: setup
 	$(BIN)/python -m distlab.course.references
+
+# The student handout in build/release/: the student labs, their data, the package and the
+# environment; no solutions, no hidden tests (distlab/course/release.py says what and why).
+release: setup
+	$(BIN)/distlab release build/release

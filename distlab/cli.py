@@ -1,4 +1,4 @@
-"""The ``distlab`` command: ``distlab doctor | grade | merge | build | references | site``."""
+"""The ``distlab`` command: ``distlab doctor | grade | merge | build | references | release | site``."""
 from __future__ import annotations
 
 import importlib
@@ -10,6 +10,7 @@ COMMANDS = {
     "merge": ("distlab.grading.merge", "merge the work directories of sharded grading runs (grade --shard)"),
     "build": ("distlab.course.notebooks", "regenerate the student labs in notebooks/ (and nbgrader's course) from solutions/"),
     "references": ("distlab.course.references", "rebuild the reference outputs in data/"),
+    "release": ("distlab.course.release", "write the student handout (labs, data, package; no solutions) into OUT"),
     "site": ("distlab.course.site", "run every lab and render the course as a static HTML site in build/site/"),
 }
 

@@ -59,6 +59,7 @@ def readme_python_example() -> str:
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = ["make site", "python3 -m http.server -d build/site",
         'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
+RELEASE = ["make release"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
          "jid=$(sbatch --parsable --array=0-7 --export=ALL,SUBMISSIONS=$PWD/submitted "
@@ -73,7 +74,7 @@ RUN_BY_CI = ["make test"]   # runs this very suite: .ci/run runs it
 
 def test_every_readme_command_is_run():
     shown = readme_commands()
-    run = SETUP + SITE + GRADING + SLURM + AUTHORING + RUN_BY_CI
+    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI
     assert sorted(shown) == sorted(run), (
         f"README.md and tests/test_readme.py disagree.\n  shown but not run: "
         f"{sorted(set(shown) - set(run))}\n  run but not shown: {sorted(set(run) - set(shown))}\n"
@@ -231,6 +232,18 @@ def test_site_commands(course):
     assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
 
 
+def test_release_command(course):
+    (release,) = RELEASE
+    out = sh(release, course, timeout=600).stdout
+    handout = course / "build" / "release"
+    assert "hand out this folder" in out, out[-2000:]
+    assert (handout / "notebooks" / LAB1 / f"{LAB1}.ipynb").is_file()
+    assert (handout / "data" / LAB1 / "manifest.json").is_file()
+    assert (handout / "distlab" / "__init__.py").is_file() and (handout / "Makefile").is_file()
+    assert not (handout / "solutions").exists() and not (handout / "grader").exists()
+    # What is in it, and what it must not hold, is tests/test_release.py's.
+
+
 def _samples(folder: Path) -> dict[str, str]:
     """Three students' Lab 1: a full answer, a partial one, and the untouched lab. Of 8 shards
     (sha256 of the name mod 8) alice is in 0, bob in 1 and walter in 3, the task the README
@@ -253,12 +266,16 @@ def _scores(path: Path) -> list[dict]:
 def test_grading_commands(course):
     (grade,) = GRADING
     expected = _samples(course / "submitted")
-    sh(grade, course, timeout=1800)
+    done = sh(grade, course, timeout=1800)
     rows = {row["student"]: row for row in _scores(course / "scores.csv")}
     assert set(rows) == set(expected)
     assert rows["alice"]["score"] == rows["alice"]["max_score"] != "0"
     assert float(rows["bob"]["score"]) > 0 and rows["walter"]["score"] == "0"
     assert (course / "grading" / "feedback" / "alice" / LAB1 / f"{LAB1}.html").exists()
+    # The similarity report: written beside the grading folders; honest students are not flagged.
+    report = (course / "grading" / "similarity.csv").read_text().splitlines()
+    assert report[0].startswith("lab,cell,student,other") and len(report) == 1, report
+    assert "similarity: no answers flagged" in done.stdout, done.stdout[-2000:]
 
     why = slurm_cluster.missing()
     if why:

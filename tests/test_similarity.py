@@ -2,11 +2,18 @@
 comments; honest answers, short formulas and untouched cells are not."""
 from __future__ import annotations
 
+import csv
 import inspect
 import textwrap
 
+import pytest
+
+import submissions
+from distlab import paths
+from distlab.grading import similarity
 from distlab.grading.similarity import MIN_TOKENS, compare_cell, normalise, threshold
 from distlab.labs.collectives import reference_fit
+from submissions import attacks, copies
 
 RING = '''
 def ring_all_reduce(tensor):
@@ -119,3 +126,63 @@ def test_short_answers_are_not_compared_and_short_cells_need_more():
     assert compare_cell("01_collectives", "bandwidths", {"a": formula, "b": formula},
                         [HANDED_OUT], {}) == []
     assert threshold(MIN_TOKENS) > threshold(100) > threshold(1000) == 0.8
+
+
+# ---------------------------------------------------------------------------------------------
+# The report over the test suite's own sample submissions (read from their notebooks: the report
+# needs no grading run)
+
+@pytest.fixture(scope="module")
+def suite_report(tmp_path_factory):
+    """The report over every sample the grading tests grade, plus the copies; (flags, found)."""
+    folder = tmp_path_factory.mktemp("similarity") / "submitted"
+    found: dict[str, list[str]] = {}
+
+    def add(nb, student, lab):
+        submissions.write(nb, folder, student, lab)
+        found.setdefault(student, []).append(lab)
+
+    for lab in paths.labs():
+        add(submissions.solved(lab), "solution", lab)
+        add(submissions.student(lab), "untouched", lab)
+    for (student, lab), (nb, _) in submissions.special_samples().items():
+        add(nb, student, lab)
+    for student, (nb, _) in attacks.attack_samples().items():
+        add(nb, student, attacks.LAB)
+    for student, nb in copies.copy_samples().items():
+        add(nb, student, copies.LAB)
+    return similarity.report(folder, found), found
+
+
+def test_the_copies_among_the_suite_samples_are_flagged_and_nothing_else(suite_report):
+    flags, found = suite_report
+    assert {(f.student, f.cell, f.other) for f in flags} == copies.EXPECTED_FLAGS, \
+        "\n".join(map(str, flags))
+    for flag in flags:
+        assert flag.similarity >= threshold(flag.tokens) and flag.tokens >= MIN_TOKENS
+    honest = set(found) - {"course_copier", "ann", "ben"}
+    assert len(honest) >= 20      # solution, untouched, partial, mistakes, attacks
+    assert not {f.student for f in flags} & honest and not {f.other for f in flags} & honest
+
+
+def test_the_report_reads_a_submissions_folder_and_writes_the_csv(tmp_path, capsys):
+    folder = tmp_path / "submitted"
+    for student, nb in copies.copy_samples().items():
+        submissions.write(nb, folder, student, copies.LAB)
+    code = similarity.main([str(folder), "--workdir", str(tmp_path / "grading")])
+    assert code == 0
+    with open(tmp_path / "grading" / "similarity.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["student"], r["cell"], r["other"]) for r in rows} == copies.EXPECTED_FLAGS
+    out = capsys.readouterr().out
+    assert "2 answers look copied (1 from the course's implementations), involving 3 students" \
+        in out and "scores are unchanged" in out
+
+
+def test_after_grading_keeps_the_exit_code_and_survives_its_own_failure(tmp_path, capsys):
+    # A folder that is not there: the report fails, grading's exit code stands, a warning says so.
+    assert similarity.after_grading(tmp_path / "missing", {"x": ["no_such_lab"]}, tmp_path, 0) == 0
+    assert "the similarity report failed" in capsys.readouterr().err
+    assert not (tmp_path / "similarity.csv").exists()
+    assert similarity.after_grading(tmp_path, {}, tmp_path, 130) == 130   # interrupted: no report
+    assert not (tmp_path / "similarity.csv").exists()

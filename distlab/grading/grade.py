@@ -652,7 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (workdir / "scores.csv" if args.shard else Path("scores.csv"))
     try:
         with results.locked(workdir):
-            return _grade_run(args, found, workdir, out)
+            from distlab.grading import similarity  # <workdir>/similarity.csv; never a score
+            return similarity.after_grading(args.submissions, found, workdir,
+                                            _grade_run(args, found, workdir, out))
     except results.Busy as exc:
         print(f"distlab grade: {exc}", file=sys.stderr)
         return 2

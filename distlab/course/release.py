@@ -1,0 +1,184 @@
+"""What an instructor hands out: ``distlab release OUT`` (``make release``: ``build/release/``).
+
+The handout holds
+- ``notebooks/<lab>/``: the student labs, built afresh from ``solutions/`` by nbgrader (solution
+  code replaced by stubs, hidden tests removed), so a stale ``notebooks/`` cannot leak anything;
+- ``data/<lab>/``: the stored references the visible tests read, with their manifests;
+- ``distlab/``: the package the labs import (its implementations are what later labs build on;
+  the grader gives nothing for handing one in as an answer);
+- ``pyproject.toml``, ``setup.py`` and ``environment.yml``: the pinned environment;
+- ``Makefile`` and ``README.md`` for students: ``make lab`` sets up and opens the labs,
+  ``make doctor`` checks the machine.
+
+It leaves out what the instructor keeps: ``solutions/`` (the single source of each lab, with its
+solutions and hidden tests), ``grader/``, ``tests/`` (sample submissions are solved labs) and
+``bench/``. Before writing, it checks its own output: no line that exists only inside a solution
+or hidden-test region of a source may appear in the student labs or the data, and no hidden-test
+line anywhere, else it stops and says which.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from distlab import paths
+from distlab.course import notebooks
+
+PROJECT_FILES = ("pyproject.toml", "setup.py", "environment.yml")
+COURSE_FOLDERS = {"solutions", "notebooks", "data", "grader", "distlab", "tests", "bench"}
+SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "course_files",
+                              "*.egg-info")
+
+MAKEFILE = """\
+# `make lab` sets up the virtual environment .venv (first time only) and opens the labs;
+# `make doctor` checks this machine (versions, backends, GPUs, a 2-rank all-reduce).
+PYTHON ?= python3
+BIN := .venv/bin
+STAMP := .venv/.installed
+
+.PHONY: lab setup doctor
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+\ttest -x $(BIN)/python || $(PYTHON) -m venv .venv
+\t$(BIN)/python -m pip install --quiet -e .
+\ttouch $(STAMP)
+
+# Jupyter refuses to run as root (containers often are) unless told it may.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+lab: setup
+\t$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT)
+
+doctor: setup
+\t$(BIN)/distlab doctor
+"""
+
+README = """\
+# distlab labs
+
+Labs on training large models across many devices, with real `torch.distributed` code on your
+laptop's CPU (several processes, gloo) or on NVIDIA GPUs.
+
+On Linux or macOS with Python 3.10+ (`python3`) and `make`:
+
+```bash
+make lab       # set everything up (a .venv in this folder, about a minute) and open the labs
+make doctor    # check the machine: versions, backends, GPUs and a 2-rank all-reduce
+```
+
+conda users: `conda env create -f environment.yml && conda activate distlab && pip install -e . --no-deps`.
+
+Work through `notebooks/` in order:
+
+{labs}
+
+Each exercise has visible tests: run them as often as you like. The grader also runs hidden
+tests on fresh inputs, so make your code right, not just the visible cases. Hand in each lab's
+notebook (`notebooks/<lab>/<lab>.ipynb`) as your course asks.
+"""
+
+
+def handout_problems(out: Path) -> list[str]:
+    """What in ``out`` gives away a solution or a hidden test; empty when it is fit to hand out."""
+    secret = {}
+    for lab in paths.labs():
+        solution, hidden = _secret_lines(lab)
+        secret.update(dict.fromkeys(solution, f"a solution line of {lab}"))
+        secret.update(dict.fromkeys(hidden, f"a hidden test of {lab}"))
+    problems = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        rel = path.relative_to(out)
+        in_labs = rel.parts[0] in ("notebooks", "data")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        for line, what in secret.items():
+            if (in_labs or what.startswith("a hidden")) and line in text:
+                problems.append(f"{rel}: {what}: {line!r}")
+    return problems
+
+
+def _secret_lines(lab: str) -> tuple[set[str], set[str]]:
+    """(solution lines, hidden-test lines) of ``lab``'s source, stripped, that its other text
+    (teaching text, stubs, visible tests) does not also show; lines under 20 characters are too
+    common to mean anything."""
+    regions = {"solution": (notebooks.BEGIN_SOLUTION, notebooks.END_SOLUTION),
+               "hidden": (notebooks.BEGIN_HIDDEN, notebooks.END_HIDDEN)}
+    found = {kind: set() for kind in regions}
+    elsewhere = []
+    for cell in notebooks.source_notebook(lab).cells:
+        inside = None
+        for raw in cell.source.splitlines():
+            line = raw.strip()
+            starts = [k for k, (begin, _) in regions.items() if line == begin]
+            if starts:
+                inside = starts[0]
+            elif inside and line == regions[inside][1]:
+                inside = None
+            elif inside:
+                found[inside].add(line)
+            else:
+                elsewhere.append(line)
+    shown = "\n".join(elsewhere)
+    return tuple({line for line in found[k] if len(line) >= 20 and line not in shown}
+                 for k in regions)
+
+
+def _labs_list(labs: list[str]) -> str:
+    return "\n".join(f"- `notebooks/{lab}/{lab}.ipynb`" for lab in labs)
+
+
+def release(out: Path, log=print) -> Path:
+    """Write the handout into ``out`` (replaced whole, and only once it passed its own check)."""
+    root, labs = paths.root(), paths.labs()
+    out = out.resolve()
+    if out in (root, *root.parents) or (out.parent == root and out.name in COURSE_FOLDERS):
+        raise ValueError(f"{out} would overwrite the course's own files: give a new folder, "
+                         f"e.g. build/release")
+    with tempfile.TemporaryDirectory(prefix="distlab-release-", dir=out.parent
+                                     if out.parent.exists() else None) as tmp:
+        stage = Path(tmp) / "handout"
+        for lab, files in notebooks.build(labs).items():
+            notebooks.write(lab, files, out=stage / "notebooks")
+            log(f"  notebooks/{lab}/ ({len(files)} files)")
+        shutil.copytree(paths.data(), stage / "data", ignore=SKIP)
+        shutil.copytree(paths.PACKAGE, stage / "distlab", ignore=SKIP)
+        for name in PROJECT_FILES:
+            if (root / name).exists():
+                shutil.copy2(root / name, stage / name)
+        (stage / "Makefile").write_text(MAKEFILE)
+        (stage / "README.md").write_text(README.format(labs=_labs_list(labs)))
+        problems = handout_problems(stage)
+        if problems:
+            raise RuntimeError("the handout would give away solutions or hidden tests, so nothing "
+                               "was written:\n  " + "\n  ".join(problems[:20]))
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(stage), out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="distlab release",
+        description="Write the student handout into OUT: the student labs, the data their visible "
+                    "tests read, the package, the environment and a student README; no solutions, "
+                    "no hidden tests.")
+    p.add_argument("out", type=Path, metavar="OUT")
+    args = p.parse_args(argv)
+    try:
+        out = release(args.out)
+    except (RuntimeError, ValueError, FileNotFoundError) as exc:
+        print(f"distlab release: {exc}", file=sys.stderr)
+        return 1
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"wrote the handout to {out} ({size / 1e6:.1f} MB): hand out this folder; keep "
+          f"solutions/, grader/ and tests/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
