@@ -196,3 +196,17 @@ def test_backends_setting(monkeypatch):
     assert ranks.backends(2)[0] == "gloo"
     monkeypatch.setenv(ranks.ENV_BACKEND, "gloo")
     assert ranks.backends(4) == ["gloo"]
+
+
+@pytest.mark.timeout(600)
+def test_readme_command_without_out_or_workdir(tmp_path, monkeypatch):
+    # README.md: `distlab grade submitted --jobs 2`, with the defaults for --out and --workdir
+    # (./scores.csv, ./grading) in the folder it runs from. One untouched Lab 1: its rows, not
+    # a grader error, must reach scores.csv.
+    submissions.write(submissions.student(LAB1), tmp_path / "submitted", "ann", LAB1)
+    monkeypatch.chdir(tmp_path)
+    assert grade.main(["submitted", "--jobs", "2", "--backend", "gloo"]) == 0
+    with open(tmp_path / "scores.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("ann", LAB1, "0")]
+    assert (tmp_path / "grading" / "results" / "ann.json").is_file()

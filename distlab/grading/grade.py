@@ -239,8 +239,7 @@ def grade_student(student: str, labs: list[str], submissions: Path, workdir: Pat
         (root / f"flags-{lab}.json").write_text(json.dumps(flags[lab]))
     # The student's code may read none of: the grading folders (every student's), the
     # submissions, the scores. Its own folders inside them stay open to it.
-    hide = [p for p in (workdir.resolve(), submissions.resolve(),
-                        Path(getattr(opts, "out", "scores.csv")).resolve())
+    hide = [p for p in (workdir.resolve(), submissions.resolve(), Path(opts.out).resolve())
             if not any(p == q or p in q.parents for q in (paths.root(), Path(sys.prefix).resolve()))]
     checks = CheckSettings(backend=opts.backend, rank_timeout=opts.rank_timeout)
     env = dict(os.environ, **checks.environ(), **{ENV_HIDE: os.pathsep.join(map(str, hide))})
@@ -650,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     default = Path(f"grading-shard-{k}-of-{n}" if args.shard else "grading")
     workdir = (args.workdir or default).resolve()
     out = args.out or (workdir / "scores.csv" if args.shard else Path("scores.csv"))
+    args.out = out   # the workers hide the scores from students' code: they need the real path
     try:
         with results.locked(workdir):
             return _grade_run(args, found, workdir, out)
