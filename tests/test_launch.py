@@ -336,6 +336,22 @@ def test_torchrun_uses_the_existing_processes(tmp_path):
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("RESULT [3.0, 3.0]") == 2
+    assert "terminate called" not in done.stderr
+
+
+def test_torchrun_ranks_leave_their_group_at_exit(tmp_path):
+    # A group still alive while the interpreter exits can abort the rank ("terminate called
+    # without an active exception"): the group distlab.run made is destroyed at exit.
+    path = _script(tmp_path, SCRIPT + """
+    import atexit
+    atexit._run_exitfuncs()
+    print(f"LEFT {not dist.is_initialized()}")
+""")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("LEFT True") == 2, done.stdout
 
 
 def test_torchrun_with_the_wrong_world_size_is_explained(tmp_path):
