@@ -172,3 +172,22 @@ def test_a_check_named_in_a_comment_is_not_expected():
     source = "# check_b(g) is the next exercise's test\ncheck_a(f)\nprint('check_c(x)')"
     assert judge.expected_checks(source) == {"check_a": 1}
     assert review(source, [Verdict("check_a", "pass", "", None)]) == ("pass", "")
+
+
+def test_the_judge_and_the_scoring_give_an_outcome_one_status():
+    import nbformat
+    from distlab.checks.assertions import CheckFailed
+    from distlab.grading.statuses import status_of_cell, status_of_exception
+    from distlab.runtime.outcome import HangError, RankCrashed, RankError
+    stub = RankError("rank 0 raised NotImplementedError", 0, "NotImplementedError", "")
+    raised = {"fail": CheckFailed("wrong"), "hang": HangError("stuck"),
+              "crash": RankCrashed("died"), "not-done": stub,
+              "error": RankError("rank 1 raised ValueError", 1, "ValueError", "")}
+    for status, exc in raised.items():
+        cell = nbformat.v4.new_code_cell("check_x(f)")
+        cell.execution_count = 1
+        cell.outputs = [nbformat.v4.new_output("error", ename=type(exc).__name__,
+                                               evalue=str(exc), traceback=[])]
+        assert status_of_exception(exc) == status == status_of_cell(cell, 0, 1)[0], exc
+    passed = nbformat.v4.new_code_cell("check_x(f)")
+    assert status_of_cell(passed, 1, 1) == ("pass", "")

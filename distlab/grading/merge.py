@@ -137,7 +137,9 @@ def write_merged(dest: Path, manifests: dict[Path, dict], merged: dict[str, dict
         ensure_structure(dest / "gradebook.db", d / "template")
     scope = {s: list(record["labs"]) for s, record in merged.items()}
     sync_gradebook(dest / "gradebook.db", results.scope_points(merged, scope))
-    write_scores(results.scope_rows(merged, scope, dest), out)
+    # With the scores an instructor entered in the merged gradebook (manually graded answers).
+    write_scores(results.with_manual_scores(results.scope_rows(merged, scope, dest),
+                                            dest / "gradebook.db"), out)
     results.write_manifest(dest, scope, None, complete=True,
                            merged_from=[str(d) for d in manifests])
 
