@@ -50,6 +50,13 @@ killed and the test fails with the launcher's diagnosis).
 Two nbgrader rules are softened for distributed code: rank output and library warnings go to
 stderr, and nbgrader scores a test cell zero when it wrote to stderr, so stderr is turned into
 stdout before scoring (a check fails by raising, never by printing).
+
+Where each part lives: this module is the command (arguments, then ``orchestrate.grade_run``);
+``settings`` the run's settings (one frozen object); ``intake`` finding submissions and the
+template; ``orchestrate`` the jobs, shards and resume; ``worker`` the nbgrader process per
+student; ``scoring`` a test cell's status and points, feedback and scores.csv (``statuses`` the
+one outcome-to-status mapping); ``records``, ``files``, ``selection``, ``gradebook`` what survives
+a kill; ``progress`` what a long run shows.
 """
 from __future__ import annotations
 
