@@ -17,7 +17,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 
 from distlab.grading.execution import GradedExecute
-from distlab.grading.grade import FeedbackWithoutHiddenTests, StderrAsStdout
+from distlab.grading.nbgrader_plugins import FeedbackWithoutHiddenTests, StderrAsStdout
 
 REPO = Path(__file__).resolve().parents[1]
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)

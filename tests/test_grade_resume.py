@@ -24,8 +24,7 @@ import psutil
 import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
-from distlab.grading import grade
-from distlab.grading import records as results
+from distlab.grading import files, gradebook, grade, intake, records, selection
 from distlab.grading.merge import MergeError, merge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +56,7 @@ def _gradebook(work: Path) -> dict[tuple[str, str], dict]:
     """{(student, lab): score and per-test statuses} as nbgrader's gradebook.db holds them."""
     from nbgrader.api import Gradebook
     out = {}
-    with Gradebook(f"sqlite:///{work / 'gradebook.db'}", results.COURSE) as gb:
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}", gradebook.COURSE) as gb:
         for assignment in gb.assignments:
             for sub in assignment.submissions:
                 grades = [g for nb in sub.notebooks for g in nb.grades if g.cell_type == "code"]
@@ -152,7 +151,7 @@ def test_killed_run_resumes_without_grading_anyone_twice(resumed):
     for student in before:  # not graded again: the record was not even rewritten
         assert after[student] == before[student], student
         assert (work / "results" / f"{student}.json").read_text() == resumed["contents"][student]
-    assert results.read_manifest(work)["complete"] is True
+    assert records.read_manifest(work)["complete"] is True
 
 
 @pytest.mark.slow
@@ -207,17 +206,17 @@ def _merge_refuses_what_does_not_fit(shards: Path, tmp_path: Path) -> None:
     # An unfinished shard (killed, or a student failed) is named, with what to do.
     stopped = tmp_path / "stopped"
     shutil.copytree(two, stopped, ignore=NOT_RESULTS)
-    manifest = results.read_manifest(stopped)
-    results.write_manifest(stopped, manifest["students"], manifest["shard"], complete=False)
+    manifest = records.read_manifest(stopped)
+    records.write_manifest(stopped, manifest["students"], manifest["shard"], complete=False)
     with pytest.raises(MergeError, match="incomplete.*again"):
         merge([one, stopped], tmp_path / "m3", tmp_path / "m3.csv")
     # The same student graded differently in two work directories.
     other = tmp_path / "other"
     shutil.copytree(two, other, ignore=NOT_RESULTS)
-    record = results.load_records(other)["partial"]
+    record = records.load_records(other)["partial"]
     record["labs"][LAB1]["row"]["score"] += 1
-    results.save_record(other, record)
-    results.write_manifest(other, manifest["students"], None, complete=True)
+    records.save_record(other, record)
+    records.write_manifest(other, manifest["students"], None, complete=True)
     with pytest.raises(MergeError, match="partial was graded in .* different results"):
         merge([one, two, other], tmp_path / "m4", tmp_path / "m4.csv")
 
@@ -246,29 +245,29 @@ def test_regrade_then_sigterm_keeps_what_was_recorded(resumed, samples, tmp_path
     assert "interrupted" in output and "again" in output
     alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[p.cmdline() for p in alive]}"
-    assert _recorded(work) == before and results.read_manifest(work)["complete"] is False
+    assert _recorded(work) == before and records.read_manifest(work)["complete"] is False
     assert _scores(work / "scores.csv") == _scores(resumed["work"] / "scores.csv")
     assert_gradebook_agrees(work, work / "scores.csv")
     again = subprocess.run(_grade_command(samples, work), capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0 and "0 notebooks of 0 students" in again.stdout, again.stdout
-    assert _recorded(work) == before and results.read_manifest(work)["complete"] is True
+    assert _recorded(work) == before and records.read_manifest(work)["complete"] is True
 
 
 # ---------------------------------------------------------------------------------------------
 # The pieces, without grading
 
 def test_shard_argument():
-    assert results.shard_arg("0/4") == (0, 4)
+    assert selection.shard_arg("0/4") == (0, 4)
     for bad, says in (("3/2", "K must be in 0..N-1"), ("0/0", "N at least 1"),
                       ("1", "expected K/N"), ("a/b", "expected K/N")):
         with pytest.raises(Exception, match=re.escape(says)):
-            results.shard_arg(bad)
+            selection.shard_arg(bad)
 
 
 def test_shards_split_students_once_each():
     found = {f"s{i:03d}": [LAB1] for i in range(200)}
-    parts = [results.in_shard(found, (k, 4)) for k in range(4)]
+    parts = [selection.in_shard(found, (k, 4)) for k in range(4)]
     assert sorted(s for p in parts for s in p) == sorted(found)
     assert all(20 < len(p) < 80 for p in parts)  # sha256 spreads them
 
@@ -277,11 +276,11 @@ def test_plan_skips_what_is_recorded_and_unchanged():
     current = {"ann": {"a": "1", "b": "2"}, "ben": {"a": "3"}, "cat": {"a": "4"}}
     records = {"ann": {"labs": {"a": {"fingerprint": "1"}, "b": {"fingerprint": "old"}}},
                "ben": {"labs": {"a": {"fingerprint": "3"}}}}
-    assert results.plan(current, records, None) == ({"ann": ["b"], "cat": ["a"]}, ["ben"])
-    assert results.plan(current, records, ["ben"]) == \
+    assert selection.plan(current, records, None) == ({"ann": ["b"], "cat": ["a"]}, ["ben"])
+    assert selection.plan(current, records, ["ben"]) == \
         ({"ann": ["b"], "ben": ["a"], "cat": ["a"]}, [])
     everyone = {s: list(v) for s, v in current.items()}
-    assert results.plan(current, records, [results.ALL])[0] == everyone
+    assert selection.plan(current, records, [selection.ALL])[0] == everyone
 
 
 def test_fingerprint_follows_submission_tests_and_settings(tmp_path):
@@ -292,7 +291,7 @@ def test_fingerprint_follows_submission_tests_and_settings(tmp_path):
     (subs / "ann" / LAB1 / f"{LAB1}.ipynb").write_text("answer")
 
     def fp(settings=None):
-        return results.fingerprints(subs, {"ann": [LAB1]}, template, settings or {})["ann"][LAB1]
+        return selection.fingerprints(subs, {"ann": [LAB1]}, template, settings or {})["ann"][LAB1]
 
     first = fp()
     assert fp() == first
@@ -305,7 +304,7 @@ def test_fingerprint_follows_submission_tests_and_settings(tmp_path):
 
 
 def test_regrade_option():
-    assert grade.parse_args(["subs", "--regrade"]).regrade == [results.ALL]
+    assert grade.parse_args(["subs", "--regrade"]).regrade == [selection.ALL]
     named = grade.parse_args(["subs", "--regrade", "ann", "--regrade", "ben"])
     assert named.regrade == ["ann", "ben"]
     assert grade.parse_args(["subs"]).regrade is None
@@ -313,38 +312,108 @@ def test_regrade_option():
 
 def test_atomic_write_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "x" / "scores.csv"
-    results.atomic_write(target, "a\n")
-    results.atomic_write(target, "b\n")
+    files.atomic_write(target, "a\n")
+    files.atomic_write(target, "b\n")
     assert target.read_text() == "b\n"
     assert [p.name for p in target.parent.iterdir()] == ["scores.csv"]
 
 
 @pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SAWarning")  # nbgrader's add_submission
 def test_gradebook_follows_the_records(tmp_path):
-    template = grade.prepare_template(tmp_path, [LAB1])
+    template = intake.prepare_template(tmp_path, [LAB1])
     db = tmp_path / "gradebook.db"
-    results.ensure_structure(db, template)
-    tests = results.gradebook_tests(db)[LAB1]
+    gradebook.ensure_structure(db, template)
+    tests = gradebook.gradebook_tests(db)[LAB1]
     full, none = dict(tests), dict.fromkeys(tests, 0.0)
-    results.sync_gradebook(db, {("ann", LAB1): full, ("ben", LAB1): none})
+    gradebook.sync_gradebook(db, {("ann", LAB1): full, ("ben", LAB1): none})
     # A kill between nbgrader's commits leaves a submission without scores: the next sync redoes it.
     from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{db}", results.COURSE) as gb:
+    with Gradebook(f"sqlite:///{db}", gradebook.COURSE) as gb:
         gb.add_student("cat")
         gb.add_submission(LAB1, "cat")
-    results.sync_gradebook(db, {("ann", LAB1): full, ("cat", LAB1): none}, {"cat"})
-    with Gradebook(f"sqlite:///{db}", results.COURSE) as gb:
+    gradebook.sync_gradebook(db, {("ann", LAB1): full, ("cat", LAB1): none}, {"cat"})
+    with Gradebook(f"sqlite:///{db}", gradebook.COURSE) as gb:
         assert {s.id for s in gb.students} == {"ann", "ben", "cat"}  # only cat was synced
         assert gb.find_submission(LAB1, "cat").score == 0
         assert gb.find_submission(LAB1, "ann").score == sum(full.values())
-    results.sync_gradebook(db, {("ann", LAB1): none})
-    with Gradebook(f"sqlite:///{db}", results.COURSE) as gb:
+    gradebook.sync_gradebook(db, {("ann", LAB1): none})
+    with Gradebook(f"sqlite:///{db}", gradebook.COURSE) as gb:
         assert [s.id for s in gb.students] == ["ann"] and gb.find_submission(LAB1, "ann").score == 0
         # The lab's tests changed (here: their points in this gradebook): the lab is made anew.
         cell = gb.find_grade_cell(next(iter(tests)), LAB1, LAB1)
         cell.max_score += 1
         gb.db.commit()
-    results.ensure_structure(db, template)
-    assert results.gradebook_tests(db)[LAB1] == tests
-    with Gradebook(f"sqlite:///{db}", results.COURSE) as gb:
+    gradebook.ensure_structure(db, template)
+    assert gradebook.gradebook_tests(db)[LAB1] == tests
+    with Gradebook(f"sqlite:///{db}", gradebook.COURSE) as gb:
         assert gb.assignment_submissions(LAB1) == []  # its students are graded again anyway
+
+
+MANUAL_CELL = '''
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "explain_busbw", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# Why does busbw, not algbw, compare all-reduce with the hardware's link bandwidth?
+#
+# ### BEGIN SOLUTION
+# Because busbw counts the bytes every link carries, 2(n-1)/n of the message for a ring.
+# ### END SOLUTION
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_manual_scores_survive_every_later_grading_run(tmp_path, monkeypatch):
+    """A manually graded answer cell: the score an instructor enters in the gradebook (as the
+    formgrader does, through nbgrader's API) survives a run that grades nothing, a regrade of
+    the same student, and a regrade whose autograded scores change; scores.csv shows it."""
+    from nbgrader.api import Gradebook
+    course = tmp_path / "course"
+    (course / "solutions" / LAB1).mkdir(parents=True)
+    source = REPO / "solutions" / LAB1 / f"{LAB1}.py"
+    (course / "solutions" / LAB1 / source.name).write_text(source.read_text() + MANUAL_CELL)
+    for name in ("data", "grader", "notebooks"):
+        (course / name).symlink_to(REPO / name)
+    monkeypatch.setenv("DISTLAB_COURSE", str(course))
+    template = intake.prepare_template(tmp_path / "release", [LAB1])
+    released = template / "release" / LAB1 / f"{LAB1}.ipynb"
+    import nbformat
+    student = nbformat.read(released, as_version=4)
+    assert "explain_busbw" in {c.metadata.get("nbgrader", {}).get("grade_id") for c in student.cells}
+    subs, work, out = tmp_path / "submitted", tmp_path / "work", tmp_path / "scores.csv"
+    submissions.write(student, subs, "ann", LAB1)
+
+    def grade_again(*extra: str) -> dict:
+        args = [str(subs), "--workdir", str(work), "--out", str(out), *LIMITS, *extra]
+        assert grade.main(args) == 0
+        return _scores(out)[("ann", LAB1)]
+
+    first = grade_again()
+    assert first["explain_busbw"] == "ungraded" and float(first["score"]) == 0
+    top = float(first["max_score"])
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}", gradebook.COURSE) as gb:
+        gb.find_grade("explain_busbw", LAB1, LAB1, "ann").manual_score = 1.5
+        gb.db.commit()
+
+    def manual_in_gradebook() -> float | None:
+        with Gradebook(f"sqlite:///{work / 'gradebook.db'}", gradebook.COURSE) as gb:
+            return gb.find_grade("explain_busbw", LAB1, LAB1, "ann").manual_score
+
+    unchanged = grade_again()                    # nothing to grade: outputs rebuilt
+    regraded = grade_again("--regrade", "ann")   # the same student graded again
+    for row in (unchanged, regraded):
+        assert row["explain_busbw"] == "manual 1.5/2" and float(row["score"]) == 1.5
+        assert float(row["max_score"]) == top
+    assert manual_in_gradebook() == 1.5
+    # A new submission scores differently: its autograded entries are redone, the manual stays.
+    submissions.write(submissions.replace_cell(student, "bandwidths", _solution_of("bandwidths")),
+                      subs, "ann", LAB1)
+    changed = grade_again()
+    assert changed["test_bandwidths"] == "pass" and changed["explain_busbw"] == "manual 1.5/2"
+    assert float(changed["score"]) == 2 + 1.5
+    assert manual_in_gradebook() == 1.5
+
+
+def _solution_of(grade_id: str) -> str:
+    cell = next(c for c in submissions.solved(LAB1).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    return cell.source

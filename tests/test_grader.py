@@ -18,7 +18,8 @@ import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
 from distlab.checks import ranks
-from distlab.grading import grade
+from distlab.grading import grade, intake, nbgrader_plugins
+from distlab.grading import progress as grading_progress
 from distlab.course import notebooks
 from distlab.course.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
 
@@ -139,7 +140,7 @@ def test_feedback_hides_hidden_test_code(graded):
 # Pieces of the grader, without running notebooks
 
 def test_notebook_budget_shrinks_cell_timeouts():
-    budget = grade.NotebookBudget(per_cell=100, per_notebook=250)
+    budget = nbgrader_plugins.NotebookBudget(per_cell=100, per_notebook=250)
     assert budget(None) == 100
     budget.started -= 200  # as if 200 s of the notebook had passed
     assert 49 <= budget(None) <= 50
@@ -156,7 +157,7 @@ def test_feedback_preprocessor_drops_hidden_code_and_tracebacks():
                                  "locked": True}
     cell.outputs = [nbformat.v4.new_output("error", ename="CheckFailed", evalue="rank 1 was wrong",
                                            traceback=["check(f, seed=fresh_seed())", "..."])]
-    grade.FeedbackWithoutHiddenTests().preprocess_cell(cell, {}, 0)
+    nbgrader_plugins.FeedbackWithoutHiddenTests().preprocess_cell(cell, {}, 0)
     assert "fresh_seed" not in cell.source and cell.source.startswith("check(f)")
     assert cell.outputs[0]["traceback"] == ["CheckFailed: rank 1 was wrong"]
 
@@ -164,7 +165,7 @@ def test_feedback_preprocessor_drops_hidden_code_and_tracebacks():
 def test_stderr_becomes_stdout():
     cell = nbformat.v4.new_code_cell("x")
     cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="FutureWarning: ...")]
-    grade.StderrAsStdout().preprocess_cell(cell, {}, 0)
+    nbgrader_plugins.StderrAsStdout().preprocess_cell(cell, {}, 0)
     assert cell.outputs[0]["name"] == "stdout"
 
 
@@ -172,7 +173,7 @@ def test_discover_skips_what_is_not_a_submission(tmp_path):
     submissions.write(submissions.student(LAB1), tmp_path, "ann", LAB1)
     submissions.write(submissions.student(LAB1), tmp_path, "ben", "99_nope")
     (tmp_path / "cat" / LAB1).mkdir(parents=True)
-    found, warnings = grade.discover(tmp_path, labs())
+    found, warnings = intake.discover(tmp_path, labs())
     assert found == {"ann": [LAB1]}
     assert len(warnings) == 2
 
@@ -182,13 +183,13 @@ def test_locked_cell_flags(tmp_path):
     nbformat.write(submissions.student(LAB1), release)
     edited = submissions.write(submissions.replace_cell(submissions.student(LAB1), "test_alpha_beta", "pass"),
                                tmp_path, "s", LAB1)
-    assert grade.locked_cell_flags(release, edited) == ["edited locked cell test_alpha_beta"]
+    assert intake.locked_cell_flags(release, edited) == ["edited locked cell test_alpha_beta"]
     nb = submissions.student(LAB1)
     nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "imports"]
     deleted = submissions.write(nb, tmp_path, "t", LAB1)
-    assert grade.locked_cell_flags(release, deleted) == ["deleted locked cell imports"]
+    assert intake.locked_cell_flags(release, deleted) == ["deleted locked cell imports"]
     untouched = submissions.write(submissions.solved(LAB1), tmp_path, "u", LAB1)
-    assert grade.locked_cell_flags(release, untouched) == []
+    assert intake.locked_cell_flags(release, untouched) == []
 
 
 def test_backends_setting(monkeypatch):
@@ -196,3 +197,64 @@ def test_backends_setting(monkeypatch):
     assert ranks.backends(2)[0] == "gloo"
     monkeypatch.setenv(ranks.ENV_BACKEND, "gloo")
     assert ranks.backends(4) == ["gloo"]
+
+
+@pytest.mark.timeout(600)
+def test_readme_command_without_out_or_workdir(tmp_path, monkeypatch):
+    # README.md: `distlab grade submitted --jobs 2`, with the defaults for --out and --workdir
+    # (./scores.csv, ./grading) in the folder it runs from. One untouched Lab 1: its rows, not
+    # a grader error, must reach scores.csv.
+    submissions.write(submissions.student(LAB1), tmp_path / "submitted", "ann", LAB1)
+    monkeypatch.chdir(tmp_path)
+    assert grade.main(["submitted", "--jobs", "2", "--backend", "gloo"]) == 0
+    with open(tmp_path / "scores.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("ann", LAB1, "0")]
+    assert (tmp_path / "grading" / "results" / "ann.json").is_file()
+
+
+def test_labs_not_selected_are_counted_once(tmp_path):
+    for student in ("ann", "ben"):
+        for lab in labs()[:3]:
+            submissions.write(submissions.student(lab), tmp_path, student, lab)
+    found, warnings = intake.discover(tmp_path, labs(), [LAB1])
+    assert found == {"ann": [LAB1], "ben": [LAB1]}
+    assert warnings == [f"4 notebooks of labs not selected (--lab {LAB1}) skipped"]
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_in_a_log_is_a_line_about_every_minute():
+    import io
+    out, clock = io.StringIO(), _Clock()
+    progress = grading_progress.Progress(100, stream=out, tty=False, every=60, clock=clock)
+    for _ in range(10):          # 10 notebooks in 50 s: no line yet
+        clock.now += 5
+        progress.done()
+    assert out.getvalue() == ""
+    clock.now += 10              # a minute since the start: 11 of 100 at 11/min
+    progress.done()
+    assert out.getvalue() == "progress: 11/100 notebooks, 11.0/min, ETA 8m05s, 1m00s elapsed\n"
+    clock.now += 1
+    progress.done(89)            # the last one always gets its line
+    assert out.getvalue().splitlines()[-1] == "progress: 100/100 notebooks, 98.4/min, 1m01s elapsed"
+
+
+def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
+    import io
+    out, clock = io.StringIO(), _Clock()
+    progress = grading_progress.Progress(4, stream=out, tty=True, clock=clock)
+    clock.now += 30
+    progress.done()
+    assert out.getvalue() == "\r[#######-----------------------] 1/4 notebooks, 2.0/min, ETA 1m30s, " \
+                             "30s elapsed\x1b[K"
+    progress.clear()             # a student's line is printed on a clean line
+    clock.now += 30
+    progress.done(3)
+    assert out.getvalue().endswith("\r[" + "#" * 30 + "] 4/4 notebooks, 4.0/min, 1m00s elapsed\x1b[K\n")

@@ -64,10 +64,8 @@ def test_the_installed_package_and_its_course_are_what_runs(installed, tmp_path)
 def test_the_installed_package_grades_a_submission(installed, tmp_path):
     submissions.write(submissions.solved(LAB1), tmp_path / "submitted", "alice", LAB1)
     # The README's grading command, `distlab grade submitted --jobs 2`, run by the installed
-    # package. `--out scores.csv` is its documented default, passed because on this branch the
-    # default is still None (issue 16 section 1 fixes it elsewhere).
-    done = subprocess.run([str(installed / "bin" / "distlab"), "grade", "submitted", "--jobs", "2",
-                           "--out", "scores.csv"],
+    # package from a folder outside the checkout.
+    done = subprocess.run([str(installed / "bin" / "distlab"), "grade", "submitted", "--jobs", "2"],
                           cwd=tmp_path, env=reuse_venv.clean_env(installed), capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

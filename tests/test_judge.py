@@ -1,7 +1,4 @@
-"""The judge without notebooks: a process serving checks, and kernels as plain subprocesses.
-
-The judge changes process-wide settings (it distrusts ranks), so each test runs it in a process
-of its own (``_in_judge``)."""
+"""The judge without notebooks: a process serving checks, and kernels as plain subprocesses."""
 from __future__ import annotations
 
 import pickle
@@ -38,8 +35,9 @@ KERNEL = textwrap.dedent('''
 JUDGE = textwrap.dedent('''
     import os, subprocess, sys, tempfile
     from distlab.grading.judge import ENV, Judge
+    from distlab.runtime.launch import LaunchSettings
     folder = tempfile.mkdtemp()
-    j = Judge(folder, folder, confine=False)
+    j = Judge(folder, LaunchSettings(distrust=True, cwd=folder))
     j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
                                     "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
                                     "check_bandwidths(bandwidths)"]))
@@ -70,10 +68,40 @@ def test_checks_run_in_the_judge_with_its_own_seed():
     assert out.count("kernel saw: CheckFailed") == 3, out
 
 
+PLAIN_KERNEL = textwrap.dedent('''
+    import torch, torch.distributed as dist
+    from distlab.checks.lab01 import check_all_reduce_rs_ag
+    def right(tensor):
+        n = dist.get_world_size()
+        flat = tensor.reshape(-1)
+        padded = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
+        shard = padded.new_empty(padded.numel() // n)
+        dist.reduce_scatter_single(shard, padded)
+        full = torch.empty_like(padded)
+        dist.all_gather_single(full, shard)
+        return full[:flat.numel()].reshape(tensor.shape)
+    def wrong(tensor):   # the right collectives, but the mean instead of the sum
+        return right(tensor) / dist.get_world_size()
+    for fn in (right, wrong):
+        try:
+            check_all_reduce_rs_ag(fn, world_size=2, seed=3)
+            print(fn.__name__, "pass")
+        except Exception as exc:
+            print(fn.__name__, type(exc).__name__)
+''')
+
+
 def test_kernel_without_judge_runs_checks_itself():
-    from distlab.checks import lab01
-    assert lab01.check_bandwidths.__judged__ is not lab01.check_bandwidths
-    assert callable(lab01.check_bandwidths.__judged__)
+    # A student's own kernel (no DISTLAB_JUDGE): the check runs right there, passing the right
+    # answer and failing the wrong one.
+    import os
+    from distlab.checks.messenger import ENV
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    done = subprocess.run([sys.executable, "-c", PLAIN_KERNEL], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["right pass", "wrong CheckFailed"], \
+        done.stdout + done.stderr[-2000:]
 
 
 def test_request_naming_a_function_outside_the_checks_is_refused():
@@ -144,3 +172,22 @@ def test_a_check_named_in_a_comment_is_not_expected():
     source = "# check_b(g) is the next exercise's test\ncheck_a(f)\nprint('check_c(x)')"
     assert judge.expected_checks(source) == {"check_a": 1}
     assert review(source, [Verdict("check_a", "pass", "", None)]) == ("pass", "")
+
+
+def test_the_judge_and_the_scoring_give_an_outcome_one_status():
+    import nbformat
+    from distlab.checks.assertions import CheckFailed
+    from distlab.grading.statuses import status_of_cell, status_of_exception
+    from distlab.runtime.outcome import HangError, RankCrashed, RankError
+    stub = RankError("rank 0 raised NotImplementedError", 0, "NotImplementedError", "")
+    raised = {"fail": CheckFailed("wrong"), "hang": HangError("stuck"),
+              "crash": RankCrashed("died"), "not-done": stub,
+              "error": RankError("rank 1 raised ValueError", 1, "ValueError", "")}
+    for status, exc in raised.items():
+        cell = nbformat.v4.new_code_cell("check_x(f)")
+        cell.execution_count = 1
+        cell.outputs = [nbformat.v4.new_output("error", ename=type(exc).__name__,
+                                               evalue=str(exc), traceback=[])]
+        assert status_of_exception(exc) == status == status_of_cell(cell, 0, 1)[0], exc
+    passed = nbformat.v4.new_code_cell("check_x(f)")
+    assert status_of_cell(passed, 1, 1) == ("pass", "")

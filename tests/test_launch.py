@@ -55,8 +55,8 @@ def test_exception_names_rank_type_and_traceback():
 
     start = time.perf_counter()
     with pytest.raises(RankError) as info:
-        distlab.run(fn, 3, timeout=30)
-    assert time.perf_counter() - start < 10
+        distlab.run(fn, 3, timeout=60)
+    assert time.perf_counter() - start < 20  # named at once, not after the timeout
     err = info.value
     assert err.rank == 1 and err.exc_type == "ValueError"
     assert "rank 1 raised ValueError: bad shard" in str(err)
@@ -336,6 +336,22 @@ def test_torchrun_uses_the_existing_processes(tmp_path):
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("RESULT [3.0, 3.0]") == 2
+    assert "terminate called" not in done.stderr
+
+
+def test_torchrun_ranks_leave_their_group_at_exit(tmp_path):
+    # A group still alive while the interpreter exits can abort the rank ("terminate called
+    # without an active exception"): the group distlab.run made is destroyed at exit.
+    path = _script(tmp_path, SCRIPT + """
+    import atexit
+    atexit._run_exitfuncs()
+    print(f"LEFT {not dist.is_initialized()}")
+""")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("LEFT True") == 2, done.stdout
 
 
 def test_torchrun_with_the_wrong_world_size_is_explained(tmp_path):
@@ -404,3 +420,33 @@ def test_output_split_inside_a_character_survives(capfd):
     distlab.run(fn, 1)
     out, _ = capfd.readouterr()
     assert "[rank 0] " + "é🏖️" * 5000 in out and "\ufffd" not in out
+
+
+def test_two_launchers_with_different_settings_in_one_process(tmp_path):
+    """A launcher's settings are its own: a distrusting one confined to a folder (as a grader's
+    judge makes) and the default one run side by side without affecting each other."""
+    from distlab.runtime.launch import Launcher, LaunchSettings, default_launcher
+
+    def where(rank, world_size):
+        import os
+        return os.getcwd(), os.environ.get("HOME")
+
+    folder = tmp_path / "judge"
+    folder.mkdir()
+    judge = Launcher(LaunchSettings(distrust=True, cwd=str(folder)))
+    try:
+        confined = judge.run(where, 2)
+        plain = distlab.run(where, 2)                 # the default launcher: untouched
+        with judge.active():
+            routed = distlab.run(where, 1)            # distlab.run inside active(): the judge's
+        after = distlab.run(where, 1)
+        assert confined == [(str(folder), str(folder))] * 2 == routed * 2
+        assert plain[0][0] == os.getcwd() and plain[0][1] != str(folder)
+        assert after == plain[:1]
+        assert judge.zygote_pid() != default_launcher().zygote_pid()
+        # The distrusting launcher reads results as plain data only: code does not come back.
+        with pytest.raises(Exception):
+            judge.run(lambda rank, world_size: where, 1)
+        assert callable(distlab.run(lambda rank, world_size: where, 1)[0])
+    finally:
+        judge.close()

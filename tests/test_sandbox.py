@@ -90,8 +90,15 @@ def folders(tmp_path):
     return inside, outside
 
 
-def test_landlock_abi_is_a_version_number():
-    assert isinstance(ABI, int) and ABI >= 0
+def test_landlock_abi_is_the_kernels_answer_or_zero(monkeypatch):
+    abi = landlock.landlock_abi.__wrapped__  # the uncached function
+    monkeypatch.setattr(landlock, "_syscall", lambda *args: 4)
+    assert abi() == 4
+    monkeypatch.setattr(landlock, "_syscall", lambda *args: -1)  # no Landlock (ENOSYS, EOPNOTSUPP)
+    assert abi() == 0
+    monkeypatch.setattr(landlock, "_syscall", lambda *args: 4)
+    monkeypatch.setattr(landlock.sys, "platform", "darwin")
+    assert abi() == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 
@@ -20,10 +21,19 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade
-from traitlets import Float, Integer
+from traitlets import Any, Float, Integer
 
-JUDGE = None         # the worker's distlab.grading.judge.Judge, when grading with one
-DEATH_NOTES: list[str] = []   # why the worker killed a process (memory limit), newest last
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Guards:
+    """What a grading worker shares with the executor it configures (``GradedExecute.guards``):
+    its judge (told which test cell runs), and the notes on why it killed a process (the memory
+    limit, a flood), newest last, which explain a dead kernel."""
+    judge: object = None
+    death_notes: list = dataclasses.field(default_factory=list)
+
+    def __deepcopy__(self, memo):
+        return self  # traitlets deep-copies config values: the judge and the notes are shared
 
 
 def _size(content: dict) -> int:
@@ -42,12 +52,15 @@ def _error(ename: str, evalue: str):
 class GradedExecute(Execute):
     max_cell_output = Integer(1_000_000, help="characters a cell may print before the rest is "
                                                "dropped and the cell is interrupted").tag(config=True)
+    guards = Any(None, allow_none=True, help="the worker's Guards (None: no judge)").tag(config=True)
     flood_grace = Float(15.0, help="seconds a flooding cell has to finish after its interrupt "
                                    "before its kernel is killed").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         self.dead: str | None = None
-        self.deaths_before = len(DEATH_NOTES)
+        if self.guards is None:
+            self.guards = Guards()
+        self.deaths_before = len(self.guards.death_notes)
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell, resources, index):
@@ -58,8 +71,9 @@ class GradedExecute(Execute):
             return cell, resources
         self.printed, self.flood_timer = 0, None
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id") if is_grade(cell) else None
-        if JUDGE is not None:
-            JUDGE.enter(grade_id, cell.source if grade_id else "")
+        judge = self.guards.judge
+        if judge is not None:
+            judge.enter(grade_id, cell.source if grade_id else "")
         try:
             return super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
@@ -69,12 +83,12 @@ class GradedExecute(Execute):
         finally:
             if self.flood_timer is not None:
                 self.flood_timer.cancel()
-            if JUDGE is not None:
-                JUDGE.enter(None)
+            if judge is not None:
+                judge.enter(None)
 
     def _why_dead(self, cell) -> str:
         where = cell.metadata.get("nbgrader", {}).get("grade_id") or "a cell"
-        notes = DEATH_NOTES[self.deaths_before:]
+        notes = self.guards.death_notes[self.deaths_before:]
         if notes:
             return f"the kernel was stopped in {where}: {notes[-1]}"
         code = self._kernel_exit_code()
@@ -105,7 +119,7 @@ class GradedExecute(Execute):
         return None
 
     def _stop_flood(self) -> None:
-        DEATH_NOTES.append(f"it printed more than {self.max_cell_output:,} characters and had not "
+        self.guards.death_notes.append(f"it printed more than {self.max_cell_output:,} characters and had not "
                            f"stopped {self.flood_grace:g} s after the grader interrupted it")
         self._kill_kernel()
 

@@ -42,6 +42,7 @@ import socket
 import threading
 
 from distlab.checks.messenger import ENV, _recv, _send
+from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
 OUTPUT_TAIL = 8000            # characters of rank output sent back to the kernel with a verdict
@@ -100,31 +101,17 @@ class Verdict:
     seed: int | None
 
 
-def status_of(exc: BaseException) -> str:
-    from distlab.checks.assertions import CheckFailed
-    from distlab.runtime.outcome import HangError, RankCrashed, RankError
-    kind = getattr(exc, "exc_type", "")
-    if isinstance(exc, CheckFailed):
-        return "fail"
-    if isinstance(exc, HangError):
-        return "hang"
-    if isinstance(exc, RankCrashed):
-        return "crash"
-    if isinstance(exc, (RankError, SubmittedError)) and kind == "NotImplementedError":
-        return "not-done"
-    return "error"
-
-
 class Judge:
     """Serves check requests on a Unix socket in ``folder`` (which graded kernels may not write)
-    and records a verdict for each, under the test cell set with ``enter``."""
+    and records a verdict for each, under the test cell set with ``enter``. The checks run their
+    ranks on the judge's own launcher, made with ``ranks`` (a ``LaunchSettings`` that distrusts
+    them: see ``GradingSettings.launch_settings``)."""
 
-    def __init__(self, folder, scratch, confine: bool = True, hide: list[str] = ()):
-        from distlab.runtime import launch
+    def __init__(self, folder, ranks):
+        from distlab.runtime.launch import Launcher
         # Checks run here as plain calls: never as messages to this very judge.
         os.environ.pop(ENV, None)
-        launch.distrust_ranks(confine=[str(scratch)] if confine else [], hide=list(hide),
-                              cwd=str(scratch))
+        self.launcher = Launcher(ranks)
         self.address = os.path.join(str(folder), "judge.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
@@ -180,11 +167,11 @@ class Judge:
         seed = kwargs.get("seed")
         output = io.StringIO()
         try:
-            with contextlib.redirect_stdout(output):
+            with contextlib.redirect_stdout(output), self.launcher.active():
                 check(*args, **kwargs)
             status, ename, message = "pass", "", ""
         except Exception as exc:  # noqa: BLE001 - every failure is a verdict
-            status, ename, message = status_of(exc), type(exc).__name__, str(exc)
+            status, ename, message = status_of_exception(exc), type(exc).__name__, str(exc)
             if isinstance(exc, SubmittedError) and status == "error":
                 ename = exc.exc_type
         with self.lock:
@@ -210,6 +197,7 @@ class Judge:
         return name, check, args, kwargs
 
     def close(self) -> None:
+        self.launcher.close()
         self.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)

@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 from distlab.grading import records as results
+from distlab.grading.files import Busy, atomic_copy, locked
+from distlab.grading.gradebook import ensure_structure, gradebook_tests, sync_gradebook
 
 
 class MergeError(RuntimeError):
@@ -45,9 +47,9 @@ def read_shards(dirs: list[Path]) -> dict[Path, dict]:
 
 def _check_same_tests(dirs: list[Path]) -> None:
     """The shards graded the same tests (one checkout of the course)."""
-    first = results.gradebook_tests(dirs[0] / "template" / "gradebook.db")
+    first = gradebook_tests(dirs[0] / "template" / "gradebook.db")
     for d in dirs[1:]:
-        other = results.gradebook_tests(d / "template" / "gradebook.db")
+        other = gradebook_tests(d / "template" / "gradebook.db")
         for lab in sorted(set(first) & set(other)):
             if first[lab] != other[lab]:
                 raise MergeError(f"{dirs[0]} and {d} graded different versions of {lab}'s tests "
@@ -124,18 +126,20 @@ def _differences(x: dict, y: dict) -> str:
 def write_merged(dest: Path, manifests: dict[Path, dict], merged: dict[str, dict],
                  origin: dict[tuple[str, str], Path], out: Path) -> None:
     """``dest`` as one run over all shards would have left it."""
-    from distlab.grading.grade import write_scores
+    from distlab.grading.scoring import write_scores
     for student, record in merged.items():
         for lab, entry in record["labs"].items():
             if entry["row"]["feedback"]:
                 rel = entry["row"]["feedback"]
-                results.atomic_copy(origin[(student, lab)] / rel, dest / rel)
+                atomic_copy(origin[(student, lab)] / rel, dest / rel)
         results.save_record(dest, record)
     for d in manifests:  # every shard's template has every lab (made from all students' labs)
-        results.ensure_structure(dest / "gradebook.db", d / "template")
+        ensure_structure(dest / "gradebook.db", d / "template")
     scope = {s: list(record["labs"]) for s, record in merged.items()}
-    results.sync_gradebook(dest / "gradebook.db", results.scope_points(merged, scope))
-    write_scores(results.scope_rows(merged, scope, dest), out)
+    sync_gradebook(dest / "gradebook.db", results.scope_points(merged, scope))
+    # With the scores an instructor entered in the merged gradebook (manually graded answers).
+    write_scores(results.with_manual_scores(results.scope_rows(merged, scope, dest),
+                                            dest / "gradebook.db"), out)
     results.write_manifest(dest, scope, None, complete=True,
                            merged_from=[str(d) for d in manifests])
 
@@ -146,7 +150,7 @@ def merge(dirs: list[Path], dest: Path, out: Path) -> dict[str, dict]:
         raise MergeError(f"--workdir {dest} is one of the shards: merge into a folder of its own.")
     manifests = read_shards(dirs)
     merged, origin = collect(manifests)
-    with results.locked(dest.resolve()):
+    with locked(dest.resolve()):
         write_merged(dest.resolve(), manifests, merged, origin, out)
     return merged
 
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         merged = merge(args.shards, args.workdir, args.out)
-    except (MergeError, results.Busy) as exc:
+    except (MergeError, Busy) as exc:
         print(f"distlab merge: {exc}", file=sys.stderr)
         return 1
     notebooks = sum(len(r["labs"]) for r in merged.values())

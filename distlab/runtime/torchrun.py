@@ -9,6 +9,7 @@ code runs unchanged on a laptop and on a cluster.
 """
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -33,6 +34,10 @@ def run_in_process(fn, world_size: int, args: tuple, kwargs: dict, backend: str)
         if chosen == "nccl":
             torch.cuda.set_device(local)
         dist.init_process_group(chosen)
+        # Leave the group before the interpreter exits: a gloo or NCCL group still alive then
+        # aborts the process ("terminate called without an active exception") as its threads
+        # are torn down under it.
+        atexit.register(_leave_group)
     recorder = Recorder(rank, lambda *_: None).install()
     try:
         value = fn(rank, world_size, *args, **kwargs)
@@ -44,3 +49,8 @@ def run_in_process(fn, world_size: int, args: tuple, kwargs: dict, backend: str)
     out.comms = [c for _, c in gathered]
     out.backend, out.seconds = dist.get_backend(), float("nan")
     return out
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

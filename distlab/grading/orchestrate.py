@@ -1,0 +1,201 @@
+"""The orchestration of a grading run: which students and labs to grade (shards, resume), a worker
+process per student (``distlab.grading.worker``) ``--jobs`` at a time, each student's rows recorded
+the moment they come back (``distlab.grading.records``), progress, and a clean stop on Ctrl-C."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from distlab import paths
+from distlab.grading import records, selection
+from distlab.grading.intake import locked_cell_flags, prepare_template
+from distlab.grading.progress import Progress
+from distlab.grading.scoring import collect_feedback, write_scores
+from distlab.grading.settings import GradingSettings
+from distlab.grading.stopping import stop_workers_on_interrupt, timed
+
+LOG_TAIL = 200_000   # bytes of a worker's own output kept in grading.log (the rest is dropped)
+
+
+def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, list[str]],
+              workdir: Path, out: Path, jobs: int = 1, shard=None, regrade=None) -> int:
+    """Grade ``found`` (the shard's part of it) in ``workdir``, ``jobs`` students at a time,
+    skipping what is recorded there; 0 when every student was graded."""
+    start, submissions = time.monotonic(), submissions.resolve()
+    settings = dataclasses.replace(settings, hide=hidden_folders(workdir, submissions, out))
+    scope = selection.in_shard(found, shard)
+    # Every shard makes the same template from all the labs found, so their gradebooks agree.
+    template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
+    current = selection.fingerprints(submissions, scope, template, settings.fingerprint())
+    run = records.Run(workdir, out, scope, shard, current, write_scores)
+    todo, skipped = selection.plan(current, run.records, regrade)
+    where = f" (shard {shard[0]}/{shard[1]} of {len(found)})" if shard else ""
+    total = sum(map(len, todo.values()))
+    print(f"grading {total} notebooks of {len(todo)} students{where}, "
+          f"{jobs} at a time, backend {settings.backend}; {len(skipped)} students already graded")
+    for student in skipped:
+        print(f"  {student:<16} skipped: graded before, submission unchanged (--regrade {student} "
+              f"grades again)")
+    run.start()
+    progress = Progress(total)
+    failed = []
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
+            futures = {pool.submit(timed, grade_student, s, ls, submissions, workdir,
+                                   settings): s for s, ls in todo.items()}
+            for future in as_completed(futures):
+                student = futures[future]
+                progress.clear()
+                if not _record(student, future, workdir, run):
+                    failed.append(student)
+                progress.done(len(todo[student]))
+    except KeyboardInterrupt:
+        print(f"distlab grade: interrupted; {len(scope) - len(run.missing())} of {len(scope)} "
+              f"students are recorded in {workdir / 'results'} and {out}. Run the same command "
+              f"again to grade the rest.", file=sys.stderr)
+        return 130
+    run.finish(complete=not failed)
+    print(f"wrote {out}, {workdir / 'gradebook.db'} and feedback under {workdir / 'feedback'} "
+          f"in {time.monotonic() - start:.0f} s")
+    if failed:
+        print(f"distlab grade: grading failed for {', '.join(failed)} (not recorded); run the same "
+              f"command again to retry them.", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _record(student: str, future, workdir: Path, run) -> bool:
+    """Print and record one student's rows; False if grading them raised."""
+    try:
+        rows, seconds = future.result()
+    except Exception as exc:  # a grader bug: the other students still get graded
+        print(f"  {student:<16} grading raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    for row in rows:
+        tests = " ".join(f"{t}={s}" for t, s in row["tests"].items())
+        flag = f"  [{'; '.join(row['flags'])}]" if row["flags"] else ""
+        print(f"  {student:<16} {row['lab']:<24} {row['score']:g}/{row['max_score'] or 0:g}  "
+              f"{tests}{flag}", flush=True)
+    collect_feedback(rows, workdir)
+    run.record(student, rows, seconds)
+    return True
+
+
+def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ...]:
+    """What a student's code may not read: the grading folders (every student's), the
+    submissions, the scores (its own folders inside them stay open to it), unless one of them
+    holds the course or the interpreter, which the code needs."""
+    needed = (paths.root(), Path(sys.prefix).resolve())
+    return tuple(str(p) for p in (workdir.resolve(), submissions.resolve(), out.resolve())
+                 if not any(p == q or p in q.parents for q in needed))
+
+
+def grade_student(student: str, labs: list[str], submissions: Path, workdir: Path,
+                  settings: GradingSettings) -> list[dict]:
+    """Grade one student's labs in a course directory of their own; one result row per lab.
+
+    The rows come back on a pipe only the worker holds (kernels and ranks start with their
+    descriptors closed), never from files the student's code could write."""
+    from distlab.grading.sandbox import kill_tree
+    _warn_if_unconfined()
+    root = workdir / "students" / student
+    shutil.rmtree(root, ignore_errors=True)
+    template = workdir / "template"
+    root.mkdir(parents=True)
+    shutil.copy2(template / "gradebook.db", root / "gradebook.db")
+    flags = {}
+    for lab in labs:
+        shutil.copytree(template / "source" / lab, root / "source" / lab)
+        shutil.copytree(submissions / student / lab, root / "submitted" / student / lab)
+        flags[lab] = locked_cell_flags(template / "release" / lab / f"{lab}.ipynb",
+                                       root / "submitted" / student / lab / f"{lab}.ipynb")
+        (root / f"flags-{lab}.json").write_text(json.dumps(flags[lab]))
+    env = dict(os.environ, **settings.checks().environ())
+    env.pop("DISTLAB_RANK", None)
+    rows_r, rows_w = os.pipe()
+    command = [sys.executable, "-m", "distlab.grading.worker", str(root), student,
+               settings.to_json(), str(rows_w), *labs]
+    limit = len(labs) * (settings.notebook_timeout + 120)
+    proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, pass_fds=[rows_w])
+    os.close(rows_w)
+    log = _LogTail(proc.stdout, root / "grading.log")
+    received = _read_rows(rows_r, time.monotonic() + limit)
+    killed = proc.poll() is None and len(received) < len(labs)
+    kill_tree(proc.pid)  # whatever is left of the student's processes goes with the worker
+    proc.wait()
+    log.finish()
+    rows = []
+    for lab in labs:
+        row = next((r for r in received if r.get("lab") == lab), None)
+        if row is None:
+            why = f"grading killed after {limit:g} s" if killed else \
+                f"grading failed (exit {proc.returncode}); see {root / 'grading.log'}"
+            row = {"student": student, "lab": lab, "score": 0.0, "max_score": None, "tests": {},
+                   "messages": {}, "flags": [why], "feedback": ""}
+        row["flags"] = flags[lab] + row["flags"]
+        rows.append(row)
+    return rows
+
+
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_if_unconfined() -> None:
+    from distlab.runtime.landlock import landlock_abi
+    if landlock_abi() == 0:
+        print("warning: this Linux kernel has no Landlock (needs 5.13+ with landlock among its "
+              "LSMs): students' code is NOT confined and could change files outside its folder "
+              "(other submissions, the scores). Grade on a machine with Landlock, or check "
+              "the outputs.", file=sys.stderr)
+
+
+def _read_rows(fd: int, deadline: float) -> list[dict]:
+    """The worker's result rows (JSON lines) until it closes the pipe or the deadline passes."""
+    import select
+    data = bytearray()
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([pipe], [], [], min(left, 5.0))[0]:
+                continue
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    rows = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by a kill
+    return rows
+
+
+class _LogTail:
+    """Keep the last LOG_TAIL bytes of a worker's output (a flood must not fill the disk)."""
+
+    def __init__(self, stream, path: Path):
+        import threading
+        self.stream, self.path, self.tail, self.dropped = stream, path, bytearray(), 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for chunk in iter(lambda: self.stream.read1(1 << 16), b""):
+            self.tail += chunk
+            if len(self.tail) > LOG_TAIL:
+                self.dropped += len(self.tail) - LOG_TAIL
+                del self.tail[:len(self.tail) - LOG_TAIL]
+
+    def finish(self) -> None:
+        self.thread.join(timeout=10)
+        head = f"[{self.dropped} earlier bytes dropped]\n".encode() if self.dropped else b""
+        self.path.write_bytes(head + bytes(self.tail))

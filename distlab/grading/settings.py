@@ -1,0 +1,53 @@
+"""A grading run's settings, one immutable object made from the command line and handed to each
+process that needs it: the orchestration (which hides folders and starts workers), each worker
+(as JSON on its command line), and through ``CheckSettings`` the kernels and the judge.
+
+What a rank may do (distrust, working folder, confinement) is the launcher's part of it
+(``distlab.runtime.launch.LaunchSettings``), made per worker by ``launch_settings``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from distlab.checks.ranks import CheckSettings
+
+DEFAULT_MEMORY_GB = 6.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GradingSettings:
+    backend: str = "auto"               # the checks' ranks: gloo, nccl, auto or both
+    rank_timeout: float = 60.0          # seconds before a check's ranks count as hung
+    timeout: float = 300.0              # seconds per cell
+    notebook_timeout: float = 900.0     # seconds for all cells of a notebook
+    memory_limit: float = DEFAULT_MEMORY_GB   # GB for all of a student's processes
+    hide: tuple[str, ...] = ()          # folders students' code may not read (grading, submissions, scores)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_limit * 2**30)
+
+    def checks(self) -> CheckSettings:
+        return CheckSettings(backend=self.backend, rank_timeout=self.rank_timeout)
+
+    def fingerprint(self) -> dict[str, str]:
+        """What changes a grade: a recorded result made with other values is graded again."""
+        return {k: str(v) for k, v in sorted(dataclasses.asdict(self).items()) if k != "hide"}
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "GradingSettings":
+        fields = json.loads(text)
+        fields["hide"] = tuple(fields.get("hide", ()))
+        return cls(**fields)
+
+    def launch_settings(self, scratch: str, confine: bool):
+        """How the judge's launcher treats ranks that run a student's code: read with
+        safe_pickle only, started in ``scratch``, confined to it (where Landlock exists) and
+        kept out of the hidden folders."""
+        from distlab.runtime.launch import LaunchSettings
+        return LaunchSettings(distrust=True, cwd=scratch,
+                              confine=(scratch,) if confine else (), hide=self.hide)

@@ -1,0 +1,150 @@
+"""The nbgrader worker: one student's labs, in a process of its own.
+
+``python -m distlab.grading.worker ROOT STUDENT SETTINGS_JSON ROWS_FD LAB...`` is started by the
+orchestration (``distlab.grading.orchestrate``) in the student's course folder. For each lab it
+runs ``nbgrader autograde`` with the judge serving the test cells' checks
+(``distlab.grading.judge``), scores the test cells from the judge's record
+(``distlab.grading.scoring``), writes the feedback, and sends one result row (a JSON line) on
+ROWS_FD, a pipe that no kernel or rank holds. It is a child subreaper: whatever the student's
+code starts is reparented here and killed after each lab.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from distlab.grading.settings import GradingSettings
+
+def main(argv: list[str]) -> int:
+    root, student, settings_json, rows_fd, *labs = argv
+    from distlab.grading import sandbox
+    from distlab.grading.course_dir import nbgrader_api
+    from distlab.grading.execution import Guards
+    from distlab.grading.judge import Judge
+    from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
+    from distlab.runtime import landlock
+
+    settings = GradingSettings.from_json(settings_json)
+    root = Path(root)
+    os.set_inheritable(int(rows_fd), False)  # no kernel or rank may write rows of its own
+    sandbox.become_subreaper()  # orphans of the student's code come back here to be killed
+    sandbox.die_with_parent()   # and this worker goes with a grader that is killed outright
+    folders = _private_folders(root)
+    ranks = settings.launch_settings(str(folders["judge_scratch"]),
+                                     confine=landlock.landlock_abi() > 0)
+    judge = Judge(folders["judge"], ranks)
+    guards = Guards(judge=judge)
+    watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
+                                on_kill=lambda event: _note_memory_kill(guards, event))
+    budget = NotebookBudget(settings.timeout, settings.notebook_timeout)
+    config = load_config()
+    config.Execute.timeout = int(settings.timeout)
+    config.Execute.timeout_func = budget
+    config.GradedExecute.guards = guards
+    api = nbgrader_api(root, config=config)
+    with watch, os.fdopen(int(rows_fd), "w") as rows_out:
+        for lab in labs:
+            budget.reset()
+            judge.reset()
+            lab_dir = root / "autograded" / student / lab
+            _write_kernelspec(folders, lab_dir, judge.address, list(settings.hide))
+            row = _grade_lab(api, root, student, lab, judge)
+            # The judge's zygote stays: it costs seconds to start, and its ranks are its own.
+            _kill_leftovers(keep=judge.launcher.zygote_pid())
+            rows_out.write(json.dumps(row) + "\n")
+            rows_out.flush()
+    judge.close()
+    shutil.rmtree(folders["judge"], ignore_errors=True)
+    return 0
+
+
+def _note_memory_kill(guards, event) -> None:
+    """Why the kernel died, for the cell it died in (distlab.grading.execution reads the notes)."""
+    guards.death_notes.append(
+        f"its processes used more than the grader's memory limit of {event.limit / 2**30:.1f} GiB "
+        f"({event.total / 2**30:.1f} GiB; the largest, {event.command[:80]!r}, was killed)")
+
+
+def _kill_leftovers(keep: int | None) -> None:
+    """Kill everything the lab's kernel left behind (orphans were reparented to this worker)."""
+    import psutil
+    from distlab.grading.sandbox import kill_tree
+    for child in psutil.Process().children():
+        if child.pid != keep:
+            kill_tree(child.pid)
+
+
+def _private_folders(root: Path) -> dict[str, Path]:
+    """Folders of the worker: the judge's socket and the kernel spec (the student's code may not
+    write there) and the scratch folders the kernel and the judge's ranks may write."""
+    # The judge's socket: a short path of its own (a Unix socket path holds at most 107 bytes,
+    # which a deep work directory or a long student name would pass).
+    short = "/tmp" if os.path.isdir("/tmp") else None
+    folders = {"judge": Path(tempfile.mkdtemp(prefix="distlab-judge-", dir=short)),
+               "jupyter": root / "jupyter", "kernel_scratch": root / "scratch" / "kernel",
+               "judge_scratch": root / "scratch" / "judge"}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    os.environ["JUPYTER_PATH"] = str(folders["jupyter"])
+    # jupyter_client writes each kernel's connection file to a temporary folder: the kernel must
+    # be able to read it, so it is the kernel's scratch folder (the judge's ranks get their own).
+    for name in ("TMPDIR", "JUPYTER_RUNTIME_DIR", "MPLCONFIGDIR"):
+        os.environ[name] = str(folders["kernel_scratch"])
+    return folders
+
+
+def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: str,
+                      hide: list[str]) -> None:
+    """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
+    lab's folder and its scratch folder, read nothing in ``hide`` (the grading folders, all
+    submissions, the scores) but those, and is told where the judge listens."""
+    from distlab.checks.messenger import ENV
+    scratch = folders["kernel_scratch"]
+    argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(lab_dir), "--write", str(scratch),
+            *[arg for folder in hide for arg in ("--hide", folder)],
+            "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    env = {ENV: judge_address, "HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
+           "MPLCONFIGDIR": str(scratch / "matplotlib"), "IPYTHONDIR": str(scratch / "ipython"),
+           "XDG_CACHE_HOME": str(scratch / "cache")}
+    spec = folders["jupyter"] / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": argv, "env": env, "display_name": "Python 3 (graded)", "language": "python",
+        "interrupt_mode": "signal"}))
+
+
+def _grade_lab(api, root: Path, student: str, lab: str, judge) -> dict:
+    """nbgrader autograde, then the judge's record overrides what the kernel showed, then
+    feedback; one result row."""
+    import nbformat
+    from nbgrader.utils import is_grade
+    from distlab.grading.scoring import annotate, read_flags, score_tests
+    row = {"student": student, "lab": lab, "score": 0.0, "max_score": None, "tests": {},
+           "messages": {}, "points": {}, "flags": [], "feedback": ""}
+    graded = api.autograde(lab, student, force=True, create=True)
+    if not graded["success"]:
+        last = [line for line in (graded.get("error") or "").splitlines() if line.strip()][-1:]
+        row["flags"].append("nbgrader autograde failed: " + " ".join(last)[-300:])
+    nb_path = root / "autograded" / student / lab / f"{lab}.ipynb"
+    nb = nbformat.read(nb_path, as_version=4) if nb_path.exists() else None
+    cells = {c.metadata.nbgrader["grade_id"]: c for c in (nb.cells if nb else [])
+             if c.cell_type == "code" and is_grade(c)}
+    overrides = score_tests(root, student, lab, cells, judge, row)
+    if nb is not None:
+        annotate(nb, cells, overrides, read_flags(root, lab))
+        nbformat.write(nb, nb_path)
+    feedback = api.generate_feedback(lab, student, force=True) if graded["success"] else graded
+    html = root / "feedback" / student / lab / f"{lab}.html"
+    if html.exists():
+        row["feedback"] = str(html)
+    elif feedback.get("success") is False:
+        row["flags"].append("feedback not generated")
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

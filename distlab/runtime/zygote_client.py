@@ -1,0 +1,89 @@
+"""The launcher's side of the zygote (``distlab.runtime.zygote``): start it, ask it to fork ranks,
+and collect the exit notices it sends as its ranks end."""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+
+from distlab.runtime import zygote as _zygote
+from distlab.runtime.outcome import DistributedError
+
+
+class ZygoteHandle:
+    """A launcher's handle on its zygote process. ``env``: what the zygote (and so every rank it
+    forks) adds to this process's environment, e.g. where to confine itself; ``loads``: how its
+    messages are read."""
+
+    def __init__(self, env: dict[str, str], loads=pickle.loads):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ, DISTLAB_ZYGOTE="1", PYTHONUNBUFFERED="1", **env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distlab.runtime.zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=self.log, env=env, start_new_session=True)
+        theirs.close()
+        self.sock, self.loads = ours, loads
+        self.ready = False
+        self.exits: dict[tuple[int, int], int] = {}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        if self.ready:
+            return
+        message = self._recv(timeout)
+        if message is None or message[0] != "ready":
+            self.log.seek(0)
+            raise DistributedError("distlab could not start its rank launcher process:\n"
+                                   + self.log.read().decode(errors="replace")[-3000:]
+                                   + "\nRun `distlab doctor` to check the installation.")
+        self.ready = True
+
+    def _recv(self, timeout: float):
+        self.sock.settimeout(timeout)
+        try:
+            message, _ = _zygote.recv(self.sock, self.loads)
+        except (socket.timeout, OSError):
+            return None
+        return message
+
+    def fork(self, run_id: int, world_size: int, fds: list[int]) -> list[int]:
+        _zygote.send(self.sock, ("fork", run_id, world_size), fds)
+        while True:
+            message = self._recv(60)
+            if message is None:
+                raise DistributedError("the rank launcher process stopped answering")
+            if message[0] == "forked" and message[1] == run_id:
+                return message[2]
+            self.note(message)
+
+    def note(self, message) -> None:
+        if message and message[0] == "exit":
+            self.exits[(message[1], message[2])] = message[3]
+
+    def drain(self) -> None:
+        """Read the exit notices that arrived while nobody listened."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                message, _ = _zygote.recv(self.sock, self.loads)
+                if message is None:
+                    break
+                self.note(message)
+        except (BlockingIOError, OSError):
+            pass
+        finally:
+            self.sock.setblocking(True)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+            self.proc.wait(timeout=5)
+        except Exception:
+            self.proc.kill()
