@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab05
+from distlab.checks.stored import load as load_stored
 from distlab.course.solutions import solution_functions
 from distlab.labs.pipeline import (SCHEDULES, PipeSpec, TimedStage, bubble_fraction, library_step,
                               loss_fn, partition_layers, peak_in_flight, reference_step,
@@ -98,11 +99,14 @@ def test_timed_stage_records_microbatches_and_activation_memory():
 
 
 def test_stored_references_match_the_code():
-    stored = lab05.references.load(lab05.LAB, "visible")
+    stored = load_stored(lab05.LAB, "visible")
     loss, grads = reference_step(lab05.VISIBLE)
-    assert stored["loss"].item() == loss
+    # Within the check's own tolerance: the stored set was made with another torch build, whose
+    # float32 sums differ in the last bit (39.662827 stored, 39.662830 with torch 2.13 here).
+    tol = dict(atol=lab05.ATOL, rtol=lab05.RTOL)
+    torch.testing.assert_close(stored["loss"], torch.tensor(loss), **tol)
     for name, g in grads.items():
-        torch.testing.assert_close(stored[f"grad.{name}"], g, atol=0, rtol=0)
+        torch.testing.assert_close(stored[f"grad.{name}"], g, **tol)
 
 
 # ----------------------------------------------------------------------------- on real ranks
