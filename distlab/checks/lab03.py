@@ -68,7 +68,7 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
             col, row = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
         return {"seed": seed, "x": x, "dy_col": dy_col, "z": z, "dy": dy,
                 **dense_run(col, x, dy_col, "col."), **dense_run(row, z, dy, "row.")}
-    model = tp.dense(kind, hidden, ffn, seed)
+    model = tp.dense_mlp(kind, hidden, ffn, seed)
     return {"seed": seed, "x": x, "dy": dy, **dense_run(model, x, dy)}
 
 

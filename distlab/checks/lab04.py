@@ -60,7 +60,7 @@ def problem(kind: str, seed: int, batch: int, seq: int, hidden: int = 0, n_heads
                 "dlogits": z.grad}
     x = torch.randn(batch, seq, hidden, generator=g)                                   # (b, s, h)
     dy = torch.randn(batch, seq, hidden, generator=g)                                  # (b, s, h)
-    model = att.dense(kind, seed, hidden, n_heads, n_kv_heads, ffn)
+    model = att.dense_transformer(kind, seed, hidden, n_heads, n_kv_heads, ffn)
     return {"seed": seed, "x": x, "dy": dy, "n_heads": torch.tensor(n_heads),
             "n_kv_heads": torch.tensor(n_kv_heads), **dense_run(model, x, dy)}
 
@@ -93,7 +93,7 @@ def _dense(kind: str, ref: dict):
     """The dense module of a reference set, weights loaded (identical on every rank)."""
     hidden, layout = ref["x"].shape[-1], _layout(ref)
     ffn = ref["param.mlp.fc1.weight"].shape[0] if kind == "block" else 0
-    model = att.dense(kind, 0, hidden, layout.n_heads, layout.n_kv_heads, ffn)
+    model = att.dense_transformer(kind, 0, hidden, layout.n_heads, layout.n_kv_heads, ffn)
     model.load_state_dict({k[len("param."):]: v for k, v in ref.items() if k.startswith("param.")})
     return model
 

@@ -25,9 +25,9 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from distlab.labs.losses import loss_fn  # noqa: F401 (Lab 2 imports it from here)
 from distlab.runtime.devices import device  # noqa: F401 (the labs import it from here)
 
 
@@ -69,11 +69,6 @@ class Setup:
     def optimizer(self, params) -> torch.optim.Optimizer:
         # foreach=False: one code path on every device, so CPU references match GPU runs closely.
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, foreach=False)
-
-
-def loss_fn(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error, averaged over the rows the caller passes (a rank: its own rows)."""
-    return F.mse_loss(pred, target)
 
 
 def rank_rows(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
