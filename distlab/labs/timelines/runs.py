@@ -3,7 +3,7 @@
 Each ``*_step(rank, world_size, spec)`` builds its model on the rank and returns ``step()``, one
 training step with the ranges "forward", "backward" and "optimizer" marked by
 ``record_function`` (and nothing else named, so the traces do not give away the strategy).
-``distlab.labs.timelines.trace.profile_ranks`` runs them; ``RUNS`` names them.
+``distlab.labs.timelines.profiling.profile_ranks`` runs them; ``RUNS`` names them.
 
 - DP naive: backward, then one blocking all-reduce per gradient (Lab 2's first version).
 - DP overlapped: each gradient's all-reduce starts asynchronously from a hook as soon as
@@ -183,8 +183,8 @@ KIND = {"DP naive": "DP", "DP overlapped": "DP", "TP": "TP", "PP": "PP"}
 
 def profile_all(world_size: int = 2, spec: Spec = Spec(), steps: int = 3, warmup: int = 1,
                 runs=tuple(RUNS), backend: str = "auto") -> dict:
-    """Profile each named run; {name: distlab.labs.timelines.trace.Profile}."""
-    from distlab.labs.timelines.trace import profile_ranks
+    """Profile each named run; {name: distlab.labs.timelines.profiling.Profile}."""
+    from distlab.labs.timelines.profiling import profile_ranks
     return {name: profile_ranks(RUNS[name], world_size, spec, steps=steps, warmup=warmup,
                                 label=name, backend=backend) for name in runs}
 
