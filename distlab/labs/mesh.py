@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distlab.runtime.devices import device as rank_device
+
 # Loss agreement with single-process training: float32, different summation order only.
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 
@@ -222,8 +224,8 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
 
     if world_size != shape.world_size:
         raise ValueError(f"{shape} needs {shape.world_size} ranks, got {world_size}")
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_i, dp_i, _ = shape.coords(rank)
 
     stage = split_stage(build_model(cfg, seed), shape.pp, pp_i).to(device)
@@ -270,7 +272,7 @@ def _pipeline_step(stage, shape: MeshShape, pp_i: int, mesh, device):
     one 1F1B pipeline step with two micro-batches; backward runs inside the schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    pipe = PipelineStage(stage, pp_i, shape.pp, torch.device(device), group=mesh["pp"].get_group())
+    pipe = PipelineStage(stage, pp_i, shape.pp, device, group=mesh["pp"].get_group())
     schedule = Schedule1F1B(pipe, n_microbatches=2, loss_fn=token_cross_entropy)
     first, last = pp_i == 0, pp_i == shape.pp - 1
 

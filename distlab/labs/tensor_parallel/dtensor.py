@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distlab.runtime.devices import device as rank_device
+
 def dtensor_plan(kind: str) -> dict:
     """The `parallelize_module` plan equivalent to the hand-written layers above.
 
@@ -64,7 +66,6 @@ def parallelize(model: nn.Module, kind: str, group=None) -> nn.Module:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    mesh = DeviceMesh(device, ranks)
+    mesh = DeviceMesh(rank_device().type, ranks)
     return parallelize_module(model, mesh, dtensor_plan(kind))
 

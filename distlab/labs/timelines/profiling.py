@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from distlab.labs.timelines.trace import Timeline, merge_traces
+from distlab.runtime.devices import device as rank_device
 
 def _profiled_rank(rank: int, world_size: int, make_step: Callable, args: tuple, steps: int,
                    warmup: int) -> bytes:
@@ -23,7 +24,7 @@ def _profiled_rank(rank: int, world_size: int, make_step: Callable, args: tuple,
     step = make_step(rank, world_size, *args)
     for _ in range(warmup):  # first steps pay for allocation and connection set-up
         step()
-    on_gpu = dist.get_backend() == "nccl"
+    on_gpu = rank_device().type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     dist.barrier()
     # record_shapes: gloo's regions carry their tensors' shapes only when shapes are recorded.

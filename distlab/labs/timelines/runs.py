@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab.runtime.devices import device as rank_device
+from distlab.runtime.devices import device as rank_device, pick_backend
 from torch import nn
 from torch.profiler import record_function
 
@@ -262,16 +262,17 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
     fn = {"dp": dp_step, "dp_overlapped": dp_overlapped_step, "tp": tp_step, "pp": pp_step}[args.run]
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # Under torchrun: the backend as distlab.run picks it, the GPU of this process's LOCAL_RANK.
+    backend = pick_backend("auto", int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     step = fn(dist.get_rank(), dist.get_world_size())
     step()  # warm-up, outside the capture range
-    if backend == "nccl":
+    on_gpu = rank_device().type == "cuda"
+    if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi starts here
-    on_gpu = backend == "nccl"
     # emit_nvtx turns every autograd op into an NVTX range (NVTX needs CUDA, so GPU runs only).
     with torch.autograd.profiler.emit_nvtx() if on_gpu else contextlib.nullcontext():
         for _ in range(args.steps):
