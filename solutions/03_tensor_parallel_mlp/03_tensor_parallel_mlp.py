@@ -535,8 +535,9 @@ timing_table(TensorParallelMLP, world_sizes=(1, 2, 4), batch=4, seq=64, hidden=1
 #   features and sums partial outputs. Column then row makes an MLP with one all-reduce forward
 #   (g) and one backward (f), b·s·h elements each — independent of p.
 # * The backward collectives come from autograd: each forward data movement has a conjugate.
-# * Sequence parallelism swaps each all-reduce for a reduce-scatter plus an all-gather (same
-#   bytes) and divides the norm/dropout activations by p.
+# * Sequence parallelism swaps each all-reduce for a reduce-scatter plus an all-gather (the
+#   same bytes) and divides the norm/dropout activations by p; keeping only the shard of fc1's
+#   input costs one more all-gather in the backward (1.5× TP's backward bytes, as Megatron does).
 # * DTensor's `parallelize_module` expresses the plan as a dict; `CommDebugMode` shows what it
 #   costs, which is how you notice an extra collective.
 #
