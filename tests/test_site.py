@@ -131,7 +131,7 @@ def test_vendored_files_are_checked_against_the_pin(tmp_path, monkeypatch):
         (dest / "pkg.tgz").write_bytes(blob)
         return dest / "pkg.tgz"
 
-    monkeypatch.setattr(site, "_npm_pack", pack)
+    monkeypatch.setattr(site_assets, "_npm_pack", pack)
     tarball = tmp_path / "pkg.tgz"
     tarball.write_bytes(blob)
     good = site_assets.NpmAsset("pkg", "1.0.0", site_assets._sha512(tarball), ("dist/*.js",), "pkg")
@@ -145,6 +145,6 @@ def test_vendored_files_are_checked_against_the_pin(tmp_path, monkeypatch):
 
 
 def test_without_npm_the_error_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(site.shutil, "which", lambda name: None)
+    monkeypatch.setattr(site_assets.shutil, "which", lambda name: None)
     with pytest.raises(site.SiteError, match=r"npm is not installed.*apt-get install npm"):
         site_assets.vendored(site_assets.ASSETS[0], tmp_path)
