@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from distlab.course.solutions import solution_functions
-from distlab.labs.data_parallel import BENCH_SETUP, compare_step_times, format_table
+from distlab.labs.data_parallel import BENCH_SETUP, compare_step_times, format_step_times
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,7 +29,7 @@ def main() -> None:
                               steps=args.steps, bucket_bytes=args.bucket_kib * 1024)
     print(f"world size {args.world_size}, {rows[0]['param_bytes']:,} bytes of gradients, "
           f"buckets of {args.bucket_kib} KiB, batch {BENCH_SETUP.batch}, {args.steps} timed steps")
-    print(format_table(rows))
+    print(format_step_times(rows))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 
 from distlab.checks.lab06 import reference_comm_share, reference_overlap_fraction
-from distlab.labs.timelines.trace import overlap_table
+from distlab.labs.timelines.views import overlap_table
 from distlab.labs.timelines.runs import Spec, link_model, predicted_vs_measured, profile_all
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from distlab.labs.tensor_parallel import format_table, megatron_comm_bytes, timing_table
+from distlab.labs.tables import format_table
+from distlab.labs.tensor_parallel import megatron_comm_bytes, ring_bytes_per_rank, timing_table
 
 
 def main() -> None:
@@ -26,8 +27,11 @@ def main() -> None:
     ffn = args.ffn or 4 * args.hidden
     timing_table(None, tuple(args.world_sizes), args.batch, args.seq, args.hidden, ffn, args.steps)
     formula = megatron_comm_bytes(args.batch, args.seq, args.hidden)
-    print("\nper block, per rank (nccl-tests message bytes):")
-    print(format_table([{"variant": v, "pass": ph, "collectives": ", ".join(f"{op} {n} B" for op, n in ops.items())}
+    print("\nper block, per rank (nccl-tests message bytes; ring bytes each rank sends at p=2 and p=4):")
+    ring = {p: {v: ring_bytes_per_rank(phases, p) for v, phases in formula.items()} for p in (2, 4)}
+    print(format_table([{"variant": v, "pass": ph,
+                         "collectives": ", ".join(f"{op} {n} B" for op, n in ops.items()),
+                         "ring B (p=2)": f"{ring[2][v][ph]:.0f}", "ring B (p=4)": f"{ring[4][v][ph]:.0f}"}
                         for v, phases in formula.items() for ph, ops in phases.items()]))
 
 

@@ -16,9 +16,9 @@ SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel")
 def course_site(tmp_path_factory):
     """One site build shared by tests/test_site.py and tests/test_browser.py: (folder, pages,
     seconds it took)."""
-    from distlab.course import site
+    from distlab.course import site, site_assets
 
-    if not site.can_vendor():
+    if not site_assets.can_vendor():
         message = ("the site fetches its scripts (require.js, the widget manager, MathJax) once with "
                    "npm, which is not installed: install Node.js with npm (Debian/Ubuntu: "
                    "`sudo apt-get install npm`) to run the site tests")
@@ -27,5 +27,5 @@ def course_site(tmp_path_factory):
         pytest.skip(f"site tests skipped: {message}")
     out = tmp_path_factory.mktemp("site") / "site"
     start = time.perf_counter()
-    pages = site.build(list(SITE_LABS), out=out, log=lambda line: None)
+    pages = site.build_site(list(SITE_LABS), out=out, log=lambda line: None)
     return out, pages, time.perf_counter() - start

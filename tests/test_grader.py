@@ -37,8 +37,8 @@ def graded(tmp_path_factory):
     """Grade every sample once; {(student, lab): CSV row}, plus the run's folders."""
     root = tmp_path_factory.mktemp("grading")
     subs = root / "submitted"
-    for lab, files in notebooks.build(labs()).items():
-        notebooks.write(lab, files, out=root / "released")
+    for lab, files in notebooks.build_student_notebooks(labs()).items():
+        notebooks.write_student_notebooks(lab, files, out=root / "released")
     submissions.RELEASED["root"] = root / "released"
     expected = {}
     for lab in labs():

@@ -43,8 +43,8 @@ def _orphans() -> list[psutil.Process]:
 def attacked(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacks")
     subs = root / "submitted"
-    files = notebooks.build([LAB])[LAB]
-    notebooks.write(LAB, files, out=root / "released")
+    files = notebooks.build_student_notebooks([LAB])[LAB]
+    notebooks.write_student_notebooks(LAB, files, out=root / "released")
     submissions.RELEASED["root"] = root / "released"
     for student, (nb, _) in attack_samples().items():
         submissions.write(nb, subs, student, LAB)

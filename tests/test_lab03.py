@@ -178,6 +178,19 @@ def test_saved_activations_counts_a_linear_input_once():
     assert saved.bytes == x.numel() * 4   # the input; the weight is a parameter, not counted
 
 
+def test_sequence_parallel_backward_counts_the_second_all_gather():
+    # Megatron re-gathers fc1's input shard in the backward (Korthikanti et al. 2022, 4.2.2):
+    # forward as TP, backward 1.5x TP per rank on a ring, not "the same volume".
+    n = 2 * 8 * 16 * 4
+    formula = tp.megatron_comm_bytes(2, 8, 16)
+    assert formula["sp"]["backward"] == {"all_gather": 2 * n, "reduce_scatter": n}
+    for p in (2, 4):
+        ring = {v: tp.ring_bytes_per_rank(phases, p) for v, phases in formula.items()}
+        assert ring["sp"]["forward"] == pytest.approx(ring["tp"]["forward"])
+        assert ring["sp"]["backward"] == pytest.approx(1.5 * ring["tp"]["backward"])
+        assert ring["tp"]["backward"] == pytest.approx(2 * (p - 1) / p * n)
+
+
 @pytest.mark.parametrize("kind", ["mlp", "block_sp"])
 def test_dtensor_matches_hand_written_and_formula(kind, capsys):
     rows = tp.compare_with_dtensor(None, kind, world_size=2)

@@ -57,7 +57,7 @@ def test_references_are_reproducible():
                 assert torch.equal(value, b[name][key]), (name, key)
     vocab = a["vocab"]
     assert not torch.isfinite(vocab["logits"].exp()).all(), "the logits must overflow a naive exp"
-    model = lab04._dense("attention", a["attention"])
+    model = lab04.dense_module_of("attention", a["attention"])
     torch.testing.assert_close(model(a["attention"]["x"]), a["attention"]["y"])
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from distlab.labs.timelines import chrome, views
 from distlab.labs.timelines import trace as T
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab06
@@ -80,34 +81,34 @@ def test_collective_events_read_the_raw_trace(fresh):
 def test_merge_puts_ranks_on_one_clock(fresh):
     """Barrier ends agree across ranks on one machine; align='barrier' makes them equal."""
     traces = fresh["DP naive"].traces
-    by_clock, by_barrier = T.merge(traces), T.merge(traces, align="barrier")
+    by_clock, by_barrier = T.merge_traces(traces), T.merge_traces(traces, align="barrier")
     ends = lambda tl: [min(s.end for s in tl.of(r, "comm") if s.op == "barrier") for r in range(2)]
     a, b = ends(by_barrier)
     assert math.isclose(a, b, abs_tol=1e-9)
     assert min(s.start for s in by_clock.spans) == 0.0
     with pytest.raises(ValueError, match="align"):
-        T.merge(traces, align="ntp")
+        T.merge_traces(traces, align="ntp")
 
 
 def test_chrome_export_round_trips(fresh, tmp_path):
     tl = fresh["PP"].timeline
     for name in ("tl.json", "tl.json.gz"):
-        T.to_chrome(tl, tmp_path / name)
-        back = T.from_chrome(tmp_path / name)
+        chrome.to_chrome(tl, tmp_path / name)
+        back = chrome.from_chrome(tmp_path / name)
         assert back.world_size == tl.world_size and back.label == tl.label
         assert len(back.spans) == len(tl.spans)
         for s, t in zip(sorted(tl.spans, key=lambda s: (s.rank, s.start, s.name)),
                         sorted(back.spans, key=lambda s: (s.rank, s.start, s.name))):
             assert (s.rank, s.kind, s.name, s.op, s.bytes) == (t.rank, t.kind, t.name, t.op, t.bytes)
             assert math.isclose(s.start, t.start, abs_tol=1e-9)
-    names = {e["args"]["name"] for e in T.to_chrome(tl)["traceEvents"] if e["ph"] == "M"}
+    names = {e["args"]["name"] for e in chrome.to_chrome(tl)["traceEvents"] if e["ph"] == "M"}
     assert {"rank 0", "rank 1", "compute", "comm", "range"} <= names
 
 
 def test_plot_draws_every_rank(fresh):
     import matplotlib
     matplotlib.use("Agg")
-    ax = T.plot(fresh["TP"].timeline)
+    ax = views.plot(fresh["TP"].timeline)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels.count("rank 0 comm") == 1 and "rank 1 compute" in labels
     assert len(ax.collections) > 10

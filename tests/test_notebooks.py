@@ -16,7 +16,7 @@ LABS = notebooks.labs()
 @pytest.fixture(scope="module")
 def built():
     """One nbgrader build of every lab (it costs seconds per lab)."""
-    return notebooks.build(LABS)
+    return notebooks.build_student_notebooks(LABS)
 
 
 @pytest.mark.parametrize("lab", LABS)

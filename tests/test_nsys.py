@@ -85,7 +85,7 @@ def test_reader_times_are_seconds_from_the_first_event(sample):
 
 @needs_sample
 def test_summary_uses_the_lab_measures(sample):
-    rows = nsys.summary(sample)
+    rows = nsys.kernel_summary(sample)
     assert [r["rank"] for r in rows] == [0, 1]
     for r in rows:
         comm = [(s.start, s.end) for s in sample.of(r["rank"], "comm")]

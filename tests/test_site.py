@@ -12,7 +12,7 @@ import pytest
 
 from distlab.course import notebooks
 
-from distlab.course import site
+from distlab.course import site, site_assets
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -75,7 +75,7 @@ def test_a_failing_lab_names_lab_and_cell_and_keeps_the_old_site(tmp_path, monke
     monkeypatch.setattr(site, "lab_notebook", lambda lab, version: failing)
     monkeypatch.setattr(site, "copy_static", lambda *args: None)
     with pytest.raises(site.SiteError) as info:
-        site.build(["01_collectives"], out=out, log=lambda line: None)
+        site.build_site(["01_collectives"], out=out, log=lambda line: None)
     message = str(info.value)
     assert message.startswith("Lab 01_collectives failed to execute at cell 3 of 4 "
                               "(grade_id divide: 'x / 0'): ZeroDivisionError: division by zero")
@@ -131,20 +131,20 @@ def test_vendored_files_are_checked_against_the_pin(tmp_path, monkeypatch):
         (dest / "pkg.tgz").write_bytes(blob)
         return dest / "pkg.tgz"
 
-    monkeypatch.setattr(site, "_npm_pack", pack)
+    monkeypatch.setattr(site_assets, "_npm_pack", pack)
     tarball = tmp_path / "pkg.tgz"
     tarball.write_bytes(blob)
-    good = site.NpmAsset("pkg", "1.0.0", site._sha512(tarball), ("dist/*.js",), "pkg")
-    folder = site.vendored(good, tmp_path / "vendor")
+    good = site_assets.NpmAsset("pkg", "1.0.0", site_assets._sha512(tarball), ("dist/*.js",), "pkg")
+    folder = site_assets.vendored(good, tmp_path / "vendor")
     assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == [".complete", "embed-amd.js"]
 
-    bad = site.NpmAsset("other", "1.0.0", "sha512-AAAA", ("dist/*.js",), "other")
+    bad = site_assets.NpmAsset("other", "1.0.0", "sha512-AAAA", ("dist/*.js",), "other")
     with pytest.raises(site.SiteError, match="not the pinned sha512-AAAA"):
-        site.vendored(bad, tmp_path / "vendor")
+        site_assets.vendored(bad, tmp_path / "vendor")
     assert not (tmp_path / "vendor" / "other-1.0.0").exists()
 
 
 def test_without_npm_the_error_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(site.shutil, "which", lambda name: None)
+    monkeypatch.setattr(site_assets.shutil, "which", lambda name: None)
     with pytest.raises(site.SiteError, match=r"npm is not installed.*apt-get install npm"):
-        site.vendored(site.ASSETS[0], tmp_path)
+        site_assets.vendored(site_assets.ASSETS[0], tmp_path)

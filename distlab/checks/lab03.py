@@ -23,131 +23,24 @@ with room for GPUs (NCCL, other kernels) and for the larger fan-ins of the hidde
 """
 from __future__ import annotations
 
-import collections
-
 import torch
 import torch.nn as nn
 
 from distlab.labs import tensor_parallel as tp
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
+from distlab.checks.common import cut, rank_device
 from distlab.checks.ranks import run_each_backend
+from distlab.checks.lab03_comms import expect_phase_comms
+from distlab.checks.lab03_problems import LAB, SHAPE, mlp_case, mlp_problem, mlp_shape  # noqa: F401 (LAB: the lab's name, read from here)
 
-LAB = "03_tensor_parallel_mlp"
 SEED = 3
-SHAPE = dict(batch=2, seq=8, hidden=16, ffn=64)   # seq and ffn divisible by 2 and 4
 ATOL = RTOL = 1e-3
-ALL_GATHER = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base"}
-REDUCE_SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-                  "_reduce_scatter_base"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Problems: inputs and the dense single-process results
-
-def problem(kind: str, seed: int, batch: int, seq: int, hidden: int, ffn: int,
-            world_size: int = 2) -> dict:
-    """Inputs and dense results for one exercise family, all drawn from ``seed``.
-
-    "mlp" / "swiglu" / "block": x, dy (b, s, h) and the dense module's y, dx, param.*, grad.*.
-    "linear": a column layer h->f with input x and upstream dy_col (b, s, f), a row layer f->h
-    with input z (b, s, f) and upstream dy (b, s, h); keys prefixed col. and row.
-    "ops": per-rank tensors xs, gs of shape (p, b, s, h) for the communication operators.
-    """
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, seq, hidden, generator=g)          # (b, s, h)
-    dy = torch.randn(batch, seq, hidden, generator=g)         # (b, s, h)
-    if kind == "ops":
-        return {"seed": seed, "xs": torch.randn(world_size, batch, seq, hidden, generator=g),
-                "gs": torch.randn(world_size, batch, seq, hidden, generator=g)}
-    if kind == "linear":
-        z = torch.randn(batch, seq, ffn, generator=g)          # (b, s, f)
-        dy_col = torch.randn(batch, seq, ffn, generator=g)     # (b, s, f)
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            col, row = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-        return {"seed": seed, "x": x, "dy_col": dy_col, "z": z, "dy": dy,
-                **dense_run(col, x, dy_col, "col."), **dense_run(row, z, dy, "row.")}
-    model = tp.dense(kind, hidden, ffn, seed)
-    return {"seed": seed, "x": x, "dy": dy, **dense_run(model, x, dy)}
 
 
 def make_references() -> dict[str, dict]:
     """The stored reference sets of Lab 3 (see ``distlab.course.references``): default shapes, 2 ranks."""
-    return {kind: problem(kind, SEED + i, **SHAPE)
+    return {kind: mlp_problem(kind, SEED + i, **SHAPE)
             for i, kind in enumerate(["linear", "mlp", "swiglu", "block", "ops"])}
-
-
-def _case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
-    """(problem, description): the stored set when seed is None, else a fresh one."""
-    if seed is None:
-        if world_size != 2 or any(shape[k] != SHAPE[k] for k in SHAPE):
-            raise ValueError("stored references are for 2 ranks and the default shapes; "
-                             "pass a seed to check other world sizes or shapes")
-        from distlab.checks.stored import load
-        return load(LAB, kind), "the stored inputs (2 ranks)"
-    s = shape
-    return (problem(kind, seed, world_size=world_size, **shape),
-            f"fresh inputs (seed {seed}, {world_size} ranks, b={s['batch']} s={s['seq']} "
-            f"h={s['hidden']} f={s['ffn']})")
-
-
-def _shape(batch, seq, hidden, ffn) -> dict:
-    return dict(batch=batch, seq=seq, hidden=hidden, ffn=ffn)
-
-
-# ---------------------------------------------------------------------------------------------
-# Communication: what each phase issued, compared with what it should
-
-def _family(op: str) -> str:
-    return "all_gather" if op in ALL_GATHER else "reduce_scatter" if op in REDUCE_SCATTER else op
-
-
-def _is_slice_of(comm, shape: tuple) -> bool:
-    """Whether `comm` gathered p blocks of a (out, in) weight, cut along rows or columns."""
-    if not comm.shapes or len(comm.shapes[0]) != 2:
-        return False
-    rows, cols = comm.shapes[0]
-    p = len(comm.group)
-    return (rows * p, cols) == tuple(shape) or (rows, cols * p) == tuple(shape)
-
-
-def _diagnose(issued, expected: list[tuple[str, int]], weights: dict[str, tuple]) -> str:
-    """A sentence on the likely mistake, for the common ones."""
-    for c in issued:
-        names = [f"{name} {list(shape)}" for name, shape in weights.items()
-                 if _family(c.op) == "all_gather" and _is_slice_of(c, shape)]
-        if names:
-            return (f"The all_gather of {c.bytes} bytes assembles a whole weight matrix "
-                    f"({' or '.join(names)}): gathering full weights makes every rank store and "
-                    f"multiply the whole layer, which is what tensor parallelism avoids. Keep your "
-                    f"shard and sum the partial outputs with one all_reduce (forward of the "
-                    f"row-parallel layer; backward of the column-parallel one).")
-    want = collections.Counter(f for f, _ in expected)
-    got = collections.Counter(_family(c.op) for c in issued)
-    if want["reduce_scatter"] and got["all_reduce"]:
-        return ("An all_reduce where a reduce-scatter belongs sends every rank the whole sum and "
-                "twice the bytes; each rank needs only its own sequence slice.")
-    if sum(got.values()) > sum(want.values()):
-        return "More collectives than needed: one per phase suffices (see the formula above)."
-    if sum(got.values()) < sum(want.values()):
-        return ("A collective is missing: partial results on different ranks are never combined, "
-                "or the backward does not undo the forward's data movement.")
-    return "Check the sizes: the collective should carry the whole (b, s, h) activation."
-
-
-def _check_comms(out, expected: list[list[tuple[str, int]]], what: str, case: str,
-                 weights: dict[str, tuple] | None = None, labels=("forward", "backward")) -> None:
-    """Each phase must issue exactly the expected (op family, bytes) multiset, in any order."""
-    for rank, comms in enumerate(out.comms):
-        phases = split_phases(comms, len(expected), what, rank)
-        for phase, issued, want in zip(labels, phases, expected):
-            got = sorted((_family(c.op), c.bytes) for c in issued)
-            if got != sorted(want):
-                want_text = ", ".join(f"{op} of {n} bytes" for op, n in want) or "no collective"
-                raise CheckFailed(
-                    f"{what} on {case}: rank {rank}'s {phase} should issue exactly {want_text}; "
-                    f"it issued {describe_comms(issued)}.\n{_diagnose(issued, want, weights or {})}")
 
 
 def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
@@ -165,7 +58,7 @@ def check_shard_column(shard_column, world_size: int = 2, seed: int | None = Non
                        batch=2, seq=8, hidden=16, ffn=64) -> None:
     """Rank r's column shard of an (f, h) weight is rows [r f/p, (r+1) f/p) and the same bias
     slice; concatenated over ranks, x W_r^T + b_r must give the dense output."""
-    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    ref, case = mlp_case("linear", seed, world_size, mlp_shape(batch, seq, hidden, ffn))
     weight, bias = _linear_from(ref, "col.")
     outputs = []
     for rank in range(world_size):
@@ -182,7 +75,7 @@ def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
                     batch=2, seq=8, hidden=16, ffn=64) -> None:
     """Rank r's row shard of an (h, f) weight is columns [r f/p, (r+1) f/p); the bias is whole.
     Summed over ranks, z_r W_r^T plus the bias once must give the dense output."""
-    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    ref, case = mlp_case("linear", seed, world_size, mlp_shape(batch, seq, hidden, ffn))
     weight, bias = _linear_from(ref, "row.")
     total = 0
     for rank in range(world_size):
@@ -218,7 +111,7 @@ def _op_rank_indexed(rank, world_size, op_cls, xs, gs):
 
 def _operator_check(op_cls, name, world_size, seed, shape, xs_of, gs_of, y_of, dx_of,
                     comms_of, hint) -> None:
-    ref, case = _case("ops", seed, world_size, shape)
+    ref, case = mlp_case("ops", seed, world_size, shape)
     xs, gs = xs_of(ref), gs_of(ref)
     for backend, out in run_each_backend(_op_rank_indexed, world_size, op_cls, xs, gs):
         where = f"{case}, {out.backend}"
@@ -228,7 +121,7 @@ def _operator_check(op_cls, name, world_size, seed, shape, xs_of, gs_of, y_of, d
                                   f"place (collectives write into the tensor you pass). Clone first.")
             _close(res["y"], y_of(xs, rank), f"{name} forward output on {where}", rank, hint)
             _close(res["dx"], dx_of(gs, rank), f"{name} input gradient on {where}", rank, hint)
-        _check_comms(out, comms_of(xs), name, where)
+        expect_phase_comms(out, comms_of(xs), name, where)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -240,7 +133,7 @@ def check_copy_to_tp(op_cls, world_size: int = 2, seed: int | None = None,
     """f: y = x on every rank; dL/dx = sum over ranks of dL/dy; forward silent, backward one
     all_reduce of x's size."""
     _operator_check(
-        op_cls, "CopyToTensorParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        op_cls, "CopyToTensorParallel", world_size, seed, mlp_shape(batch, seq, hidden, 64),
         lambda r: r["xs"], lambda r: r["gs"],
         lambda xs, rank: xs[rank], lambda gs, rank: gs.sum(0),
         lambda xs: [[], [("all_reduce", _nbytes(xs[0]))]],
@@ -252,7 +145,7 @@ def check_reduce_from_tp(op_cls, world_size: int = 2, seed: int | None = None,
                          batch=2, seq=8, hidden=16) -> None:
     """g: y = sum over ranks of x; dL/dx = dL/dy (identity); forward one all_reduce, backward silent."""
     _operator_check(
-        op_cls, "ReduceFromTensorParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        op_cls, "ReduceFromTensorParallel", world_size, seed, mlp_shape(batch, seq, hidden, 64),
         lambda r: r["xs"], lambda r: r["gs"],
         lambda xs, rank: xs.sum(0), lambda gs, rank: gs[rank],
         lambda xs: [[("all_reduce", _nbytes(xs[0]))], []],
@@ -266,7 +159,7 @@ def check_gather_from_sp(op_cls, world_size: int = 2, seed: int | None = None,
     Rank r holds x_r = x[:, r-th block]; y = x on every rank; dL/dx_r = (sum_q g_q)[:, r-th block]."""
     p = world_size
     _operator_check(
-        op_cls, "GatherFromSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        op_cls, "GatherFromSequenceParallel", world_size, seed, mlp_shape(batch, seq, hidden, 64),
         lambda r: torch.stack([cut(r["xs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
         lambda r: r["gs"],                                                       # (p, b, s, h)
         lambda xs, rank: torch.cat(list(xs), dim=1),
@@ -282,7 +175,7 @@ def check_reduce_scatter_to_sp(op_cls, world_size: int = 2, seed: int | None = N
     y_r = (sum_q x_q)[:, r-th block]; dL/dx_r = concatenation of every rank's g_q."""
     p = world_size
     _operator_check(
-        op_cls, "ReduceScatterToSequenceParallel", world_size, seed, _shape(batch, seq, hidden, 64),
+        op_cls, "ReduceScatterToSequenceParallel", world_size, seed, mlp_shape(batch, seq, hidden, 64),
         lambda r: r["xs"],                                                        # (p, b, s, h)
         lambda r: torch.stack([cut(r["gs"][0], 1, q, p) for q in range(p)]),   # (p, b, s/p, h)
         lambda xs, rank: cut(xs.sum(0), 1, rank, p),
@@ -364,7 +257,7 @@ _HOW = {0: "this rank's block of rows (output features)",
 
 def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shape: dict,
                   sequence_parallel: bool = False) -> None:
-    ref, case = _case(kind, seed, world_size, shape)
+    ref, case = mlp_case(kind, seed, world_size, shape)
     layout = _LAYOUT[kind]
     dense = _dense_module(kind, ref)
     weights = {name: tuple(p.shape) for name, p in dense.named_parameters() if p.dim() == 2}
@@ -382,7 +275,7 @@ def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shap
                    (" sequence block of this rank." if sequence_parallel else ", on every rank."))
         # Right outputs computed the wrong way (gathered weights) are a communication mistake:
         # say so before the gradients, which such shortcuts usually get wrong as well.
-        _check_comms(out, comms, what, where, weights)
+        expect_phase_comms(out, comms, what, where, weights)
         for rank, res in enumerate(out):
             mine = (lambda t: cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
             _close(res["dx"], mine(ref["dx"]), f"{what} input gradient on {where}", rank,
@@ -434,7 +327,7 @@ def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | No
     """ColumnParallelLinear(dense h->f, group): output = rank's block of the dense output features,
     backward one all_reduce of dL/dx. RowParallelLinear(dense f->h, group) on the rank's block of
     input features: output = the dense output, forward one all_reduce."""
-    ref, case = _case("linear", seed, world_size, _shape(batch, seq, hidden, ffn))
+    ref, case = mlp_case("linear", seed, world_size, mlp_shape(batch, seq, hidden, ffn))
     p = world_size
     act_in, act_out = _nbytes(ref["x"]), _nbytes(ref["dy"])
     weights = {"the column layer's weight": tuple(ref["col.param.weight"].shape),
@@ -457,7 +350,7 @@ def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | No
             _close(r["grads"]["weight"], cut(ref["row.grad.weight"], 1, rank, p),
                    f"RowParallelLinear weight gradient on {where}", rank)
             _close(r["grads"]["bias"], ref["row.grad.bias"], f"RowParallelLinear bias gradient on {where}", rank)
-        _check_comms(out, [[], [("all_reduce", act_in)], [("all_reduce", act_out)], []],
+        expect_phase_comms(out, [[], [("all_reduce", act_in)], [("all_reduce", act_out)], []],
                      "ColumnParallelLinear / RowParallelLinear", where, weights,
                      labels=("column forward", "column backward", "row forward", "row backward"))
 
@@ -468,7 +361,7 @@ def check_tp_mlp(student_cls, world_size: int = 2, seed: int | None = None,
     each shard's gradient equals the matching slice of the dense gradient, and the block issues
     exactly one all_reduce of b*s*h elements forward and one backward."""
     _check_module(student_cls, "mlp", "TensorParallelMLP", world_size, seed,
-                  _shape(batch, seq, hidden, ffn))
+                  mlp_shape(batch, seq, hidden, ffn))
 
 
 def check_tp_swiglu(student_cls, world_size: int = 2, seed: int | None = None,
@@ -476,7 +369,7 @@ def check_tp_swiglu(student_cls, world_size: int = 2, seed: int | None = None,
     """TensorParallelSwiGLU(dense SwiGLU, group): as check_tp_mlp, with w1 and w3 column parallel
     and w2 row parallel: still one all_reduce each way."""
     _check_module(student_cls, "swiglu", "TensorParallelSwiGLU", world_size, seed,
-                  _shape(batch, seq, hidden, ffn))
+                  mlp_shape(batch, seq, hidden, ffn))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +382,7 @@ def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | 
     norm's gradients summed over ranks equal the dense ones. Collectives each way: one all-gather
     and one reduce-scatter of b*s*h elements, no all-reduce."""
     _check_module(student_cls, "block", "SequenceParallelBlock", world_size, seed,
-                  _shape(batch, seq, hidden, ffn), sequence_parallel=True)
+                  mlp_shape(batch, seq, hidden, ffn), sequence_parallel=True)
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -24,78 +24,24 @@ global max overflows float32 (exp(89) > 3.4e38) and the check says so.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from distlab.labs import attention as att
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import cut, dense_run, describe_comms, rank_device, split_phases
+from distlab.checks.common import cut, describe_comms, rank_device, split_phases
 from distlab.checks.ranks import run_each_backend
+from distlab.checks.lab04_problems import (LAB, MAX_OFFSET, SHAPE, VOCAB_SHAPE,  # noqa: F401 (LAB: read here)
+                                          attention_case, attention_problem, dense_module_of, qkv_layout_of)
 
-LAB = "04_tensor_parallel_attention"
 SEED = 4
-SHAPE = dict(batch=2, seq=8, hidden=32, n_heads=4, n_kv_heads=2, ffn=64)
-VOCAB_SHAPE = dict(batch=2, seq=8, vocab=64)
 ATOL = RTOL = 1e-3
-MAX_OFFSET = 150.0   # per-token logit offsets: exp overflows float32 above ~88.7
-
-
-# ---------------------------------------------------------------------------------------------
-# Problems: inputs and dense results, all drawn from a seed
-
-def problem(kind: str, seed: int, batch: int, seq: int, hidden: int = 0, n_heads: int = 0,
-            n_kv_heads: int = 0, ffn: int = 0, vocab: int = 0) -> dict:
-    """"attention" / "block": x, dy (b, s, h), the dense module's y, dx, param.*, grad.*, and the
-    head counts as 0-d tensors. "vocab": logits (b, s, V), target (b, s), loss and dlogits."""
-    g = torch.Generator().manual_seed(seed)
-    if kind == "vocab":
-        logits = torch.randn(batch, seq, vocab, generator=g) * 3                      # (b, s, V)
-        offset = MAX_OFFSET * torch.rand(batch, seq, 1, generator=g)                   # (b, s, 1)
-        offset[0, 0] = MAX_OFFSET       # at least one token overflows a naive exp
-        logits = logits + offset
-        target = torch.randint(0, vocab, (batch, seq), generator=g)                   # (b, s)
-        z = logits.clone().requires_grad_(True)
-        loss = F.cross_entropy(z.reshape(-1, vocab), target.reshape(-1))              # (N, V) rows
-        loss.backward()
-        return {"seed": seed, "logits": logits, "target": target, "loss": loss.detach(),
-                "dlogits": z.grad}
-    x = torch.randn(batch, seq, hidden, generator=g)                                   # (b, s, h)
-    dy = torch.randn(batch, seq, hidden, generator=g)                                  # (b, s, h)
-    model = att.dense(kind, seed, hidden, n_heads, n_kv_heads, ffn)
-    return {"seed": seed, "x": x, "dy": dy, "n_heads": torch.tensor(n_heads),
-            "n_kv_heads": torch.tensor(n_kv_heads), **dense_run(model, x, dy)}
 
 
 def make_references() -> dict[str, dict]:
     """The stored reference sets of Lab 4 (see ``distlab.course.references``): default shapes, 2 ranks."""
-    return {"attention": problem("attention", SEED, **SHAPE),
-            "block": problem("block", SEED + 1, **SHAPE),
-            "vocab": problem("vocab", SEED + 2, **VOCAB_SHAPE)}
+    return {"attention": attention_problem("attention", SEED, **SHAPE),
+            "block": attention_problem("block", SEED + 1, **SHAPE),
+            "vocab": attention_problem("vocab", SEED + 2, **VOCAB_SHAPE)}
 
-
-def _case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
-    """(problem, description): the stored set when seed is None, else a fresh one."""
-    default = VOCAB_SHAPE if kind == "vocab" else SHAPE
-    if seed is None:
-        if world_size != 2 or any(shape.get(k) != v for k, v in default.items()):
-            raise ValueError("stored references are for 2 ranks and the default shapes; "
-                             "pass a seed to check other world sizes or shapes")
-        from distlab.checks.stored import load
-        return load(LAB, kind), "the stored inputs (2 ranks)"
-    sizes = " ".join(f"{k}={v}" for k, v in shape.items() if not (kind == "attention" and k == "ffn"))
-    return problem(kind, seed, **shape), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
-
-
-def _layout(ref: dict) -> att.QKVLayout:
-    return att.QKVLayout(ref["x"].shape[-1], int(ref["n_heads"]), int(ref["n_kv_heads"]))
-
-
-def _dense(kind: str, ref: dict):
-    """The dense module of a reference set, weights loaded (identical on every rank)."""
-    hidden, layout = ref["x"].shape[-1], _layout(ref)
-    ffn = ref["param.mlp.fc1.weight"].shape[0] if kind == "block" else 0
-    model = att.dense(kind, 0, hidden, layout.n_heads, layout.n_kv_heads, ffn)
-    model.load_state_dict({k[len("param."):]: v for k, v in ref.items() if k.startswith("param.")})
-    return model
 
 
 def _close(got, expected, what: str, rank, hint: str = "") -> None:
@@ -143,8 +89,8 @@ def check_split_qkv(split_qkv, world_size: int = 2, seed: int | None = None, bat
     """For each rank r: the weight rows and bias entries of its heads, in [q | k | v] order; the
     ranks' local attentions, concatenated over ranks, equal the dense attention before proj."""
     shape = _attention_shape(batch, seq, hidden, n_heads, n_kv_heads)
-    ref, case = _case("attention", seed, world_size, shape)
-    layout, p = _layout(ref), world_size
+    ref, case = attention_case("attention", seed, world_size, shape)
+    layout, p = qkv_layout_of(ref), world_size
     weight, bias = ref["param.qkv.weight"], ref["param.qkv.bias"]
     outputs = []
     for rank in range(p):
@@ -182,7 +128,7 @@ def _module_on_rank(rank, world_size, kind, ref, student_cls, names, qkv_name):
     import torch.distributed as dist
 
     dev = rank_device()
-    model = student_cls(_dense(kind, ref).to(dev), None).to(dev)
+    model = student_cls(dense_module_of(kind, ref).to(dev), None).to(dev)
     x = ref["x"].to(dev).clone().requires_grad_(True)
     y = model(x)
     dist.barrier()
@@ -219,8 +165,8 @@ def _expected_slice(full, how, layout, rank, p):
 
 
 def _run_module(kind: str, student_cls, world_size: int, seed, shape: dict):
-    ref, case = _case(kind, seed, world_size, shape)
-    _layout(ref).check_degree(world_size)
+    ref, case = attention_case(kind, seed, world_size, shape)
+    qkv_layout_of(ref).check_degree(world_size)
     prefix = "attn." if kind == "block" else ""
     runs = run_each_backend(_module_on_rank, world_size, kind, ref, student_cls,
                             list(_LAYOUT[kind]), f"{prefix}qkv.weight")
@@ -246,7 +192,7 @@ def _check_comms(out, n_all_reduce: int, act: int, what: str, where: str, phase:
 
 def _diagnose_output(res, ref, rank, p, prefix="") -> str:
     """The forward's hint: the heads the rank's qkv holds, when they are the wrong ones."""
-    layout, weight = _layout(ref), ref[f"param.{prefix}qkv.weight"]
+    layout, weight = qkv_layout_of(ref), ref[f"param.{prefix}qkv.weight"]
     message = _heads_message(res["qkv"], weight, layout, rank, p) if res["qkv"] is not None else None
     return message or ("The qkv shard holds the right heads; look at the local head counts "
                        "(nh/p and nkv/p) given to the attention, and at the output projection: "
@@ -262,7 +208,7 @@ def _check_outputs(out, ref, what, where, prefix="") -> None:
 
 
 def _check_gradients(out, ref, kind, what, where) -> None:
-    layout, p = _layout(ref), len(out)
+    layout, p = qkv_layout_of(ref), len(out)
     for rank, res in enumerate(out):
         _close(res["dx"], ref["dx"], f"{what} input gradient on {where}", rank,
                "dL/dx sums every rank's heads' contributions: an f (copy_to_tp) in front of the "
@@ -369,7 +315,7 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
     tokens, a 0-d tensor equal on every rank to F.cross_entropy on the full logits; its gradient
     on each rank equals that rank's vocabulary slice of the dense gradient. Collectives: only
     all_reduces of at most two numbers per token, at most three forward."""
-    ref, case = _case("vocab", seed, world_size, dict(batch=batch, seq=seq, vocab=vocab))
+    ref, case = attention_case("vocab", seed, world_size, dict(batch=batch, seq=seq, vocab=vocab))
     if vocab % world_size:
         raise ValueError(f"vocab={vocab} is not divisible by {world_size} ranks")
     tokens = ref["target"].numel()

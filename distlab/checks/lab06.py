@@ -26,7 +26,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
-from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge
+from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
 
@@ -99,7 +99,7 @@ def make_references() -> dict[str, dict]:
     for name, run in STORED.items():
         blobs = None if os.environ.get("DISTLAB_RERECORD") == "1" else _stored_blobs(name)
         blobs = blobs or _record(name)
-        timeline = merge(blobs, label=run)
+        timeline = merge_traces(blobs, label=run)
         ranks = range(len(blobs))
         steps = [timeline.steps(r) for r in ranks]
         refs[name] = {
@@ -134,7 +134,7 @@ def stored_trace(name: str, rank: int) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _stored_merged(name: str) -> Timeline:
-    return merge(stored_traces(name), label=STORED[name])
+    return merge_traces(stored_traces(name), label=STORED[name])
 
 
 def stored_timeline(name: str, labelled: bool = True) -> Timeline:

@@ -68,7 +68,7 @@ def student_notebook_text(path: Path) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def build(labs_: list[str], out: Path = NOTEBOOKS) -> dict[str, dict[str, str]]:
+def build_student_notebooks(labs_: list[str], out: Path = NOTEBOOKS) -> dict[str, dict[str, str]]:
     """Build the student version of ``labs_``: {lab: {relative file name: text}} (not written)."""
     files: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="distlab-build-") as tmp:
@@ -92,7 +92,7 @@ def stale(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> list[str]:
     return problems + sorted(have - set(built))
 
 
-def write(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> None:
+def write_student_notebooks(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> None:
     shutil.rmtree(out / lab, ignore_errors=True)
     for name, text in built.items():
         (out / lab / name).parent.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print("nbgrader metadata problems:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
     status = 0
-    for lab, files in build(chosen).items():
+    for lab, files in build_student_notebooks(chosen).items():
         changed = stale(lab, files)
         leaked = leaks(lab, files.get(f"{lab}.ipynb", "{}"))
         if leaked:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 status = 1
         elif changed:
-            write(lab, files)
+            write_student_notebooks(lab, files)
             print(f"{lab}: wrote notebooks/{lab}/ ({', '.join(sorted(files))})")
         else:
             print(f"{lab}: up to date")

@@ -32,10 +32,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distlab.runtime.devices import device as rank_device
+
 # Loss agreement with single-process training: float32, different summation order only.
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 
-# The linear layers of one Block, by their name inside the block.
+# The linear layers of one TinyBlock, by their name inside the block.
 BLOCK_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down")
 
 
@@ -75,7 +77,7 @@ class MeshShape:
 # The model
 # ---------------------------------------------------------------------------------------------
 
-class Attention(nn.Module):
+class TinyAttention(nn.Module):
     """Causal self-attention. Under tensor parallelism q, k, v hold heads/t heads each, so the
     head count is read from the local weight (the -1 in view), never from the config."""
 
@@ -93,7 +95,7 @@ class Attention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, -1))               # (B, T, nh*hd) -> (B, T, C)
 
 
-class MLP(nn.Module):
+class TinyMLP(nn.Module):
     def __init__(self, dim: int, ffn: int):
         super().__init__()
         self.up, self.down = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
@@ -102,14 +104,14 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-class Block(nn.Module):
+class TinyBlock(nn.Module):
     """Pre-norm transformer block. The norms stay replicated: their input is the full activation
     every TP rank holds after the row-parallel all-reduce."""
 
     def __init__(self, cfg: TinyConfig):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.dim), nn.LayerNorm(cfg.dim)
-        self.attn, self.mlp = Attention(cfg.dim, cfg.heads), MLP(cfg.dim, cfg.ffn)
+        self.attn, self.mlp = TinyAttention(cfg.dim, cfg.heads), TinyMLP(cfg.dim, cfg.ffn)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -138,7 +140,7 @@ def build_model(cfg: TinyConfig, seed: int) -> Stage:
     """The whole model, initialised from ``seed``: every rank builds the same one and keeps its
     part, so all layouts start from the single-process model's weights."""
     torch.manual_seed(seed)
-    blocks = [Block(cfg) for _ in range(cfg.layers)]
+    blocks = [TinyBlock(cfg) for _ in range(cfg.layers)]
     return Stage(blocks, embed=nn.Embedding(cfg.vocab, cfg.dim), norm=nn.LayerNorm(cfg.dim),
                  head=nn.Linear(cfg.dim, cfg.vocab, bias=False))
 
@@ -161,7 +163,8 @@ def make_batches(cfg: TinyConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return tokens, perm[tokens]
 
 
-def loss_fn(logits, targets):
+def token_cross_entropy(logits, targets):
+    """Mean cross-entropy of the next-token targets: logits (B, T, V), targets (B, T)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))  # (B*T, V)
 
 
@@ -173,7 +176,7 @@ def reference_losses(cfg: TinyConfig, seed: int) -> torch.Tensor:
     losses = []
     for step in range(cfg.steps):
         opt.zero_grad()
-        loss = loss_fn(model(tokens[step]), targets[step])
+        loss = token_cross_entropy(model(tokens[step]), targets[step])
         loss.backward()
         opt.step()
         losses.append(loss.detach())
@@ -181,7 +184,7 @@ def reference_losses(cfg: TinyConfig, seed: int) -> torch.Tensor:
 
 
 def megatron_plan() -> dict:
-    """The tensor-parallel plan of one Block (the lab's exercise asks for this dict)."""
+    """The tensor-parallel plan of one TinyBlock (the lab's exercise asks for this dict)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
             "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
@@ -221,8 +224,8 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
 
     if world_size != shape.world_size:
         raise ValueError(f"{shape} needs {shape.world_size} ranks, got {world_size}")
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
+    device = rank_device()
+    mesh = init_device_mesh(device.type, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_i, dp_i, _ = shape.coords(rank)
 
     stage = split_stage(build_model(cfg, seed), shape.pp, pp_i).to(device)
@@ -258,7 +261,7 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
 def _plain_step(stage):
     """Without pipelining: forward and backward of this replica's share of the batch."""
     def step(x, y):
-        loss = loss_fn(stage(x), y)
+        loss = token_cross_entropy(stage(x), y)
         loss.backward()
         return loss
     return step
@@ -269,8 +272,8 @@ def _pipeline_step(stage, shape: MeshShape, pp_i: int, mesh, device):
     one 1F1B pipeline step with two micro-batches; backward runs inside the schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    pipe = PipelineStage(stage, pp_i, shape.pp, torch.device(device), group=mesh["pp"].get_group())
-    schedule = Schedule1F1B(pipe, n_microbatches=2, loss_fn=loss_fn)
+    pipe = PipelineStage(stage, pp_i, shape.pp, device, group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(pipe, n_microbatches=2, loss_fn=token_cross_entropy)
     first, last = pp_i == 0, pp_i == shape.pp - 1
 
     def step(x, y):

@@ -19,7 +19,8 @@ ALLOWED = {("distlab.runtime.comms", "Comm")}
 PLAIN = (type(None), bool, int, float, complex, str, bytes)
 # distlab's own records (dataclasses of plain fields, no code of their own) that results and
 # answers may contain: a pipeline's events, a parallel layout, a timeline's spans.
-RECORDS = {"distlab.runtime.comms": ("Comm",), "distlab.labs.pipeline": ("Event", "PipeSpec"),
+RECORDS = {"distlab.runtime.comms": ("Comm",), "distlab.labs.pipeline.stages": ("Event",),
+           "distlab.labs.pipeline.model": ("PipeSpec",),
            "distlab.labs.planning.shapes": ("Model", "Cluster", "Job", "ParallelConfig"),
            "distlab.labs.timelines.trace": ("Span", "Timeline"), "distlab.labs.mesh": ("MeshShape",)}
 

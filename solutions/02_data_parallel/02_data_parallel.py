@@ -35,8 +35,8 @@ from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab02 import (check_bucketed_all_reduce, check_data_parallel_step,
                                   check_overlapped_all_reduce, check_sharded_adamw)
 from distlab.labs.data_parallel import (Setup, compare_step_times, compare_with_ddp, format_memory,
-                                   format_table, gradient_average_demo, loss_fn, optimizer_memory,
-                                   plot_memory, plot_step_times, show_backend_features)
+                                   format_step_times, gradient_average_demo, loss_fn, optimizer_memory,
+                                   plot_optimizer_memory, plot_step_times, show_backend_features)
 
 # %% [markdown]
 # ## 1. Why averaging gradients is enough
@@ -304,7 +304,7 @@ check_sharded_adamw(ShardedAdamW, world_size=2, seed=fresh_seed())
 # %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false}
 memory = optimizer_memory(ShardedAdamW, world_sizes=(2, 4))
 print(format_memory(memory))
-plot_memory(memory);
+plot_optimizer_memory(memory);
 
 # %% [markdown]
 # ## 6. The same thing with `DistributedDataParallel`
@@ -331,7 +331,7 @@ print(compare_with_ddp(world_size=2, bucket_bytes=8192))
 # %% nbgrader={"grade": false, "grade_id": "step_times", "locked": true, "schema_version": 3, "solution": false, "task": false}
 rows = compare_step_times(all_reduce_gradients, bucketed_all_reduce, OverlappedAllReduce,
                           world_size=2)
-print(format_table(rows))
+print(format_step_times(rows))
 plot_step_times(rows);
 
 # %% [markdown]

@@ -356,8 +356,11 @@ compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 #
 # Entering the MLP, the ranks all-gather the sequence; leaving it, instead of all-reducing the
 # partial sums and keeping all of them, they **reduce-scatter**: sum and keep only their own
-# tokens. All-reduce = reduce-scatter + all-gather, so the bytes on the wire are the same; only
-# the activation memory changes. The operators, with the sequence on dim 1:
+# tokens. All-reduce = reduce-scatter + all-gather, so the forward moves the bytes TP moves. The
+# backward need not: your block keeps fc1's gathered input for fc1's weight gradient and moves
+# TP's bytes again, but Megatron keeps only the sequence shard (section 7 shows why) and
+# all-gathers it once more in the backward — 3(p−1)/p·b·s·h per rank instead of 2(p−1)/p·b·s·h,
+# 1.5× TP's backward (`megatron_comm_bytes` counts it). The operators, with the sequence on dim 1:
 #
 # | operator | forward | backward |
 # |---|---|---|
@@ -505,7 +508,8 @@ compare_activation_memory(SequenceParallelBlock, world_size=2);
 # parallelism divides the norm's input and output, the dropout mask and the residual's input
 # too. What is left un-divided is fc1's input, the gathered (b, s, h), which autograd keeps for
 # fc1's weight gradient. Megatron saves only the shard and all-gathers it again in the backward,
-# trading one more all-gather for (p−1)/p of that tensor. DTensor's version of the same block:
+# trading one more all-gather of b·s·h (the `2 * n` all-gather bytes in `megatron_comm_bytes`'s
+# backward) for (p−1)/p of that tensor. DTensor's version of the same block:
 
 # %% nbgrader={"grade": false, "grade_id": "dtensor_sp", "locked": true, "schema_version": 3, "solution": false, "task": false}
 compare_with_dtensor(SequenceParallelBlock, "block_sp", world_size=2);
@@ -531,8 +535,9 @@ timing_table(TensorParallelMLP, world_sizes=(1, 2, 4), batch=4, seq=64, hidden=1
 #   features and sums partial outputs. Column then row makes an MLP with one all-reduce forward
 #   (g) and one backward (f), b·s·h elements each — independent of p.
 # * The backward collectives come from autograd: each forward data movement has a conjugate.
-# * Sequence parallelism swaps each all-reduce for a reduce-scatter plus an all-gather (same
-#   bytes) and divides the norm/dropout activations by p.
+# * Sequence parallelism swaps each all-reduce for a reduce-scatter plus an all-gather (the
+#   same bytes) and divides the norm/dropout activations by p; keeping only the shard of fc1's
+#   input costs one more all-gather in the backward (1.5× TP's backward bytes, as Megatron does).
 # * DTensor's `parallelize_module` expresses the plan as a dict; `CommDebugMode` shows what it
 #   costs, which is how you notice an extra collective.
 #

@@ -37,7 +37,9 @@ from distlab.labs.timelines import nsys
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab06 import (check_classify, check_collective_events, check_comm_share,
                                   check_overlap_fraction, stored_timeline, stored_trace)
-from distlab.labs.timelines.trace import ITEMSIZE, export, overlap_table, peek, plot, share_table
+from distlab.labs.timelines.chrome import export
+from distlab.labs.timelines.trace import ITEMSIZE
+from distlab.labs.timelines.views import overlap_table, peek, plot, share_table
 from distlab.labs.timelines.runs import (closing_note, link_model, predicted_vs_measured,
                                    profile_all)
 
@@ -72,10 +74,10 @@ runs = profile_all(world_size=2)
 # %% [markdown]
 # ## 2. One clock, one lane per rank
 #
-# `merge` (called by `profile_all`) reads each rank's trace into spans and puts all ranks on one
+# `merge_traces` (called by `profile_all`) reads each rank's trace into spans and puts all ranks on one
 # clock. On one machine Kineto stamps every process with the same system clock, so the traces line
 # up as they are. Across machines clocks disagree by up to milliseconds — more than a small
-# all-reduce takes — so `merge(traces, align="barrier")` shifts every rank so that the ends of a
+# all-reduce takes — so `merge_traces(traces, align="barrier")` shifts every rank so that the ends of a
 # barrier coincide (all ranks leave a barrier within microseconds of the last arrival; the
 # profiled region starts with one for that reason).
 #
@@ -382,7 +384,7 @@ print("\n".join(nsys.commands("tp", nproc=2)))
 # %% nbgrader={"grade": false, "grade_id": "nsys_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
 gpu_timeline = nsys.timeline_for_lab("tp", nproc=2)
 if gpu_timeline is not None:
-    print(nsys.format_summary(nsys.summary(gpu_timeline)))
+    print(nsys.format_summary(nsys.kernel_summary(gpu_timeline)))
     end = min(s.start for s in gpu_timeline.spans if s.kind == "comm") + 0.02
     plot(gpu_timeline, window=(end - 0.04, end), title=gpu_timeline.label + " (40 ms)")
 

@@ -157,7 +157,7 @@ def _api(db, tables, strings, ranks) -> list[Span]:
     return spans
 
 
-def summary(timeline: Timeline) -> list[dict]:
+def kernel_summary(timeline: Timeline) -> list[dict]:
     """Per rank: kernels, NCCL kernels, and the GPU time each took over the rank's active window
     (first to last kernel), as the lab's measures define them (union of intervals)."""
     from distlab.labs.timelines.intervals import length

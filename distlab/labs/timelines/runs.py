@@ -3,7 +3,7 @@
 Each ``*_step(rank, world_size, spec)`` builds its model on the rank and returns ``step()``, one
 training step with the ranges "forward", "backward" and "optimizer" marked by
 ``record_function`` (and nothing else named, so the traces do not give away the strategy).
-``distlab.labs.timelines.trace.profile_ranks`` runs them; ``RUNS`` names them.
+``distlab.labs.timelines.profiling.profile_ranks`` runs them; ``RUNS`` names them.
 
 - DP naive: backward, then one blocking all-reduce per gradient (Lab 2's first version).
 - DP overlapped: each gradient's all-reduce starts asynchronously from a hook as soon as
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab.runtime.devices import device as rank_device
+from distlab.runtime.devices import device as rank_device, pick_backend
 from torch import nn
 from torch.profiler import record_function
 
@@ -183,8 +183,8 @@ KIND = {"DP naive": "DP", "DP overlapped": "DP", "TP": "TP", "PP": "PP"}
 
 def profile_all(world_size: int = 2, spec: Spec = Spec(), steps: int = 3, warmup: int = 1,
                 runs=tuple(RUNS), backend: str = "auto") -> dict:
-    """Profile each named run; {name: distlab.labs.timelines.trace.Profile}."""
-    from distlab.labs.timelines.trace import profile_ranks
+    """Profile each named run; {name: distlab.labs.timelines.profiling.Profile}."""
+    from distlab.labs.timelines.profiling import profile_ranks
     return {name: profile_ranks(RUNS[name], world_size, spec, steps=steps, warmup=warmup,
                                 label=name, backend=backend) for name in runs}
 
@@ -262,16 +262,17 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
     fn = {"dp": dp_step, "dp_overlapped": dp_overlapped_step, "tp": tp_step, "pp": pp_step}[args.run]
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # Under torchrun: the backend as distlab.run picks it, the GPU of this process's LOCAL_RANK.
+    backend = pick_backend("auto", int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     step = fn(dist.get_rank(), dist.get_world_size())
     step()  # warm-up, outside the capture range
-    if backend == "nccl":
+    on_gpu = rank_device().type == "cuda"
+    if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi starts here
-    on_gpu = backend == "nccl"
     # emit_nvtx turns every autograd op into an NVTX range (NVTX needs CUDA, so GPU runs only).
     with torch.autograd.profiler.emit_nvtx() if on_gpu else contextlib.nullcontext():
         for _ in range(args.steps):

@@ -1,8 +1,11 @@
-"""Timelines of distributed training steps (lab 6): profile every rank, merge, draw, export.
+"""Timelines of distributed training steps (lab 6): reading per-rank traces and merging them.
+
+The other jobs live beside this module: ``profiling`` (profile every rank), ``chrome`` (the
+Perfetto export), ``views`` (the lane plot and the tables the lab prints).
 
 What is measured. ``profile_ranks`` runs a few training steps on every rank under
 ``torch.profiler`` (Kineto) with named ranges (``record_function``: "step", "forward",
-"backward", "optimizer") and brings back each rank's Chrome trace. ``merge`` reads the traces into
+"backward", "optimizer") and brings back each rank's Chrome trace. ``merge_traces`` reads the traces into
 one ``Timeline``: a flat list of ``Span`` (rank, kind, name, start, end in seconds) on one clock.
 Kinds:
 
@@ -30,14 +33,10 @@ import dataclasses
 import gzip
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable
-
-import torch
 
 KINDS = ("range", "compute", "comm")
+ROW_OF = {"range": 0, "compute": 1, "comm": 2}   # lane order of a rank, top to bottom
 COMM_PREFIXES = ("gloo:", "nccl:")
 # Bytes per element of the dtype names traces use: gloo's "Input type" (C++ names) and NCCL's
 # "dtype" argument (ATen scalar-type names).
@@ -224,7 +223,7 @@ def _span(rank: int, kind: str, e: dict, op: str = "", nbytes: int = 0) -> Span:
     return Span(rank, kind, e["name"], start, start + e.get("dur", 0) * 1e-6, op, nbytes)
 
 
-def merge(traces: list, *, align: str = "clock", label: str = "", source: str = "") -> Timeline:
+def merge_traces(traces: list, *, align: str = "clock", label: str = "", source: str = "") -> Timeline:
     """One timeline from the Kineto traces of ranks 0..n-1 (dicts, paths or gzip bytes).
 
     align="clock": keep each trace's clock (right for ranks of one machine: one system clock).
@@ -255,215 +254,3 @@ def _shifted(s: Span, by: float) -> Span:
     return dataclasses.replace(s, start=s.start + by, end=s.end + by)
 
 
-# ---------------------------------------------------------------------------------------------
-# Profiling a step function on every rank
-
-def _profiled_rank(rank: int, world_size: int, make_step: Callable, args: tuple, steps: int,
-                   warmup: int) -> bytes:
-    """Rank body: build the step, run ``warmup`` steps, then ``steps`` under torch.profiler.
-    Returns the rank's Chrome trace, gzipped (mtime 0, so equal traces give equal bytes)."""
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    step = make_step(rank, world_size, *args)
-    for _ in range(warmup):  # first steps pay for allocation and connection set-up
-        step()
-    on_gpu = dist.get_backend() == "nccl"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    dist.barrier()
-    # record_shapes: gloo's regions carry their tensors' shapes only when shapes are recorded.
-    with profile(activities=activities, record_shapes=True) as prof:
-        dist.barrier()  # a common instant on every rank, for align="barrier"
-        for _ in range(steps):
-            with record_function("step"):
-                step()
-        if on_gpu:
-            torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"rank{rank}.json")
-        prof.export_chrome_trace(path)
-        with open(path, "rb") as f:
-            return gzip.compress(f.read(), mtime=0)
-
-
-@dataclasses.dataclass
-class Profile:
-    """A profiled run: each rank's Kineto trace (gzip bytes) and the merged timeline."""
-    traces: list[bytes]
-    timeline: Timeline
-
-    def save(self, folder) -> list[Path]:
-        """Write ``rank{r}_trace.json.gz`` per rank into ``folder`` (Perfetto opens them)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for r, blob in enumerate(self.traces):
-            paths.append(folder / f"rank{r}_trace.json.gz")
-            paths[-1].write_bytes(blob)
-        return paths
-
-
-def profile_ranks(make_step: Callable, world_size: int, *args, steps: int = 3, warmup: int = 1,
-                  label: str = "", backend: str = "auto", timeout: float = 120) -> Profile:
-    """Run ``make_step(rank, world_size, *args)`` on fresh ranks; it returns ``step()``, one
-    training step. ``warmup`` steps run unrecorded, then ``steps`` steps under torch.profiler,
-    each inside a range named "step". Returns the traces and their merged timeline."""
-    from distlab import run
-    out = run(_profiled_rank, world_size, make_step, args, steps, warmup, backend=backend,
-              timeout=timeout)
-    return Profile(list(out), merge(list(out), label=label))
-
-
-# ---------------------------------------------------------------------------------------------
-# Chrome / Perfetto export of a merged timeline
-
-ROW_OF = {"range": 0, "compute": 1, "comm": 2}
-
-
-def to_chrome(timeline: Timeline, path=None) -> dict:
-    """The timeline as one Chrome trace: a process per rank, a thread per row (ranges, compute,
-    communication), times in microseconds. Open it at https://ui.perfetto.dev (or chrome://tracing).
-    Writes it to ``path`` (``.json`` or ``.json.gz``) when given."""
-    events = []
-    for r in range(timeline.world_size):
-        events.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
-        for kind, row in ROW_OF.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": row,
-                           "args": {"name": kind}})
-    for s in sorted(timeline.spans, key=lambda s: (s.rank, s.start)):
-        args = {"op": s.op, "bytes": s.bytes} if s.kind == "comm" else {}
-        events.append({"ph": "X", "name": s.name, "cat": s.kind, "pid": s.rank,
-                       "tid": ROW_OF.get(s.kind, 3), "ts": s.start * 1e6, "dur": s.duration * 1e6,
-                       "args": args})
-    trace = {"traceEvents": events, "displayTimeUnit": "ms",
-             "otherData": {"distlab": {"world_size": timeline.world_size, "source": timeline.source,
-                                       "label": timeline.label}}}
-    if path is not None:
-        path = Path(path)
-        data = json.dumps(trace).encode()
-        path.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
-    return trace
-
-
-def from_chrome(source) -> Timeline:
-    """Read back a timeline written by ``to_chrome``."""
-    trace = load_trace(source)
-    meta = trace.get("otherData", {}).get("distlab")
-    if meta is None:
-        raise ValueError("not a distlab timeline export; read a torch.profiler trace with merge([...])")
-    spans = [Span(e["pid"], e["cat"], e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6,
-                  e["args"].get("op", ""), int(e["args"].get("bytes", 0)))
-             for e in trace["traceEvents"] if e.get("ph") == "X"]
-    return Timeline(spans, meta["world_size"], meta["source"], meta["label"])
-
-
-# ---------------------------------------------------------------------------------------------
-# The lane plot
-
-RANGE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868"}
-COMM_COLOURS = {"all_reduce": "#C44E52", "send": "#8172B3", "recv": "#937860",
-                "send_recv": "#8172B3", "all_gather": "#DA8BC3", "reduce_scatter": "#CCB974",
-                "broadcast": "#64B5CD", "barrier": "#BBBBBB"}
-
-
-def plot(timeline: Timeline, *, window: tuple[float, float] | None = None, ax=None, title=None):
-    """One lane per rank, three rows each: the named ranges, compute, communication; colours by
-    range name and by collective. ``window`` = (start, end) seconds limits what is drawn."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    lo, hi = window or (0.0, max((s.end for s in timeline.spans), default=1.0))
-    n = timeline.world_size
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.9 + 0.9 * n))
-    seen: dict[str, str] = {}
-    for s in _drawn(timeline):
-        if s.end < lo or s.start > hi:
-            continue
-        y = (n - 1 - s.rank) * 4 + (2 - ROW_OF[s.kind])
-        if s.kind == "range":
-            key = s.name if s.name in RANGE_COLOURS else "other range"
-            colour = RANGE_COLOURS.get(s.name, "#CFCFCF")
-        elif s.kind == "compute":
-            colour, key = "#8C8C8C", "compute"
-        else:
-            colour, key = COMM_COLOURS.get(s.op, "#C44E52"), s.op or "comm"
-        seen.setdefault(key, colour)
-        ax.broken_barh([((s.start - lo) * 1e3, max(s.duration * 1e3, 1e-3))], (y + 0.1, 0.8),
-                       facecolors=colour, edgecolor="none")
-    for r in range(n):  # step boundaries as thin lines
-        for a, b in timeline.steps(r):
-            if lo <= a <= hi:
-                ax.axvline((a - lo) * 1e3, color="black", lw=0.4, alpha=0.3)
-    ticks = [(n - 1 - r) * 4 + 2 - ROW_OF[k] + 0.5 for r in range(n) for k in KINDS]
-    ax.set_yticks(ticks, [f"rank {r} {k}" for r in range(n) for k in KINDS], fontsize=8)
-    ax.set_xlim(0, (hi - lo) * 1e3)
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title if title is not None else (timeline.label or timeline.source))
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in seen.items()], fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return ax
-
-
-def _drawn(timeline: Timeline) -> list[Span]:
-    """What the lanes show: compute and comm spans, and the outermost ranges other than "step"
-    (nested ones, like PyTorch's own "Optimizer.step#SGD.step", would hide their parents)."""
-    out = [s for s in timeline.spans if s.kind in ("compute", "comm")]
-    for r in range(timeline.world_size):
-        end = -math.inf
-        for s in timeline.of(r, "range"):
-            if s.name != "step" and s.start >= end:
-                out.append(s)
-                end = s.end
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables of the lab's measures (the measures are the student's functions, passed in)
-
-def share_table(timeline: Timeline, comm_share: Callable, exposed_comm: Callable) -> list[dict]:
-    """Per rank and step: step length, communication share and exposed communication, printed."""
-    rows = []
-    print(f"{timeline.label or timeline.source}\n{'rank':>4} {'step':>4} {'step ms':>8} "
-          f"{'comm share':>11} {'exposed ms':>11}")
-    for r in range(timeline.world_size):
-        for i, window in enumerate(timeline.steps(r)):
-            row = {"rank": r, "step": i, "ms": (window[1] - window[0]) * 1e3,
-                   "share": comm_share(timeline, r, window),
-                   "exposed_ms": exposed_comm(timeline, r, window) * 1e3}
-            rows.append(row)
-            print(f"{r:>4} {i:>4} {row['ms']:>8.1f} {row['share']:>11.1%} {row['exposed_ms']:>11.2f}")
-    return rows
-
-
-def peek(trace, names=("gloo:all_reduce", "c10d::allreduce_", "forward", "aten::addmm")) -> None:
-    """Print the first raw event of each name in a Kineto trace, as the trace stores it."""
-    events = load_trace(trace)["traceEvents"]
-    print(f"{len(events)} events; keys of the trace: {sorted(load_trace(trace))}")
-    for name in names:
-        found = next((e for e in events if e.get("name") == name), None)
-        if found is not None:
-            print(json.dumps(found, indent=None)[:600])
-
-
-def export(timeline: Timeline, name: str, folder=None) -> Path:
-    """Write the merged timeline for Perfetto as ``<folder>/<name>.json`` (default: a distlab
-    folder in the system's temporary directory, so the lab's folder stays clean); print the path."""
-    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / "distlab_timelines"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    to_chrome(timeline, path)
-    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): open https://ui.perfetto.dev and "
-          f"drag the file in (or 'Open trace file'); one process per rank, rows ranges/compute/comm.")
-    return path
-
-
-def overlap_table(timelines: dict, overlap_fraction: Callable) -> dict:
-    """``overlap_fraction(timeline, rank)`` for every rank of each named timeline, printed."""
-    print(f"{'run':<16}" + "".join(f"{'rank ' + str(r):>9}" for r in range(max(
-        t.world_size for t in timelines.values()))))
-    out = {}
-    for name, tl in timelines.items():
-        out[name] = [overlap_fraction(tl, r) for r in range(tl.world_size)]
-        print(f"{name:<16}" + "".join(f"{v:>9.1%}" for v in out[name]))
-    return out

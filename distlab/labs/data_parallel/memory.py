@@ -1,0 +1,51 @@
+"""ZeRO-1: optimizer-state bytes per rank against replicated AdamW, measured on ranks."""
+from __future__ import annotations
+
+from distlab.labs.data_parallel.problem import Setup, optimizer_state_bytes, rank_problem, reference_training, train_steps
+from distlab.labs.data_parallel.step_times import BENCH_SETUP
+
+def _state_bytes_rank(rank: int, world_size: int, cls, setup: Setup) -> int:
+    model, x, y = rank_problem(setup, rank, world_size)
+    optimizer = cls(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+    train_steps(model, optimizer, x, y, 1)  # AdamW allocates its state at the first step
+    return optimizer_state_bytes(getattr(optimizer, "local_optimizer", optimizer))
+
+
+def optimizer_memory(cls, world_sizes=(2, 4), setup: Setup = BENCH_SETUP) -> list[dict]:
+    """Optimizer-state bytes per rank of ZeRO-1 (``cls``, whose ``local_optimizer`` holds the
+    rank's AdamW) against replicated AdamW, one row per world size; the row for 1 is plain AdamW.
+    Replicated AdamW keeps 8 bytes per float32 parameter on every rank; ZeRO-1 keeps 8 per
+    element of the rank's shard, ceil(P / W) elements."""
+    from distlab import run
+    full = reference_training(setup, 1)["state_bytes"]
+    rows = [{"world_size": 1, "adamw": full, "zero1": full}]
+    for world_size in world_sizes:
+        out = run(_state_bytes_rank, world_size, cls, setup, timeout=120)
+        rows.append({"world_size": world_size, "adamw": full, "zero1": max(out)})
+    for row in rows:
+        row["ratio"] = row["zero1"] / full
+    return rows
+
+
+def format_memory(rows: list[dict]) -> str:
+    lines = [f"{'ranks':>5} {'AdamW state/rank':>17} {'ZeRO-1 state/rank':>18} {'ratio':>6}"]
+    lines += [f"{r['world_size']:>5} {r['adamw']:>17,} {r['zero1']:>18,} {r['ratio']:>6.3f}"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def plot_optimizer_memory(rows: list[dict], ax=None):
+    """Optimizer-state bytes per rank against the world size, with the 1/W line."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3))
+    ws = [r["world_size"] for r in rows]
+    ax.plot(ws, [r["adamw"] / 2**10 for r in rows], "o-", label="AdamW, replicated")
+    ax.plot(ws, [r["zero1"] / 2**10 for r in rows], "s-", label="ZeRO-1 (measured)")
+    ax.plot(ws, [rows[0]["adamw"] / w / 2**10 for w in ws], "k:", label="1 / world size")
+    ax.set_xticks(ws)
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("optimizer state per rank (KiB)")
+    ax.legend(fontsize=8)
+    return ax
+

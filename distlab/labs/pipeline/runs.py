@@ -1,0 +1,153 @@
+"""Running schedules on real ranks, one stage per rank: the student's step functions or
+``torch.distributed.pipelining``'s (``library_step``), with gradients, events, timings, activation
+memory and bytes sent per rank (``ScheduleRun``), and a table of them."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+
+from distlab.labs.losses import loss_fn
+from distlab.labs.pipeline.model import PipeSpec, reference_step, stage_layers
+from distlab.labs.pipeline.stages import Event, TimedStage, measured_bubble, peak_in_flight, theoretical_bubble
+from distlab.runtime.devices import device as rank_device
+
+def library_step(schedule: str):
+    """A step function that runs ``torch.distributed.pipelining``'s ``schedule`` ("ScheduleGPipe",
+    "Schedule1F1B", ...) on the same stage, with the same signature as the hand-written ones."""
+    return functools.partial(_library_step, schedule)
+
+
+def _library_step(schedule, rank, world_size, stage, x, target, num_microbatches):
+    from torch.distributed import pipelining
+    key = (schedule, num_microbatches)
+    if getattr(stage, "_library", (None,))[0] != key:
+        # Built once per stage: the first step infers shapes with an extra forward and backward,
+        # which a warm-up step absorbs; later steps reuse the buffers.
+        pstage = pipelining.PipelineStage(stage, rank, world_size, x.device)
+        # scale_grads=True divides the summed microbatch grads by m, matching loss_fn's mean
+        stage._library = (key, getattr(pipelining, schedule)(
+            pstage, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True))
+    sched = stage._library[1]
+    if rank == 0:
+        sched.step(x)
+    elif rank == world_size - 1:
+        losses = []
+        sched.step(target=target, losses=losses)
+        return torch.stack(losses).mean().item()
+    else:
+        sched.step()
+    return None
+
+
+@dataclasses.dataclass
+class ScheduleRun:
+    """One schedule measured on real ranks: ``grads[rank]`` (global parameter names), the loss
+    returned by the last rank, the events of the timed step on every rank, its wall time, each
+    rank's peak activation bytes and the bytes each rank sent (send/isend) during that step."""
+    name: str
+    num_stages: int
+    num_microbatches: int | None
+    grads: list[dict[str, torch.Tensor]]
+    loss: float | None
+    events: list[Event]
+    step_time: float
+    activation_bytes: list[int]
+    sent_bytes: list[int]
+
+    @property
+    def bubble(self) -> float:
+        return measured_bubble(self.events, self.num_stages)
+
+    @property
+    def in_flight(self) -> dict[int, int]:
+        return peak_in_flight(self.events)
+
+    @property
+    def theory(self) -> float:
+        return theoretical_bubble(self.num_stages, self.num_microbatches or 1)
+
+
+def _call(fn, rank, world_size, stage, x, target, m):
+    return fn(rank, world_size, stage, x, target) if m is None else \
+        fn(rank, world_size, stage, x, target, m)
+
+
+def _rank_schedules(rank, world_size, spec, schedules, warmup):
+    """On each rank: build this rank's stage of ``spec``'s model once per schedule, run
+    ``warmup`` untimed steps and one timed step, and return what ``ScheduleRun`` needs."""
+    device = rank_device()
+    layers = stage_layers(spec.model(), rank, world_size).to(device)
+    x, target = (t.to(device) for t in spec.data())
+    results = {}
+    for name, (fn, m) in schedules.items():
+        stage = TimedStage(copy.deepcopy(layers), rank)
+        for _ in range(warmup + 1):
+            stage.zero_grad(set_to_none=True)
+            stage.reset()
+            dist.barrier()  # all ranks start the step together
+            start = time.perf_counter()
+            loss = _call(fn, rank, world_size, stage, x, target, m)
+            end = time.perf_counter()
+        grads = {n: p.grad.detach().cpu() if p.grad is not None else None
+                 for n, p in stage.layers.named_parameters()}
+        results[name] = dict(grads=grads, loss=loss, events=stage.events, start=start, end=end,
+                             act=stage.peak_activation_bytes)
+    return results
+
+
+def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(), *,
+                  warmup: int = 0, timeout: float = 60) -> dict[str, ScheduleRun]:
+    """Run each schedule on ``world_size`` ranks, one stage per rank, in a single launch.
+
+    ``schedules`` maps a name to ``(step_fn, num_microbatches)``; ``step_fn(rank, world_size,
+    stage, x, target[, num_microbatches])`` runs one training step on its rank (the
+    ``num_microbatches`` argument is left out when it is None) and returns the loss on the last
+    rank. ``stage`` is this rank's ``TimedStage``; ``x`` and ``target`` are the whole batch on
+    every rank (stage 0 reads ``x``, the last stage ``target``).
+    """
+    import distlab
+    out = distlab.run(_rank_schedules, world_size, spec, schedules, warmup, timeout=timeout)
+    runs = {}
+    for name, (_, m) in schedules.items():
+        per_rank = [out[r][name] for r in range(world_size)]
+        sent = [sum(c.bytes for c in out.comms[r] if c.op in ("send", "isend")
+                    and per_rank[r]["start"] <= c.start <= per_rank[r]["end"])
+                for r in range(world_size)]
+        runs[name] = ScheduleRun(
+            name=name, num_stages=world_size, num_microbatches=m,
+            grads=[r["grads"] for r in per_rank], loss=per_rank[-1]["loss"],
+            events=[e for r in per_rank for e in r["events"]],
+            step_time=max(r["end"] for r in per_rank) - min(r["start"] for r in per_rank),
+            activation_bytes=[r["act"] for r in per_rank], sent_bytes=sent)
+    return runs
+
+
+def grad_error(run: ScheduleRun, spec: PipeSpec) -> float:
+    """The largest absolute difference between ``run``'s gradients and the single-process ones."""
+    _, ref = reference_step(spec)
+    return max((g - ref[n]).abs().max().item() if g is not None else float("inf")
+               for grads in run.grads for n, g in grads.items())
+
+
+def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None) -> str:
+    """One row per schedule: step time, bubble (measured and theory), peak microbatches in flight
+    per rank, peak activation memory and bytes sent on rank 0, and, given ``spec``, the largest
+    gradient error against the single-process step."""
+    head = (f"{'schedule':<14}{'p':>3}{'m':>4}{'step ms':>10}{'bubble':>9}{'theory':>9}"
+            f"{'in flight':>11}{'act KiB r0':>12}{'sent KiB r0':>13}"
+            + (f"{'max |dgrad|':>13}" if spec else ""))
+    rows = [head, "-" * len(head)]
+    for run in runs.values():
+        flight = run.in_flight
+        rows.append(f"{run.name:<14}{run.num_stages:>3}{run.num_microbatches or 1:>4}"
+                    f"{run.step_time * 1e3:>10.1f}{run.bubble:>9.2f}{run.theory:>9.2f}"
+                    f"{'/'.join(str(flight[r]) for r in sorted(flight)):>11}"
+                    f"{run.activation_bytes[0] / 1024:>12.0f}{run.sent_bytes[0] / 1024:>13.0f}"
+                    + (f"{grad_error(run, spec):>13.1e}" if spec else ""))
+    return "\n".join(rows)
+
