@@ -141,8 +141,8 @@ def release(out: Path, log=print) -> Path:
     with tempfile.TemporaryDirectory(prefix="distlab-release-", dir=out.parent
                                      if out.parent.exists() else None) as tmp:
         stage = Path(tmp) / "handout"
-        for lab, files in notebooks.build(labs).items():
-            notebooks.write(lab, files, out=stage / "notebooks")
+        for lab, files in notebooks.build_student_notebooks(labs).items():
+            notebooks.write_student_notebooks(lab, files, out=stage / "notebooks")
             log(f"  notebooks/{lab}/ ({len(files)} files)")
         shutil.copytree(paths.data(), stage / "data", ignore=SKIP)
         shutil.copytree(paths.PACKAGE, stage / "distlab", ignore=SKIP)
