@@ -27,9 +27,21 @@ LAB1 = "01_collectives"
 
 
 def _points(lab: str) -> dict[str, float]:
+    """The autograded tests' points: {grade_id: points}."""
     return {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"]["points"])
             for c in source_notebook(lab).cells
             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")}
+
+
+def _manual_points(lab: str) -> dict[str, float]:
+    """The answer cells an instructor grades by hand: {grade_id: points}."""
+    return {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"]["points"])
+            for c in source_notebook(lab).cells
+            if c.metadata.get("nbgrader", {}).get("grade") and c.metadata["nbgrader"].get("solution")}
+
+
+def _max_score(lab: str) -> float:
+    return sum(_points(lab).values()) + sum(_manual_points(lab).values())
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +76,11 @@ def graded(tmp_path_factory):
 def test_solution_gets_full_marks(graded, lab):
     row = graded["rows"][("solution", lab)]
     failing = {t: row[t] for t in _points(lab) if row[t] != "pass"}
-    assert not failing and float(row["score"]) == float(row["max_score"]) == sum(_points(lab).values()), \
+    # Every autograded point; a manually graded answer counts in max_score and waits for an instructor.
+    assert not failing and float(row["score"]) == sum(_points(lab).values()) \
+        and float(row["max_score"]) == _max_score(lab), \
         f"{lab}: the solution failed {failing}; see {graded['work'] / 'students' / 'solution'}"
+    assert all(row[cell] == "ungraded" for cell in _manual_points(lab)), row
     assert row["flags"] == ""
 
 
@@ -73,7 +88,7 @@ def test_solution_gets_full_marks(graded, lab):
 @pytest.mark.parametrize("lab", labs())
 def test_untouched_student_notebook_gets_zero(graded, lab):
     row = graded["rows"][("untouched", lab)]
-    assert float(row["score"]) == 0 and float(row["max_score"]) == sum(_points(lab).values())
+    assert float(row["score"]) == 0 and float(row["max_score"]) == _max_score(lab)
     assert all(row[t] not in ("pass", "missing", "") for t in _points(lab)), row
     assert row["flags"] == ""
 
