@@ -179,3 +179,11 @@ def test_two_gathers_per_step_fail_the_zero1_pattern_check():
         "dist.all_gather_single(full, self.shard.detach())"))
     with pytest.raises(CheckFailed, match="one all-gather"):
         lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=12)
+
+
+def test_cpu_overlap_figure_is_shown_beside_the_gpu_trace():
+    from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
+    text = overlap_beside_cpu([{"strategy": "naive", "ms_per_step": 30.0},
+                               {"strategy": "overlapped", "ms_per_step": 43.0}])
+    assert "naive 30.0 ms/step, overlapped 43.0 ms/step" in text
+    assert "A100" in text and "overlapped by compute kernels" in text

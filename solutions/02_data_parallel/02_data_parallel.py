@@ -339,6 +339,16 @@ print(format_table(rows))
 plot_step_times(rows);
 
 # %% [markdown]
+# On this CPU the overlapped step is usually *slower* than the naive one: the lesson's effect
+# cannot show here (see below). Beside it, what a real GPU run shows: the A100 trace shipped with
+# the course (`data/traces/`, 2-rank DDP, NCCL; Lab 6 reads it in detail), where DDP's all-reduce
+# kernels run on their own stream while backward's kernels run.
+
+# %% nbgrader={"grade": false, "grade_id": "gpu_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
+print(overlap_beside_cpu(rows))
+
+# %% [markdown]
 # ## What to take away
 #
 # Measured on a 2-core CPU shared with other work (gloo, 2 ranks; `bench/data_parallel.py`, which

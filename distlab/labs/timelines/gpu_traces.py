@@ -111,3 +111,12 @@ def beside(cpu_label: str, cpu_text: str, gpu: str = "a100") -> str:
             f"{'':<44}NCCL kernels {m['comm_s'] * 1e3:.1f} ms of a {m['window_s'] * 1e3:.1f} ms window "
             f"({m['nccl_share']:.1%}); {m['overlap']:.1%} of it overlapped by compute kernels, "
             f"{m['exposed_s'] * 1e3:.2f} ms exposed")
+
+
+def overlap_beside_cpu(rows: list[dict]) -> str:
+    """Lab 2: this CPU's naive and overlapped step times (rows of
+    ``distlab.labs.data_parallel.compare_step_times``) beside the A100 trace's overlap."""
+    ms = {r["strategy"]: r["ms_per_step"] for r in rows}
+    cpu = (f"naive {ms.get('naive', float('nan')):.1f} ms/step, overlapped "
+           f"{ms.get('overlapped', float('nan')):.1f} ms/step")
+    return beside("this CPU (gloo, 2 ranks on shared cores):", cpu)
