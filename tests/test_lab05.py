@@ -98,11 +98,13 @@ def test_timed_stage_records_microbatches_and_activation_memory():
 
 
 def test_stored_references_match_the_code():
-    stored = lab05.references.load(lab05.LAB, "visible")
+    stored = lab05.load_stored(lab05.LAB, "visible")
     loss, grads = reference_step(lab05.VISIBLE)
-    assert stored["loss"].item() == loss
+    # equal up to float rounding: float32 matrix products differ in their last bits between BLAS
+    # builds and thread counts (see distlab.course.references)
+    assert stored["loss"].item() == pytest.approx(loss, rel=1e-6)
     for name, g in grads.items():
-        torch.testing.assert_close(stored[f"grad.{name}"], g, atol=0, rtol=0)
+        torch.testing.assert_close(stored[f"grad.{name}"], g, atol=1e-6, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- on real ranks
