@@ -450,8 +450,9 @@ print("gpu_answers: correct")
 # of the first MLP, whose input needs no gradient; Lab 5: one b/m × h
 # activation and one gradient per microbatch and stage edge), their time with Lab 1's model
 # t(S) = α + S/B, fitted below on a short all-reduce sweep on these ranks, and for PP the bubble:
-# an idle (p−1)/m of the compute time. With the compute time measured on the trace, the predicted
-# share is predicted comm / (predicted comm + compute).
+# an idle (p−1)/m of the compute time (Lab 5 stated the same idle time as (p−1)/(m+p−1) of the
+# step: a ratio r to compute is r/(1+r) of the step). With the compute time measured on the
+# trace, the predicted share is predicted comm / (predicted comm + compute).
 
 # %% nbgrader={"grade": false, "grade_id": "predicted", "locked": true, "schema_version": 3, "solution": false, "task": false}
 alpha, bandwidth = link_model(world_size=2)
