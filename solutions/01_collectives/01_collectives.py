@@ -280,7 +280,7 @@ check_bus_factor(bus_factor, ring_all_reduce)
 check_bandwidths(bandwidths)
 print("bus_factor and bandwidths: correct")
 ### BEGIN HIDDEN TESTS
-check_bus_factor(bus_factor, ring_all_reduce, world_sizes=(3, 4), numel=1 + fresh_seed() % 997)
+check_bus_factor(bus_factor, ring_all_reduce, world_sizes=(3, 4), numel=64 + fresh_seed() % 997)
 check_bandwidths(bandwidths, seed=fresh_seed())
 ### END HIDDEN TESTS
 
