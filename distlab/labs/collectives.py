@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
+from distlab.runtime.devices import device as rank_device
 
 OPS = ["broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce",
        "all_to_all", "send_recv"]
@@ -140,11 +141,12 @@ def draw(op: str, pairs: list):
 def _buffers(op: str, nbytes: int, n: int):
     """(input, output) of ``op`` for a message of ``nbytes`` as nccl-tests counts it."""
     numel = max(n, nbytes // 4 // n * n)  # float32, a multiple of n elements
+    dev = rank_device()                    # the rank's GPU under NCCL
     if op == "all_gather":
-        return torch.ones(numel // n), torch.empty(numel)
+        return torch.ones(numel // n, device=dev), torch.empty(numel, device=dev)
     if op == "reduce_scatter":
-        return torch.ones(numel), torch.empty(numel // n)
-    return torch.ones(numel), None
+        return torch.ones(numel, device=dev), torch.empty(numel // n, device=dev)
+    return torch.ones(numel, device=dev), None
 
 
 def _call(op: str, x, y, ring):
@@ -174,10 +176,15 @@ def _sweep_rank(rank: int, world_size: int, ops, sizes, warmup: int, iters: int,
             for _ in range(warmup):  # connections, buffers, caches
                 _call(op, x, y, ring)
             dist.barrier()
+            if x.is_cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(iters):
                 _call(op, x, y, ring)
-            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+            if x.is_cuda:  # NCCL returns at once: wait for the GPU before reading the clock
+                torch.cuda.synchronize()
+            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
+                                   device=x.device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             actual = x.numel() * 4 if op != "all_gather" else y.numel() * 4
             rows.append({"op": op, "nbytes": actual, "seconds": float(elapsed)})
@@ -203,7 +210,7 @@ def sweep(world_size: int = 2, ops=("all_reduce", "all_gather", "reduce_scatter"
 
 
 def _ring_rank(rank: int, world_size: int, ring, numel: int):
-    ring(torch.ones(numel))
+    ring(torch.ones(numel, device=rank_device()))
 
 
 def ring_record(ring, world_size: int = 2, numel: int = 1 << 16) -> dict:
