@@ -84,6 +84,9 @@ def ring_all_reduce(tensor):
     return out
 '''
 ENDLESS = '''\
+def bus_factor(comms, nbytes):
+    return sum(c.bytes for c in comms if c.op in ("send", "isend")) / nbytes
+
 def bandwidths(nbytes, seconds, factor):
     """Loops forever, outside any collective."""
     while True:
