@@ -18,7 +18,7 @@ KERNEL = textwrap.dedent('''
         out = tensor.clone(); dist.all_reduce(out); return out
     def wrong(tensor):
         return tensor
-    def bandwidths(op, nbytes, seconds, world_size):
+    def bandwidths(nbytes, seconds, factor):
         return 0.0, 0.0
     for fn in (right, wrong):
         try:

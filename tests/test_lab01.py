@@ -96,10 +96,45 @@ def test_bandwidths_check():
     lab01.check_bandwidths(lab01.reference_bandwidths)
     lab01.check_bandwidths(lab01.reference_bandwidths, seed=99)
 
-    def no_bus_factor(op, nbytes, seconds, world_size):
+    def no_bus_factor(nbytes, seconds, factor):
         return nbytes / seconds / 1e9, nbytes / seconds / 1e9
     with pytest.raises(CheckFailed, match="busbw"):
         lab01.check_bandwidths(no_bus_factor)
+
+
+def test_bus_factor_comes_from_the_rings_own_record():
+    lab01.check_bus_factor(lab01.reference_bus_factor, ring)
+
+    def from_the_table(comms, nbytes):
+        # 2(n-1)/n looked up from the number of messages: right for a ring, for nothing else
+        n = len([c for c in comms if c.op in ("send", "isend")]) // 2 + 1
+        return 2 * (n - 1) / n
+    with pytest.raises(CheckFailed, match="record"):
+        lab01.check_bus_factor(from_the_table, ring)
+
+
+def test_sweep_runs_5_warmup_and_20_timed_iterations_per_size():
+    from distlab import run
+    out = run(collectives._sweep_rank, 2, ["all_reduce"], [1024], collectives.WARMUP,
+              collectives.ITERS, None)
+    calls = [c for c in out.comms[0] if c.op == "all_reduce"]
+    assert len(calls) == 5 + 20 + 1   # + the all_reduce(MAX) that takes the slowest rank's time
+
+
+def test_ring_model_fit_shows_the_latency_term():
+    world = torch.tensor([2.0, 2, 2, 4, 4, 4], dtype=torch.float64)
+    sizes = torch.tensor([1e3, 1e5, 1e7] * 2, dtype=torch.float64)
+    n = world
+    times = 2 * (n - 1) * 20e-6 + 2 * (n - 1) / n * sizes / 1e9
+    alpha, bandwidth = collectives.reference_ring_fit(world, sizes, times)
+    assert alpha == pytest.approx(20e-6, rel=1e-9) and bandwidth == pytest.approx(1e9, rel=1e-9)
+    lab01.check_ring_model(collectives.reference_ring_fit)
+    lab01.check_ring_model(collectives.reference_ring_fit, seed=3)
+
+    def ignores_world_size(world_sizes, sizes, times):
+        return lab01.reference_fit(sizes, times)
+    with pytest.raises(CheckFailed, match="2\\(n-1\\)"):
+        lab01.check_ring_model(ignores_world_size)
 
 
 def test_alpha_beta_check():
@@ -144,11 +179,22 @@ def test_demo_moves_data_as_defined(op):
 def test_draw_and_sweep_plots():
     pairs = collectives.demo("all_to_all", world_size=2, show=False)
     assert collectives.draw("all_to_all", pairs) is not None
-    rows = collectives.sweep(world_size=2, max_bytes=1 << 12, ring=ring, iters=1)
+    rows = collectives.sweep(world_size=2, max_bytes=1 << 12, ring=ring, iters=1, warmup=1)
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
                                        "ring_all_reduce"}
-    rows = collectives.bandwidth_table(rows, lab01.reference_bandwidths)
+    record = collectives.ring_record(ring, world_size=2)
+    factors = collectives.bus_factors(lab01.reference_bus_factor, record)
+    assert factors["all_reduce"] == pytest.approx(1.0) and factors["all_gather"] == pytest.approx(0.5)
+    rows = collectives.bandwidth_table(rows, lab01.reference_bandwidths, factors)
     assert all(r["busbw"] > 0 for r in rows)
     assert collectives.plot_bandwidth(rows) is not None
     sizes, times = collectives.timings(rows, "all_reduce")
     assert len(sizes) == 2
+
+
+def test_bus_factor_check_builds_a_ring_record_when_the_ring_does_not_run():
+    def unanswered(tensor):
+        raise NotImplementedError
+    lab01.check_bus_factor(lab01.reference_bus_factor, unanswered)
+    record = lab01._ring_records(4, 1030)
+    assert lab01.reference_bus_factor(record, 1030 * 4) == pytest.approx(2 * 3 / 4, rel=1e-2)

@@ -160,3 +160,30 @@ def test_replicated_optimizer_state_fails_the_memory_check():
             self.local_optimizer.step()
     with pytest.raises(CheckFailed):
         lab02.check_sharded_adamw(Replicated, world_size=2, seed=10)
+
+
+def test_all_reduce_then_slice_fails_the_zero1_pattern_check():
+    # Values are right, but every rank received the whole gradient sum: twice ZeRO-1's traffic.
+    ns = solution_namespace((
+        "dist.reduce_scatter_single(grad_shard, grads)",
+        "dist.all_reduce(grads); grad_shard.copy_(grads[self.rank * self.shard_numel:"
+        "(self.rank + 1) * self.shard_numel])"))
+    with pytest.raises(CheckFailed, match="all_reduce.*reduce-scatter"):
+        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=11)
+
+
+def test_two_gathers_per_step_fail_the_zero1_pattern_check():
+    ns = solution_namespace((
+        "dist.all_gather_single(full, self.shard.detach())",
+        "dist.all_gather_single(full, self.shard.detach()); "
+        "dist.all_gather_single(full, self.shard.detach())"))
+    with pytest.raises(CheckFailed, match="one all-gather"):
+        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=12)
+
+
+def test_cpu_overlap_figure_is_shown_beside_the_gpu_trace():
+    from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
+    text = overlap_beside_cpu([{"strategy": "naive", "ms_per_step": 30.0},
+                               {"strategy": "overlapped", "ms_per_step": 43.0}])
+    assert "naive 30.0 ms/step, overlapped 43.0 ms/step" in text
+    assert "A100" in text and "overlapped by compute kernels" in text

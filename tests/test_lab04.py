@@ -247,3 +247,31 @@ def test_scaling_table_has_a_row_per_world_size(capsys):
     assert rows[0]["efficiency T1/(N TN)"] == "1.00"
     assert rows[1]["all-reduce ms"] != "-"
     assert "scaling efficiency" in str(att.plot_scaling(rows).axes[1].get_title())
+
+
+# ---- the scaling exercise: T_N predicted from Lab 1's ring model ------------------------------
+
+def test_tp_scaling_check_passes_the_formulas_and_rejects_mistakes():
+    from distlab.checks.assertions import CheckFailed
+    from distlab.checks import lab04
+    from distlab.labs import tp_scaling as ts
+    lab04.check_tp_scaling(ts.reference_predicted_step, ts.reference_strong_scaling_efficiency)
+    lab04.check_tp_scaling(ts.reference_predicted_step, ts.reference_strong_scaling_efficiency, seed=9)
+
+    def compute_only(t1, n, alpha, bandwidth, batch, seq, hidden):
+        return t1 / n
+    with pytest.raises(CheckFailed, match="4 all-reduces"):
+        lab04.check_tp_scaling(compute_only, ts.reference_strong_scaling_efficiency)
+
+    def speedup(t1, tn, n):
+        return t1 / tn
+    with pytest.raises(CheckFailed, match="Strong-scaling efficiency"):
+        lab04.check_tp_scaling(ts.reference_predicted_step, speedup)
+
+
+def test_ring_model_of_the_prediction_grows_with_n():
+    from distlab.labs import tp_scaling as ts
+    one = ts.reference_predicted_step(1.0, 1, 1e-5, 1e9, 4, 64, 128)
+    assert one == 1.0                                   # no communication on one rank
+    t2 = ts.reference_predicted_step(1.0, 2, 1e-5, 1e9, 4, 64, 128)
+    assert t2 == pytest.approx(0.5 + 4 * (2e-5 + 4 * 64 * 128 * 4 / 1e9))

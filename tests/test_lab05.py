@@ -224,3 +224,48 @@ def test_schedule_explorer_redraws_when_a_control_moves(monkeypatch):
     controls["schedule"].value = "gpipe"
     assert titles[-1].startswith("gpipe: p=4, m=12")
     assert "in flight per stage [12, 12, 12, 12]" in titles[-1]
+
+
+def _1f1b_with_warmups(warmups: str):
+    """The lab's 1F1B with another number of warm-up forwards (a textual edit of its cell)."""
+    from distlab.grading.course_dir import source_notebook
+    old = "warmup = min(world_size - rank - 1, m)"
+    namespace = {"__name__": "lab05_mutant"}  # not importable: cloudpickle ships it by value
+    edited = False
+    for cell in source_notebook(lab05.LAB).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            edited = edited or old in cell.source
+            exec(cell.source.replace(old, f"warmup = {warmups}"), namespace)
+    assert edited, "the edit did not apply: the solution changed"
+    return namespace["one_f_one_b_step"]
+
+
+def test_1f1b_check_rejects_gpipe_with_fewer_microbatches_than_stages(sol):
+    # m = 3 < p = 4: GPipe holds 3 on every stage, within p but above p - s on stages 2 and 3.
+    with pytest.raises(CheckFailed, match=r"stage 2.*min\(p - s, m\) = 2"):
+        lab05.check_1f1b(sol["gpipe_step"], world_size=4, num_microbatches=3, batch=12,
+                         seed=7)
+
+
+def test_1f1b_check_rejects_p_minus_1_warmups_on_every_stage():
+    with pytest.raises(CheckFailed, match=r"stage 1.*min\(p - s, m\) = 1"):
+        lab05.check_1f1b(_1f1b_with_warmups("min(world_size - 1, m)"), world_size=2,
+                         num_microbatches=4)
+
+
+def test_1f1b_check_rejects_a_schedule_that_does_not_alternate():
+    # Too few warm-ups keeps memory low but idles: stage 0 must run F F then alternate on 3 stages.
+    with pytest.raises(CheckFailed, match="alternate"):
+        lab05.check_1f1b(_1f1b_with_warmups("0"), world_size=3, num_microbatches=4, batch=8)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 3), (3, 16)])
+def test_every_stage_idles_p_minus_1_forward_and_backward_slots(p, m):
+    from distlab.labs.pipeline_bubble import (bubble_of_compute, bubble_of_step, idle_per_stage,
+                                              step_share_from_compute_ratio)
+    for kind in ("gpipe", "1f1b"):
+        idle = idle_per_stage(simulate(kind, p, m, t_fwd=1.0, t_bwd=2.0), p)
+        assert idle == {s: pytest.approx(3 * (p - 1)) for s in range(p)}   # not 2(p - 1)
+    assert step_share_from_compute_ratio(bubble_of_compute(p, m)) == pytest.approx(bubble_of_step(p, m))
+    assert bubble_of_step(p, m) == pytest.approx(theoretical_bubble(p, m))

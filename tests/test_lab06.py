@@ -227,3 +227,23 @@ def test_reads_the_cpu_gloo_trace():
     events = T.collective_events(TRACES / "kineto_cpu_gloo_rank34.json.gz")
     assert len(events) == 10 and {op for op, *_ in events} == {"all_reduce"}
     assert all(b > 0 and d > 0 for _, b, _, d in events)
+
+
+# ---- Exercise 5: the shipped GPU traces -------------------------------------------------------
+
+def test_gpu_answers_check_passes_the_courses_measures_and_names_a_swap():
+    from distlab.checks.assertions import CheckFailed
+    answers = lab06.reference_gpu_answers()
+    lab06.check_gpu_traces(answers)
+    assert 0 < answers["a100_overlap_fraction"] < 1 and 0 < answers["a100_nccl_share"] < 1
+    swapped = dict(answers, a100_overlap_fraction=answers["a100_nccl_share"],
+                   a100_nccl_share=answers["a100_overlap_fraction"])
+    with pytest.raises(CheckFailed, match="a100_overlap_fraction"):
+        lab06.check_gpu_traces(swapped)
+    # NCCL time instead of its exposed part: the export's send/recv is never hidden, so equal...
+    from distlab.labs.timelines.gpu_traces import measures, nsys_timeline
+    export = nsys_timeline()
+    assert answers["nsys_exposed_comm_s"] == [pytest.approx(measures(export, r)["comm_s"]) for r in range(2)]
+    # ...but one number for both ranks is not the answer
+    with pytest.raises(CheckFailed, match="nsys_exposed_comm_s"):
+        lab06.check_gpu_traces(dict(answers, nsys_exposed_comm_s=answers["nsys_exposed_comm_s"][0]))

@@ -100,3 +100,42 @@ def test_lab_falls_back_to_the_sample(monkeypatch, capsys):
     tl = nsys.timeline_for_lab()
     out = capsys.readouterr().out
     assert "no nsys in this test" in out and tl is not None and tl.world_size == 2
+
+
+# ---- the copies shipped with the course (data/traces) ---------------------------------------
+
+def test_lab_reads_the_shipped_export_where_nsys_is_absent(monkeypatch, capsys):
+    from distlab import paths
+    assert nsys.SAMPLE.is_relative_to(paths.data()) and nsys.SAMPLE.exists()
+    monkeypatch.setattr(nsys.shutil, "which", lambda name: None)
+    timeline = nsys.timeline_for_lab("tp", nproc=2)
+    assert timeline is not None and timeline.world_size == 2
+    assert "No fresh nsys profile" in capsys.readouterr().out
+
+
+@needs_sample
+def test_trimmed_export_reads_exactly_as_the_original():
+    def key(s):
+        return (s.rank, s.kind, s.start, s.end, s.name)
+    assert sorted(nsys.read_nsys(SAMPLE).spans, key=key) == sorted(nsys.read_nsys(nsys.SAMPLE).spans, key=key)
+
+
+def test_shipped_traces_carry_their_notice():
+    from distlab.labs.timelines import gpu_traces
+    notice = (gpu_traces.folder() / "NOTICE.md").read_text()
+    for name in (gpu_traces.KINETO_A100, gpu_traces.NSYS_2GPU):
+        assert name in notice and gpu_traces.trace_path(name).exists()
+    assert "GindaChen" in notice and "Meta Platforms" in notice and "MIT" in notice
+
+
+def test_gpu_measures_equal_the_checks_references():
+    from distlab.labs.timelines import gpu_traces
+    for timeline in (gpu_traces.a100_timeline(), gpu_traces.nsys_timeline()):
+        for rank in range(timeline.world_size):
+            window = gpu_traces.gpu_window(timeline, rank)
+            got = gpu_traces.measures(timeline, rank)
+            assert got["nccl_share"] == pytest.approx(lab06.reference_comm_share(timeline, rank, window))
+            assert got["exposed_s"] == pytest.approx(lab06.reference_exposed_comm(timeline, rank, window))
+    a100 = gpu_traces.a100_timeline()
+    assert gpu_traces.measures(a100, 0)["overlap"] == pytest.approx(lab06.reference_overlap_fraction(a100, 0))
+    assert 0 < gpu_traces.measures(a100, 0)["overlap"] < 1   # DDP's all-reduces partly hidden

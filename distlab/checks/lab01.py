@@ -6,13 +6,18 @@ Exercises (each checked on real ranks or, for the pure formulas, in the kernel):
    into n chunks (uneven when n does not divide its length), n-1 reduce-scatter steps and n-1
    all-gather steps, each rank sending one chunk to its ring neighbour per step, so every rank
    sends 2(n-1) messages carrying 2(n-1)/n of the tensor.
-3. ``bandwidths(op, nbytes, seconds, world_size) -> (algbw, busbw)`` in GB/s (1e9 bytes/s), as
-   nccl-tests defines them: algbw = S / t with S the size nccl-tests reports (the whole gathered
-   buffer for all_gather and reduce_scatter), busbw = algbw * factor with factor 2(n-1)/n for
-   all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for broadcast.
+3. ``bus_factor(comms, nbytes)``: the bytes one rank sent (its ``send``/``isend`` records in
+   ``out.comms``) over the buffer's size: for the student's own ring all-reduce 2(n-1)/n, derived
+   from what it sent, not looked up; checked on the student's ring at 2 and 4 ranks and on the
+   records of two other algorithms (direct exchange, reduce-then-broadcast) where a table is wrong.
+   ``bandwidths(nbytes, seconds, factor) -> (algbw, busbw)`` in GB/s (1e9 bytes/s) as nccl-tests
+   defines them: algbw = S / t, busbw = algbw * factor.
 4. ``fit_alpha_beta(sizes, times) -> (alpha, bandwidth)``: the Hockney model t(S) = alpha + S / B,
    fitted by minimising the *relative* squared error sum_i ((alpha + S_i/B - t_i) / t_i)^2, linear
    in (alpha, 1/B); and ``predict_time(alpha, bandwidth, nbytes)``.
+5. ``fit_ring_model(world_sizes, sizes, times) -> (alpha, bandwidth)``: the ring all-reduce model
+   t(n, S) = 2(n-1) alpha + 2(n-1)/n S/B fitted on several world sizes at once (same relative
+   least squares), so that the latency term, growing with n, appears.
 
 The references are the plain single-process computations: ``inputs.sum(0)`` for both all-reduces,
 the formulas above for 3, ``torch.linalg.lstsq`` in float64 for 4.
@@ -24,8 +29,9 @@ import math
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.ranks import run_each_backend
-from distlab.labs.collectives import reference_fit
+from distlab.checks.ranks import rank_timeout, run_each_backend
+from distlab.labs.collectives import reference_fit, reference_ring_fit
+from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
 
 LAB = "01_collectives"
@@ -51,23 +57,42 @@ def all_reduce_inputs(world_size: int, numel: int, seed: int) -> torch.Tensor:
     return torch.randn(world_size, numel, generator=g)
 
 
-def reference_bandwidths(op: str, nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
+def reference_bandwidths(nbytes: float, seconds: float, factor: float) -> tuple[float, float]:
     algbw = nbytes / seconds / 1e9
-    return algbw, algbw * BUS_FACTOR[op](world_size)
+    return algbw, algbw * factor
+
+
+def reference_bus_factor(comms, nbytes: float) -> float:
+    """Bytes this rank sent point-to-point over the buffer's size: what busbw counts."""
+    return sum(c.bytes for c in comms if c.op in ("send", "isend")) / nbytes
 
 
 def bandwidth_cases(seed: int, count: int = 12) -> dict[str, torch.Tensor]:
-    """Random (op, size, time, world size) cases and their (algbw, busbw)."""
+    """Random (size, time, factor) cases and their (algbw, busbw); factors of n in 2..16."""
     g = torch.Generator().manual_seed(seed)
     ops = list(BUS_FACTOR)
     op_index = torch.randint(len(ops), (count,), generator=g)
     world = torch.randint(2, 17, (count,), generator=g)
+    factor = torch.tensor([BUS_FACTOR[ops[o]](int(n)) for o, n in zip(op_index, world)],
+                          dtype=torch.float64)
     nbytes = (2.0 ** torch.randint(10, 31, (count,), generator=g)).double()
     seconds = torch.exp(torch.empty(count, dtype=torch.float64).uniform_(-11, 0, generator=g))
-    expected = torch.tensor([reference_bandwidths(ops[o], float(s), float(t), int(n))
-                             for o, s, t, n in zip(op_index, nbytes, seconds, world)], dtype=torch.float64)
-    return {"op_index": op_index, "world_size": world, "nbytes": nbytes, "seconds": seconds,
-            "expected": expected}
+    expected = torch.tensor([reference_bandwidths(float(s), float(t), float(f))
+                             for s, t, f in zip(nbytes, seconds, factor)], dtype=torch.float64)
+    return {"factor": factor, "nbytes": nbytes, "seconds": seconds, "expected": expected}
+
+
+def ring_model_sample(seed: int) -> dict[str, torch.Tensor]:
+    """A synthetic ring sweep on 2 and 4 ranks: t = (2(n-1) alpha + 2(n-1)/n S/B) * noise."""
+    g = torch.Generator().manual_seed(seed)
+    alpha = float(torch.empty(1, dtype=torch.float64).uniform_(5e-6, 2e-4, generator=g))
+    bandwidth = float(torch.empty(1, dtype=torch.float64).uniform_(0.3e9, 50e9, generator=g))
+    sizes = (2.0 ** torch.arange(10, 25, 2, dtype=torch.float64)).repeat(2)
+    world = torch.tensor([2.0] * (len(sizes) // 2) + [4.0] * (len(sizes) // 2), dtype=torch.float64)
+    noise = torch.exp(0.05 * torch.randn(len(sizes), generator=g, dtype=torch.float64))
+    times = (2 * (world - 1) * alpha + 2 * (world - 1) / world * sizes / bandwidth) * noise
+    fit = torch.tensor(reference_ring_fit(world, sizes, times), dtype=torch.float64)
+    return {"world_sizes": world, "sizes": sizes, "times": times, "fit": fit}
 
 
 def sweep_sample(seed: int) -> dict[str, torch.Tensor]:
@@ -94,6 +119,7 @@ def make_references() -> dict[str, dict]:
         refs[name] = {"seed": seed, "inputs": inputs, "expected": inputs.sum(0)}
     refs["bandwidths"] = {"seed": SEED, **bandwidth_cases(SEED)}
     refs["alpha_beta"] = {"seed": SEED, **sweep_sample(SEED)}
+    refs["ring_model"] = {"seed": SEED, **ring_model_sample(SEED)}
     return refs
 
 
@@ -212,20 +238,68 @@ def _as_pair(value, name: str) -> tuple[float, float]:
 
 
 def check_bandwidths(fn, seed: int | None = None) -> None:
-    """``fn(op, nbytes, seconds, world_size)`` must return nccl-tests' (algbw, busbw) in GB/s."""
+    """``fn(nbytes, seconds, factor)`` must return nccl-tests' (algbw, busbw) in GB/s."""
     cases = _stored("bandwidths") if seed is None else bandwidth_cases(seed)
-    ops = list(BUS_FACTOR)
     for i in range(len(cases["nbytes"])):
-        op, n = ops[int(cases["op_index"][i])], int(cases["world_size"][i])
+        factor = float(cases["factor"][i])
         nbytes, seconds = float(cases["nbytes"][i]), float(cases["seconds"][i])
-        got = _as_pair(fn(op, nbytes, seconds, n), "bandwidths")
+        got = _as_pair(fn(nbytes, seconds, factor), "bandwidths")
         exp = [float(v) for v in cases["expected"][i]]
         for label, g, e, hint in (("algbw", got[0], exp[0], "algbw = size / time, in GB/s (1e9 bytes/s)."),
-                                  ("busbw", got[1], exp[1],
-                                   f"busbw = algbw x {BUS_FACTOR[op](n):.4g} for {op} on {n} ranks.")):
+                                  ("busbw", got[1], exp[1], f"busbw = algbw x factor ({factor:.4g}).")):
             if not math.isclose(g, e, rel_tol=1e-6):
-                raise CheckFailed(f"bandwidths({op!r}, nbytes={nbytes:.0f}, seconds={seconds:.3g}, "
-                                  f"world_size={n}): {label} expected {e:.6g} GB/s, got {g:.6g}. {hint}")
+                raise CheckFailed(f"bandwidths(nbytes={nbytes:.0f}, seconds={seconds:.3g}, "
+                                  f"factor={factor:.4g}): {label} expected {e:.6g} GB/s, got "
+                                  f"{g:.6g}. {hint}")
+
+
+def _records(n: int, sizes: list[int], peers: list[int]) -> list[Comm]:
+    return [Comm(rank=0, seq=i, op="isend", group=tuple(range(n)), shapes=[[b // 4]],
+                 dtype="torch.float32", bytes=b, peer=p) for i, (b, p) in enumerate(zip(sizes, peers))]
+
+
+def _ring_records(n: int, numel: int) -> list[Comm]:
+    """Rank 0's sends in a ring all-reduce of ``numel`` float32 elements: 2(n-1) chunks to rank 1,
+    chunk (0 - s) mod n in the reduce-scatter phase, (1 - s) mod n in the all-gather phase."""
+    chunks = [len(c) for c in torch.tensor_split(torch.arange(numel), n)]
+    order = [(-s) % n for s in range(n - 1)] + [(1 - s) % n for s in range(n - 1)]
+    return _records(n, [4 * chunks[c] for c in order], [1 % n] * len(order))
+
+
+def check_bus_factor(fn, ring, world_sizes=(2, 4), numel: int = 1030) -> None:
+    """``fn(comms, nbytes)`` must return the bytes the record's sends carried over ``nbytes``:
+    on the records of the student's own ``ring`` (2(n-1)/n), and on two other algorithms'
+    records, where the ring's 2(n-1)/n is wrong."""
+    from distlab.labs.collectives import ring_record
+    nbytes = numel * 4
+    cases = []
+    for n in world_sizes:
+        try:
+            comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout())["comms"]
+            what = f"your ring_all_reduce's record on {n} ranks"
+        except Exception:  # noqa: BLE001  (Exercise 2 unanswered or failing: graded there, not here)
+            comms = _ring_records(n, numel)
+            what = (f"the record a ring all-reduce makes on {n} ranks (your ring_all_reduce did "
+                    f"not run, so the check built the record of a correct one)")
+        cases.append((what, comms))
+    n = 4
+    cases.append(("the record of rank 0 of a direct all-reduce on 4 ranks (it sends its whole "
+                  "tensor to each other rank)", _records(n, [nbytes] * (n - 1), [1, 2, 3])))
+    cases.append(("the record of rank 1 of reduce-then-broadcast on 4 ranks (it sends its "
+                  "tensor to rank 0 once)", _records(n, [nbytes], [0])))
+    for what, comms in cases:
+        expected = reference_bus_factor(comms, nbytes)
+        try:
+            got = float(fn(comms, nbytes))
+        except (TypeError, ValueError) as err:
+            raise CheckFailed(f"bus_factor on {what}: expected a number, got an error: {err}")
+        if not math.isclose(got, expected, rel_tol=1e-9):
+            sent = sum(c.bytes for c in comms if c.op in ("send", "isend"))
+            raise CheckFailed(
+                f"bus_factor(comms, nbytes={nbytes}) on {what}: expected {expected:.6g}, got "
+                f"{got:.6g}. Derive it from the record: the sends in it carried {sent} bytes, "
+                f"and busbw / algbw = bytes one rank sent / buffer bytes (a table's 2(n-1)/n "
+                f"holds for a ring only).")
 
 
 def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
@@ -251,8 +325,25 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
                           f"got {predicted:.6g}.")
 
 
+def check_ring_model(fn, seed: int | None = None) -> None:
+    """``fn(world_sizes, sizes, times)`` must return (alpha, bandwidth) of the relative
+    least-squares fit of t = 2(n-1) alpha + 2(n-1)/n S/B over all rows at once."""
+    sample = _stored("ring_model") if seed is None else ring_model_sample(seed)
+    where = "the stored ring sweep (2 and 4 ranks)" if seed is None else f"a fresh ring sweep (seed {seed})"
+    args = (sample["world_sizes"].clone(), sample["sizes"].clone(), sample["times"].clone())
+    alpha, bandwidth = _as_pair(fn(*args), "fit_ring_model")
+    exp_alpha, exp_bw = (float(v) for v in sample["fit"])
+    for label, got, exp, unit in (("alpha (latency per step)", alpha, exp_alpha, "s"),
+                                  ("bandwidth", bandwidth, exp_bw, "bytes/s")):
+        if not math.isclose(got, exp, rel_tol=1e-4):
+            raise CheckFailed(
+                f"fit_ring_model on {where}: {label} expected {exp:.6g} {unit}, got {got:.6g}. "
+                f"The ring's time on n ranks is t = 2(n-1) alpha + 2(n-1)/n S/B: fit both world "
+                f"sizes at once with the rows [2(n-1), 2(n-1)/n S] / t (relative error).")
+
+
 __all__ = ["check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths",
-           "check_alpha_beta", "make_references"]
+           "check_bus_factor", "check_alpha_beta", "check_ring_model", "make_references"]
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

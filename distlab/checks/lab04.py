@@ -349,5 +349,11 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
                    "the target's -1 only on the rank that owns the target id.")
 
 
+def check_tp_scaling(predict_step_time, strong_scaling_efficiency, seed: int | None = None) -> None:
+    """The scaling exercise: T_N predicted from Lab 1's ring model, and T1 / (N T_N)."""
+    from distlab.checks.lab04_scaling import check
+    check(predict_step_time, strong_scaling_efficiency, seed)
+
+
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

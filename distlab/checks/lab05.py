@@ -7,7 +7,8 @@ single-process step of the same model and batch. Visible tests use the stored re
 depths, world sizes and microbatch counts, and the reference is recomputed on the spot.
 The schedule itself is checked from the events the stages recorded: one forward and one backward
 per microbatch on every rank, GPipe's forwards all before its backwards, and 1F1B holding at most
-``p`` microbatches' activations at once on every stage.
+min(p - s, m) microbatches' activations at once on stage s, alternating forward and backward after
+its warm-up.
 """
 from __future__ import annotations
 
@@ -164,20 +165,44 @@ def check_gpipe(fn, *, world_size: int = 2, num_microbatches: int = 4, seed: int
 def check_1f1b(fn, *, world_size: int = 2, num_microbatches: int = 4, seed: int | None = None,
                num_layers: int = 6, batch: int = 8) -> ScheduleRun:
     """``fn(rank, world_size, stage, x, target, num_microbatches)``: the 1F1B schedule; gradients
-    equal the single-process step, and no stage ever holds more than ``world_size`` microbatches'
-    activations (measured: forward started, backward not yet finished)."""
+    equal the single-process step; stage s never holds more than min(p - s, m) microbatches'
+    activations (measured: forward started, backward not yet finished), and after its
+    min(p - s - 1, m) warm-up forwards it alternates one forward and one backward."""
     spec, m = _spec(seed, num_layers, batch), num_microbatches
     run = _run(fn, "one_f_one_b_step", world_size, spec, m)
     _check_grads(run, spec, m)
     _check_microbatches(run, m)
     for rank, alive in run.in_flight.items():
-        if alive > world_size:
+        bound = min(world_size - rank, m)
+        if alive > bound:
             raise CheckFailed(
-                f"one_f_one_b_step: rank {rank} held the activations of {alive} microbatches at "
-                f"once; 1F1B holds at most p = {world_size} (stage s: p - s). Run only "
-                f"p - s - 1 = {world_size - rank - 1} warm-up forwards on stage {rank}, then "
-                "alternate one forward and one backward.")
+                f"one_f_one_b_step: stage {rank} (rank {rank}) held the activations of {alive} "
+                f"microbatches at once; 1F1B holds at most min(p - s, m) = {bound} on stage {rank} "
+                f"(PipeDream-Flush, Narayanan et al. 2021, sec. 2.2). Run only "
+                f"min(p - s - 1, m) = {min(world_size - rank - 1, m)} warm-up forwards on stage "
+                f"{rank}, then alternate one forward and one backward.")
+    for rank in range(world_size):
+        _check_alternation(run, rank, world_size, m)
     return run
+
+
+def one_f_one_b_order(stage: int, world_size: int, m: int) -> str:
+    """1F1B's order of passes on ``stage``: w = min(p - s - 1, m) warm-up forwards, m - w
+    (forward, backward) pairs, w cool-down backwards, e.g. 'FFFBFBBB' on stage 0 of 3, m = 4."""
+    w = min(world_size - stage - 1, m)
+    return "F" * w + "FB" * (m - w) + "B" * w
+
+
+def _check_alternation(run: ScheduleRun, rank: int, world_size: int, m: int) -> None:
+    got = "".join(e.kind for e in sorted((e for e in run.events if e.rank == rank),
+                                         key=lambda e: e.start))
+    expected = one_f_one_b_order(rank, world_size, m)
+    if got != expected:
+        w = min(world_size - rank - 1, m)
+        raise CheckFailed(
+            f"one_f_one_b_step: stage {rank} (rank {rank}) ran its passes in the order {got} "
+            f"(F forward, B backward); 1F1B runs {w} warm-up forward(s), then must alternate one "
+            f"forward and one backward, then {w} cool-down backward(s): {expected}.")
 
 
 def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:

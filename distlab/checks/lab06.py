@@ -268,7 +268,50 @@ def check_overlap_fraction(fn, seed: int | None = None) -> None:
 
 
 __all__ = ["check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
+           "check_gpu_traces",
            "make_references", "stored_timeline", "stored_trace", "stored_traces"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 5: the real GPU traces shipped under data/traces
+
+GPU_KEYS = ("a100_overlap_fraction", "a100_nccl_share", "nsys_exposed_comm_s")
+
+
+def reference_gpu_answers() -> dict:
+    """The course's own measures (the references above) run on the shipped files."""
+    from distlab.labs.timelines.gpu_traces import a100_timeline, gpu_window, nsys_timeline
+    a100, export = a100_timeline(), nsys_timeline()
+    return {"a100_overlap_fraction": reference_overlap_fraction(a100, 0),
+            "a100_nccl_share": reference_comm_share(a100, 0, gpu_window(a100, 0)),
+            "nsys_exposed_comm_s": [reference_exposed_comm(export, r, gpu_window(export, r))
+                                    for r in range(export.world_size)]}
+
+
+def check_gpu_traces(answers) -> None:
+    """``answers``: the A100 trace's overlap fraction and NCCL share (rank 0, over its GPU window)
+    and the nsys export's exposed communication per rank (seconds, over each rank's GPU window)."""
+    if not isinstance(answers, dict) or set(answers) != set(GPU_KEYS):
+        raise CheckFailed(f"gpu_answers must be a dict with the keys {list(GPU_KEYS)}, got "
+                          f"{answers!r:.200}.")
+    expected = reference_gpu_answers()
+    hints = {"a100_overlap_fraction": "overlap_fraction(a100, 0): 1 - exposed / NCCL time, over "
+                                      "the trace's one step range.",
+             "a100_nccl_share": "comm_share(a100, 0, gpu_window(a100, 0)): NCCL kernel time over "
+                                "the window, intervals merged (kernels of two streams can overlap).",
+             "nsys_exposed_comm_s": "[exposed_comm(export, r, gpu_window(export, r)) for r in "
+                                    "range(2)]: seconds of NCCL kernels with no other kernel running."}
+    for key in GPU_KEYS:
+        got, exp = answers[key], expected[key]
+        got_list = got if isinstance(got, (list, tuple)) else [got]
+        exp_list = exp if isinstance(exp, list) else [exp]
+        try:
+            got_list = [float(v) for v in got_list]
+        except (TypeError, ValueError):
+            raise CheckFailed(f"gpu_answers[{key!r}] must be a number (or one per rank), got {got!r:.100}.")
+        if len(got_list) != len(exp_list) or not all(_close(g, e) for g, e in zip(got_list, exp_list)):
+            raise CheckFailed(f"gpu_answers[{key!r}]: expected {exp_list if len(exp_list) > 1 else exp_list[0]:}, "
+                              f"got {got}. {hints[key]}")
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import distlab
+from distlab.runtime.devices import device as rank_device
 
 OPS = ["broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce",
        "all_to_all", "send_recv"]
@@ -140,11 +141,12 @@ def draw(op: str, pairs: list):
 def _buffers(op: str, nbytes: int, n: int):
     """(input, output) of ``op`` for a message of ``nbytes`` as nccl-tests counts it."""
     numel = max(n, nbytes // 4 // n * n)  # float32, a multiple of n elements
+    dev = rank_device()                    # the rank's GPU under NCCL
     if op == "all_gather":
-        return torch.ones(numel // n), torch.empty(numel)
+        return torch.ones(numel // n, device=dev), torch.empty(numel, device=dev)
     if op == "reduce_scatter":
-        return torch.ones(numel), torch.empty(numel // n)
-    return torch.ones(numel), None
+        return torch.ones(numel, device=dev), torch.empty(numel // n, device=dev)
+    return torch.ones(numel, device=dev), None
 
 
 def _call(op: str, x, y, ring):
@@ -162,18 +164,27 @@ def _call(op: str, x, y, ring):
         raise ValueError(op)
 
 
-def _sweep_rank(rank: int, world_size: int, ops, sizes, iters: int, ring):
+WARMUP, ITERS = 5, 20  # nccl-tests' defaults (-w 5 -n 20): untimed calls, then timed ones
+
+
+def _sweep_rank(rank: int, world_size: int, ops, sizes, warmup: int, iters: int, ring):
     """Rank body of ``sweep``: mean seconds per call, the slowest rank's, for each (op, size)."""
     rows = []
     for op in ops:
         for nbytes in sizes:
             x, y = _buffers(op, nbytes, world_size)
-            _call(op, x, y, ring)  # warm-up: connections and buffers
+            for _ in range(warmup):  # connections, buffers, caches
+                _call(op, x, y, ring)
             dist.barrier()
+            if x.is_cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(iters):
                 _call(op, x, y, ring)
-            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+            if x.is_cuda:  # NCCL returns at once: wait for the GPU before reading the clock
+                torch.cuda.synchronize()
+            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
+                                   device=x.device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             actual = x.numel() * 4 if op != "all_gather" else y.numel() * 4
             rows.append({"op": op, "nbytes": actual, "seconds": float(elapsed)})
@@ -181,28 +192,54 @@ def _sweep_rank(rank: int, world_size: int, ops, sizes, iters: int, ring):
 
 
 def sweep(world_size: int = 2, ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast"),
-          min_bytes: int = 1 << 10, max_bytes: int = 1 << 22, ring=None, iters: int = 3) -> list[dict]:
+          min_bytes: int = 1 << 10, max_bytes: int = 1 << 22, ring=None, iters: int = ITERS,
+          warmup: int = WARMUP, step: int = 4) -> list[dict]:
     """Time each of ``ops`` (and ``ring``, your ring all-reduce, if given) on message sizes from
-    ``min_bytes`` to ``max_bytes`` in steps of 4x; rows of {op, nbytes, seconds}."""
+    ``min_bytes`` to ``max_bytes`` in steps of ``step``x, ``warmup`` untimed then ``iters`` timed
+    calls per size; rows of {op, nbytes, seconds, world_size}."""
     sizes = []
     s = min_bytes
     while s <= max_bytes:
         sizes.append(s)
-        s *= 4
+        s *= step
     ops = list(ops) + (["ring_all_reduce"] if ring is not None else [])
-    out = distlab.run(_sweep_rank, world_size, ops, sizes, iters, ring, timeout=300)
+    out = distlab.run(_sweep_rank, world_size, ops, sizes, warmup, iters, ring, timeout=300)
     for row in out[0]:
         row["world_size"] = world_size
     return out[0]
 
 
-def bandwidth_table(rows: list[dict], bandwidths) -> list[dict]:
-    """Add algbw and busbw (GB/s) to each row with ``bandwidths(op, nbytes, seconds, n)``;
-    print the table."""
+def _ring_rank(rank: int, world_size: int, ring, numel: int):
+    ring(torch.ones(numel, device=rank_device()))
+
+
+def ring_record(ring, world_size: int = 2, numel: int = 1 << 16, timeout: float = 60) -> dict:
+    """Run ``ring`` once on a float32 tensor of ``numel`` elements; rank 0's collective record
+    (``out.comms[0]``), the buffer's bytes and the world size."""
+    out = distlab.run(_ring_rank, world_size, ring, numel, timeout=timeout)
+    return {"comms": list(out.comms[0]), "nbytes": numel * 4, "world_size": world_size}
+
+
+def bus_factors(bus_factor, record: dict) -> dict[str, float]:
+    """busbw / algbw per op, from what the ring sent (``bus_factor(comms, nbytes)``): the whole
+    record for all-reduce; its first n-1 sends (the reduce-scatter phase) and its last n-1 (the
+    all-gather phase) for reduce-scatter and all-gather; broadcast, pipelined along a chain,
+    forwards the whole buffer once per rank (factor 1)."""
+    sends = [c for c in record["comms"] if c.op in ("send", "isend")]
+    half = len(sends) // 2
+    return {"all_reduce": float(bus_factor(record["comms"], record["nbytes"])),
+            "reduce_scatter": float(bus_factor(sends[:half], record["nbytes"])),
+            "all_gather": float(bus_factor(sends[half:], record["nbytes"])),
+            "broadcast": 1.0}
+
+
+def bandwidth_table(rows: list[dict], bandwidths, factors: dict[str, float]) -> list[dict]:
+    """Add algbw and busbw (GB/s) to each row with ``bandwidths(nbytes, seconds, factor)``, the
+    factor of the row's op from ``factors`` (see ``bus_factors``); print the table."""
     print(f"{'op':<16}{'size':>10}{'time (us)':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
     for row in rows:
         op = "all_reduce" if row["op"] == "ring_all_reduce" else row["op"]
-        row["algbw"], row["busbw"] = bandwidths(op, row["nbytes"], row["seconds"], row["world_size"])
+        row["algbw"], row["busbw"] = bandwidths(row["nbytes"], row["seconds"], factors[op])
         print(f"{row['op']:<16}{_size(row['nbytes']):>10}{row['seconds'] * 1e6:>12.1f}"
               f"{row['algbw']:>12.3f}{row['busbw']:>12.3f}")
     return rows
@@ -271,23 +308,63 @@ def plot_fit(sizes, times, alpha: float, bandwidth: float, predict=None, unseen=
     return fig
 
 
-def reference_fit(sizes, times) -> tuple[float, float]:
-    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t.
-
-    Solved in closed form with exactly rounded sums (math.fsum) on unit-scaled columns, so the
-    stored reference is the same bits on every machine; a LAPACK lstsq may differ in the last bits
-    between builds and thread counts, which is harmless for students but not for a checksum.
-    """
-    t = [float(v) for v in torch.as_tensor(times, dtype=torch.float64)]
-    s = [float(v) for v in torch.as_tensor(sizes, dtype=torch.float64)]
-    x1 = [1 / ti for ti in t]                      # column of alpha, each row divided by t_i
-    x2 = [si / ti for si, ti in zip(s, t)]         # column of 1/B
+def _two_column_lstsq(x1: list[float], x2: list[float]) -> tuple[float, float]:
+    """Least squares of [x1, x2] @ [a, b] = 1, in closed form with exactly rounded sums
+    (math.fsum) on unit-scaled columns, so a stored reference is the same bits on every machine;
+    a LAPACK lstsq may differ in the last bits between builds and thread counts."""
     n1, n2 = math.sqrt(math.fsum(v * v for v in x1)), math.sqrt(math.fsum(v * v for v in x2))
     u, w = [v / n1 for v in x1], [v / n2 for v in x2]
     uu, ww = math.fsum(a * a for a in u), math.fsum(b * b for b in w)
     uw = math.fsum(a * b for a, b in zip(u, w))
     u1, w1 = math.fsum(u), math.fsum(w)            # right-hand side: all ones
     det = uu * ww - uw * uw
-    alpha = (u1 * ww - w1 * uw) / det / n1
-    inv_bandwidth = (uu * w1 - uw * u1) / det / n2
+    return (u1 * ww - w1 * uw) / det / n1, (uu * w1 - uw * u1) / det / n2
+
+
+def _floats(values) -> list[float]:
+    return [float(v) for v in torch.as_tensor(values, dtype=torch.float64)]
+
+
+def reference_fit(sizes, times) -> tuple[float, float]:
+    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t."""
+    t, s = _floats(times), _floats(sizes)
+    alpha, inv_bandwidth = _two_column_lstsq([1 / ti for ti in t], [si / ti for si, ti in zip(s, t)])
     return alpha, 1 / inv_bandwidth
+
+
+def reference_ring_fit(world_sizes, sizes, times) -> tuple[float, float]:
+    """(alpha, bandwidth) of the ring all-reduce model t(n, S) = 2(n-1) alpha + 2(n-1)/n S/B
+    (Thakur et al. 2005, sec. 4; Patarasuk and Yuan 2009), fitted on several world sizes at once
+    by minimising the relative squared error: rows [2(n-1), 2(n-1)/n S] / t."""
+    n, s, t = _floats(world_sizes), _floats(sizes), _floats(times)
+    alpha, inv_bandwidth = _two_column_lstsq(
+        [2 * (ni - 1) / ti for ni, ti in zip(n, t)],
+        [2 * (ni - 1) / ni * si / ti for ni, si, ti in zip(n, s, t)])
+    return alpha, 1 / inv_bandwidth
+
+
+def ring_sweep(ring, world_sizes=(2, 4), min_bytes: int = 1 << 10, max_bytes: int = 1 << 20,
+               step: int = 8) -> list[dict]:
+    """Your ring all-reduce timed on each world size (nccl-tests' 5 warm-up, 20 timed calls)."""
+    rows = []
+    for n in world_sizes:
+        rows += sweep(world_size=n, ops=(), ring=ring, min_bytes=min_bytes, max_bytes=max_bytes,
+                      step=step)
+    return rows
+
+
+def latency_and_bandwidth_terms(alpha: float, bandwidth: float, nbytes: float,
+                                world_sizes=(2, 4, 8, 64, 512, 4096)) -> list[dict]:
+    """The ring's two terms, 2(n-1) alpha and 2(n-1)/n S/B, against a (double binary) tree's
+    latency term, ~2 log2(n) alpha (NCCL picks trees at scale for small messages); printed."""
+    rows = []
+    print(f"{'n':>6}{'ring latency 2(n-1)a':>24}{'tree latency 2log2(n)a':>24}"
+          f"{'bandwidth 2(n-1)/n S/B':>26}")
+    for n in world_sizes:
+        row = {"n": n, "ring_latency": 2 * (n - 1) * alpha,
+               "tree_latency": 2 * math.log2(n) * alpha,
+               "bandwidth_term": 2 * (n - 1) / n * nbytes / bandwidth}
+        rows.append(row)
+        print(f"{n:>6}{row['ring_latency'] * 1e3:>21.3f} ms{row['tree_latency'] * 1e3:>21.3f} ms"
+              f"{row['bandwidth_term'] * 1e3:>23.3f} ms")
+    return rows

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "Every collective run on real ranks, all-reduce built twice (from reduce-scatter + all-gather, then from send/recv), algbw/busbw and a latency-bandwidth model of message time."
+#     summary: "Every collective run on real ranks, all-reduce built twice (from reduce-scatter + all-gather, then from send/recv), algbw/busbw from the bytes your ring sent, a latency-bandwidth model and the ring's latency term across world sizes."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -38,9 +38,10 @@ import torch.distributed as dist
 import distlab
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab01 import (check_all_reduce_rs_ag, check_alpha_beta, check_bandwidths,
-                                  check_ring_all_reduce)
-from distlab.labs.collectives import (bandwidth_table, demo, plot_bandwidth, plot_fit, sweep,
-                                 timings)
+                                  check_bus_factor, check_ring_all_reduce, check_ring_model)
+from distlab.labs.collectives import (bandwidth_table, bus_factors, demo,
+                                      latency_and_bandwidth_terms, plot_bandwidth, plot_fit,
+                                      ring_record, ring_sweep, sweep, timings)
 
 # %% [markdown]
 # Every rank runs the same function. Whatever a rank prints appears under the cell, each line
@@ -184,9 +185,21 @@ check_all_reduce_rs_ag(all_reduce_rs_ag, world_size=2, numel=1, seed=fresh_seed(
 # 2. **All-gather phase**, n-1 steps: at step s, rank r sends chunk (r + 1 - s) mod n and receives
 #    chunk (r - s) mod n, which overwrites its copy.
 #
-# Every rank sends 2(n-1) messages of about N/n elements: **2(n-1)/n · N** in total, almost
-# independent of n — which is why the ring is bandwidth-optimal. The check verifies the values,
-# that you used only `send`/`recv`/`isend`/`irecv`, 2(n-1) sends to one neighbour, and the bytes.
+# Every rank sends 2(n-1) messages of about N/n elements: **2(n-1)/n · N** in total. That is
+# the least any all-reduce can send: every rank's N elements must leave it reduced with the n-1
+# others' contributions, and each rank must receive the (n-1)/n of the result it did not reduce
+# itself, so each rank sends and receives at least 2(n-1)/n · N (Patarasuk and Yuan 2009, §3;
+# Thakur et al. 2005, §4). The ring meets this lower bound: it is **bandwidth-optimal**.
+#
+# It is not latency-optimal. Its 2(n-1) steps run one after another, each paying a message's
+# fixed cost α, so its time is **2(n-1)·α + 2(n-1)/n · N/B**: the bandwidth term stays almost
+# constant as n grows, the latency term grows linearly with n. At thousands of ranks, or for small
+# messages, that term dominates — which is why NCCL also implements **trees** (double binary
+# trees, whose latency term grows as log₂ n) and picks between ring and tree by size and scale.
+# Section 7 measures α on 2 and 4 ranks and shows both terms.
+#
+# The check verifies the values, that you used only `send`/`recv`/`isend`/`irecv`, 2(n-1) sends
+# to one neighbour, and the bytes.
 #
 # Post each send with `dist.isend` and receive with `dist.recv`, then wait for the send: if every
 # rank did a blocking `send` first, they could all wait for each other.
@@ -235,43 +248,65 @@ check_ring_all_reduce(ring_all_reduce, world_size=3, seed=fresh_seed())
 # - **algbw = S / t**, where S is the size of the user's buffer: the tensor for all-reduce and
 #   broadcast, the *whole gathered* buffer (n × the per-rank piece) for all-gather and
 #   reduce-scatter.
-# - **busbw = algbw × factor**, the rate at which each rank's link actually carries data in the
-#   optimal (ring) algorithm, so that it can be compared with the hardware's link bandwidth
-#   whatever n is: factor **2(n-1)/n** for all-reduce (each rank sends and receives 2(n-1)/n · S),
-#   **(n-1)/n** for all-gather and reduce-scatter, **1** for broadcast.
+# - **busbw = algbw × factor**, the rate at which each rank's link actually carries data, so that
+#   it can be compared with the hardware's link bandwidth whatever n is. The factor is the bytes
+#   one rank sends over S — for the ring, what you just counted.
 #
-# Write `bandwidths(op, nbytes, seconds, world_size)` returning `(algbw, busbw)` in **GB/s**
-# (1 GB = 10⁹ bytes) for op in `"all_reduce", "all_gather", "reduce_scatter", "broadcast"`.
+# Do not look the factor up: derive it from what your own ring sent. `out.comms[r]`, the record of
+# rank r's calls, has one entry per `send`/`isend` with its `bytes`. Write
+# `bus_factor(comms, nbytes)`: the bytes sent by the `send`/`isend` entries of `comms` over
+# `nbytes`; and `bandwidths(nbytes, seconds, factor)` returning `(algbw, busbw)` in **GB/s**
+# (1 GB = 10⁹ bytes). The check runs your `ring_all_reduce` on 2 and 4 ranks and passes you its
+# record, and also the records of two other algorithms (whose factor is not the ring's).
 
 # %% nbgrader={"grade": false, "grade_id": "bandwidths", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def bandwidths(op: str, nbytes: float, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s of a collective ``op`` that moved ``nbytes`` in ``seconds``."""
+def bus_factor(comms: list, nbytes: float) -> float:
+    """Bytes that the sends of a rank's collective record carried, over the buffer's ``nbytes``."""
     ### BEGIN SOLUTION
-    n = world_size
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-              "reduce_scatter": (n - 1) / n, "broadcast": 1.0}[op]
+    return sum(c.bytes for c in comms if c.op in ("send", "isend")) / nbytes
+    ### END SOLUTION
+
+
+def bandwidths(nbytes: float, seconds: float, factor: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s of a collective on a buffer of ``nbytes`` that took ``seconds``."""
+    ### BEGIN SOLUTION
     algbw = nbytes / seconds / 1e9
     return algbw, algbw * factor
     ### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "test_bandwidths", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_bus_factor(bus_factor, ring_all_reduce)
 check_bandwidths(bandwidths)
-print("bandwidths: correct")
+print("bus_factor and bandwidths: correct")
 ### BEGIN HIDDEN TESTS
+check_bus_factor(bus_factor, ring_all_reduce, world_sizes=(3, 4), numel=64 + fresh_seed() % 997)
 check_bandwidths(bandwidths, seed=fresh_seed())
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# Your ring's factors, from its record on 2 ranks: the whole record for all-reduce (2(n-1)/n),
+# its reduce-scatter phase (the first n-1 sends) and its all-gather phase (the last n-1) for
+# those two collectives ((n-1)/n each). A broadcast pipelined along a chain forwards the whole
+# buffer once per rank: factor 1. These are nccl-tests' factors (its `doc/PERFORMANCE.md`),
+# derived here from bytes you sent.
+
+# %% nbgrader={"grade": false, "grade_id": "factors", "locked": true, "schema_version": 3, "solution": false, "task": false}
+factors = bus_factors(bus_factor, ring_record(ring_all_reduce, world_size=2))
+print({op: round(f, 4) for op, f in factors.items()})
 
 # %% [markdown]
 # ## 5. Measuring: bandwidth against message size
 #
 # Now time the collectives for message sizes from 1 KiB upward on 2 ranks, together with your
-# ring all-reduce, and turn the times into bandwidths with your function. On this CPU the sweep
-# stops at 16 MiB to keep the lab under a minute (`sweep(max_bytes=1 << 26)` goes to 64 MiB; on
-# GPUs try `world_size=torch.cuda.device_count()`).
+# ring all-reduce, and turn the times into bandwidths with your functions. As nccl-tests does,
+# each size runs 5 untimed warm-up calls and then 20 timed ones (the mean of the 20, the slowest
+# rank's). On this CPU the sweep stops at 4 MiB, in steps of 4×, to keep the lab about a minute
+# (`sweep(max_bytes=1 << 26)` goes to 64 MiB; on GPUs try `world_size=torch.cuda.device_count()`).
 
 # %% nbgrader={"grade": false, "grade_id": "sweep", "locked": true, "schema_version": 3, "solution": false, "task": false}
-rows = bandwidth_table(sweep(world_size=2, max_bytes=1 << 24, ring=ring_all_reduce), bandwidths)
+rows = bandwidth_table(sweep(world_size=2, max_bytes=1 << 22, ring=ring_all_reduce), bandwidths,
+                       factors)
 
 # %% nbgrader={"grade": false, "grade_id": "plot_sweep", "locked": true, "schema_version": 3, "solution": false, "task": false}
 plot_bandwidth(rows)
@@ -301,6 +336,13 @@ plot_bandwidth(rows)
 #
 # Write `fit_alpha_beta(sizes, times)` returning `(alpha, bandwidth)` in seconds and bytes/s, and
 # `predict_time(alpha, bandwidth, nbytes)`.
+#
+# **The ring's model, across world sizes.** One world size cannot separate the ring's two terms:
+# on 2 ranks 2(n-1)·α = 2α and 2(n-1)/n · S/B = S/B, so the fit above finds an "α" of 2α, and
+# nothing tells how it grows with n. Also write `fit_ring_model(world_sizes, sizes, times)` (one
+# row per measurement, float64 tensors) that fits **t(n, S) = 2(n-1)·α + 2(n-1)/n · S/B** to
+# rows from 2 and 4 ranks at once, the same relative least squares, with rows
+# [2(n-1), 2(n-1)/n · S] / t. Its α is the cost of one ring step, and the model predicts any n.
 
 # %% nbgrader={"grade": false, "grade_id": "alpha_beta", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fit_alpha_beta(sizes: torch.Tensor, times: torch.Tensor) -> tuple[float, float]:
@@ -321,11 +363,25 @@ def predict_time(alpha: float, bandwidth: float, nbytes: float) -> float:
     ### END SOLUTION
 
 
+def fit_ring_model(world_sizes: torch.Tensor, sizes: torch.Tensor,
+                   times: torch.Tensor) -> tuple[float, float]:
+    """(alpha s per ring step, bandwidth bytes/s) of t = 2(n-1) alpha + 2(n-1)/n S/B."""
+    ### BEGIN SOLUTION
+    n, s, t = world_sizes.double(), sizes.double(), times.double()
+    design = torch.stack([2 * (n - 1) / t, 2 * (n - 1) / n * s / t], dim=1)   # (k, 2)
+    coef = torch.linalg.lstsq(design, torch.ones(len(t), 1, dtype=torch.float64)).solution
+    alpha, inv_bandwidth = coef.squeeze(1).tolist()
+    return alpha, 1 / inv_bandwidth
+    ### END SOLUTION
+
+
 # %% nbgrader={"grade": true, "grade_id": "test_alpha_beta", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_alpha_beta(fit_alpha_beta, predict_time)
-print("fit_alpha_beta and predict_time: correct")
+check_ring_model(fit_ring_model)
+print("fit_alpha_beta, predict_time and fit_ring_model: correct")
 ### BEGIN HIDDEN TESTS
 check_alpha_beta(fit_alpha_beta, predict_time, seed=fresh_seed())
+check_ring_model(fit_ring_model, seed=fresh_seed())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -340,11 +396,29 @@ print(f"alpha = {alpha * 1e6:.1f} us, B = {bandwidth / 1e9:.3f} GB/s; "
 plot_fit(sizes, times, alpha, bandwidth, predict=predict_time, unseen=3 * 2**20)
 
 # %% [markdown]
+# ## 7. The ring's latency term, measured
+#
+# Your ring on 2 and 4 ranks (1 KiB to 1 MiB, steps of 8×), fitted with `fit_ring_model`, and the two terms
+# extrapolated to large n for a 1 MiB message, beside a tree's latency term 2·log₂(n)·α. On
+# this machine 4 ranks share 2 cores, so α also holds waiting for a core: the numbers are this
+# machine's, the shape (linear against logarithmic) is the lesson.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_fit_measured", "locked": true, "schema_version": 3, "solution": false, "task": false}
+ring_rows = ring_sweep(ring_all_reduce, world_sizes=(2, 4))
+ring_n = torch.tensor([r["world_size"] for r in ring_rows], dtype=torch.float64)
+ring_alpha, ring_bandwidth = fit_ring_model(ring_n, *timings(ring_rows, "ring_all_reduce"))
+print(f"ring: alpha = {ring_alpha * 1e6:.1f} us per step, B = {ring_bandwidth / 1e9:.3f} GB/s")
+latency_and_bandwidth_terms(ring_alpha, ring_bandwidth, nbytes=2**20);
+
+# %% [markdown]
 # ## What to take away
 # - Eight collectives and point-to-point cover all the communication of parallel training;
 #   all-reduce = reduce-scatter + all-gather, and a ring does it sending 2(n-1)/n of the data per
-#   rank, whatever n.
-# - Report **busbw** to compare against hardware; **algbw** is what your training step feels.
+#   rank — the lower bound, so the ring is bandwidth-optimal.
+# - Its 2(n-1) sequential steps make its latency term 2(n-1)·α grow with n: at scale and for small
+#   messages NCCL switches to trees (latency ~ log n).
+# - Report **busbw** to compare against hardware; **algbw** is what your training step feels. The
+#   factor between them is the bytes the algorithm sends per byte of buffer.
 # - Small messages are latency-bound, large ones bandwidth-bound: α and B tell you where the
 #   crossover is (S ≈ α·B), which is why frameworks bucket many small gradients into one message.
 #

@@ -244,7 +244,11 @@ check_overlapped_all_reduce(OverlappedAllReduce, world_size=2, seed=fresh_seed()
 #
 # Write `ShardedAdamW(params, **adamw_kwargs)` with `step()` and `zero_grad()` (set every `p.grad`
 # to `None`), keeping this rank's `torch.optim.AdamW` in the attribute `local_optimizer` (the check
-# reads its state).
+# reads its state). The check also reads your collective record: **exactly one reduce-scatter of
+# the gradients and one all-gather of the parameters per step, and no all-reduce**. An all-reduce
+# followed by slicing out your shard gives the same values, but every rank then receives the whole
+# gradient sum — it throws away (W-1)/W of what it received, and with the all-gather the step moves
+# twice what data parallelism moves.
 
 # %% nbgrader={"grade": false, "grade_id": "sharded_adamw", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class ShardedAdamW:
@@ -333,6 +337,16 @@ rows = compare_step_times(all_reduce_gradients, bucketed_all_reduce, OverlappedA
                           world_size=2)
 print(format_step_times(rows))
 plot_step_times(rows);
+
+# %% [markdown]
+# On this CPU the overlapped step is usually *slower* than the naive one: the lesson's effect
+# cannot show here (see below). Beside it, what a real GPU run shows: the A100 trace shipped with
+# the course (`data/traces/`, 2-rank DDP, NCCL; Lab 6 reads it in detail), where DDP's all-reduce
+# kernels run on their own stream while backward's kernels run.
+
+# %% nbgrader={"grade": false, "grade_id": "gpu_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
+print(overlap_beside_cpu(rows))
 
 # %% [markdown]
 # ## What to take away

@@ -345,8 +345,9 @@ check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, world_size=4, s
 # ## 7. Scaling on 1, 2 and 4 ranks
 #
 # How much faster is one block step on N ranks? With T_N the step time on N ranks,
-# **speedup = T1 / T_N** and **scaling efficiency = T1 / (N·T_N)**: 1.0 means every added rank
-# pays for itself. Below: one forward+backward of a transformer block (b=4, s=64, h=128, 8 heads,
+# **speedup = T1 / T_N** and **strong-scaling efficiency = T1 / (N·T_N)** — *strong* scaling
+# because the problem (b, s, h) stays the same while N grows (weak scaling would grow the problem
+# with N, as data parallelism does): 1.0 means every added rank pays for itself. Below: one forward+backward of a transformer block (b=4, s=64, h=128, 8 heads,
 # f=512), median of 3 steps on the slowest rank, one thread per rank (a core standing in for a
 # device); N = 1 is the dense block. "all-reduce ms" is the time rank 0 spent inside
 # `all_reduce` calls per step, from the collective record — transfer *and* waiting for slower
@@ -357,6 +358,61 @@ rows = scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads
 plot_scaling(rows);
 
 # %% [markdown]
+# ### Exercise 7 — predict T_N before reading it (2 points)
+#
+# Lab 1's ring model predicts the communication; the compute splits N ways. A block step makes
+# **4 all-reduces** of a (b, s, h) activation (g after attention and after the MLP in forward, f
+# before each in backward; Shoeybi et al. 2019, §3), and none can overlap compute, since the next
+# operation needs its result. So
+#
+# $$T_N = \frac{T_1}{N} + 4\left(2(N-1)\,\alpha + \frac{2(N-1)}{N}\,\frac{S}{B}\right),
+#   \qquad S = b\,s\,h \times 4 \text{ bytes (float32)},$$
+#
+# with α (seconds per ring step) and B (bytes/s) from Lab 1's `fit_ring_model`. Write
+# `predict_step_time(t1, n, alpha, bandwidth, batch, seq, hidden)` (no communication on one rank)
+# and `strong_scaling_efficiency(t1, tn, n)`. Below, α and B are fitted again on this machine's
+# `all_reduce` on 2 and 4 ranks (Lab 1's code), and your prediction is set beside the
+# measurement.
+
+# %% nbgrader={"grade": false, "grade_id": "tp_scaling", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_step_time(t1: float, n: int, alpha: float, bandwidth: float, batch: int, seq: int,
+                      hidden: int) -> float:
+    """Seconds of one TP block step on ``n`` ranks: compute T1/n plus 4 ring all-reduces."""
+    ### BEGIN SOLUTION
+    if n == 1:
+        return t1
+    nbytes = batch * seq * hidden * 4
+    return t1 / n + 4 * (2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth)
+    ### END SOLUTION
+
+
+def strong_scaling_efficiency(t1: float, tn: float, n: int) -> float:
+    """T1 / (n T_n): the share of the ideal n-fold speedup reached."""
+    ### BEGIN SOLUTION
+    return t1 / (n * tn)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_tp_scaling", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab04 import check_tp_scaling
+check_tp_scaling(predict_step_time, strong_scaling_efficiency)
+print("predict_step_time and strong_scaling_efficiency: correct")
+### BEGIN HIDDEN TESTS
+check_tp_scaling(predict_step_time, strong_scaling_efficiency, seed=fresh_seed())
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "tp_prediction", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.labs.tp_scaling import link_fit, prediction_table
+alpha, bandwidth = link_fit(world_sizes=(2, 4))
+prediction_table(rows, predict_step_time, strong_scaling_efficiency, alpha, bandwidth,
+                 batch=4, seq=64, hidden=128);
+
+# %% [markdown]
+# Where the prediction and the measurement part, the model left something out: here, mostly
+# that 4 ranks share 2 cores (the model assumes N devices), and that a rank also waits in an
+# all-reduce for slower peers. On GPUs the same prediction, with NVLink's α and B, is how one
+# chooses the TP degree before running.
+#
 # **Reading it honestly.** This machine cannot show what tensor parallelism is for, and the
 # numbers say so:
 #
@@ -385,5 +441,5 @@ plot_scaling(rows);
 #   of p.
 # * The cross-entropy over a sharded vocabulary needs three all-reduces of one number per token
 #   and a local backward; the logits are never gathered.
-# * Scaling efficiency T1/(N·T_N) depends on compute per byte communicated and on the link: poor
+# * Strong-scaling efficiency T1/(N·T_N) depends on compute per byte communicated and on the link: poor
 #   on CPU processes sharing two cores, good on NVLink-connected GPUs with large h.

@@ -200,8 +200,11 @@ check_gpipe(gpipe_step, world_size=2, num_microbatches=3, batch=6, num_layers=5,
 #    oldest microbatch still waiting;
 # 3. **cool-down**: the `w` backwards left.
 #
-# A microbatch's activations are freed by its backward, so stage s never holds more than p - s
-# microbatches — independent of m. The bubble is the same as GPipe's.
+# A microbatch's activations are freed by its backward, so stage s never holds more than
+# min(p - s, m) microbatches — independent of m once m ≥ p. The bubble is the same as GPipe's.
+# The check reads the passes your stages recorded: at most min(p - s, m) microbatches alive on
+# stage s, and, after the warm-up, forward and backward strictly alternating (stage 0 of 3 with
+# m = 4 runs F F F B F B B B).
 #
 # **Deadlocks.** In the steady state stage s sends an activation to s+1 and then waits for a
 # gradient from s+1, while s+1 sends a gradient to s and waits for the next activation. With
@@ -276,11 +279,25 @@ check_1f1b(one_f_one_b_step, world_size=4, num_microbatches=3, batch=6, num_laye
 # ## 5. The schedules on paper
 #
 # Before measuring, the ideal: every forward takes one time unit, every backward two, messages are
-# free. Each stage runs its list of ops as early as its inputs allow. Count the idle slots: with p
-# stages the first stage waits p-1 forward slots for the last one to start, and the last waits
-# as long at the end, whatever the schedule; m microbatches share that cost, hence
-# (p-1)/(m+p-1). GPipe and 1F1B have the same bubble; they differ in how many microbatches each
-# stage holds (read "in flight" in the titles).
+# free. Each stage runs its list of ops as early as its inputs allow. Count the idle slots of one
+# stage: it waits for p-1 forwards of the pipeline's fill (stage s before its first forward, the
+# last stages' forwards after it) and for p-1 backwards of the drain, whatever the schedule. With
+# t_b = 2 t_f that is **(p-1)(t_f + t_b) = 3(p-1) units on every stage**, not 2(p-1): the
+# backwards' slots are idle too. The step lasts (m+p-1)(t_f + t_b), of which the stage computes
+# m(t_f + t_b), hence a bubble of **(p-1)/(m+p-1) of the step** (Huang et al. 2019, §2.3;
+# Narayanan et al. 2021, §2.2). GPipe and 1F1B have the same bubble; they differ in how many
+# microbatches each stage holds (read "in flight" in the titles).
+#
+# **Two conventions, one idle time.** This lab states the bubble as a share of the step,
+# (p-1)/(m+p-1). Labs 6 and 7 follow the Megatron paper and state it relative to the *compute*:
+# (p-1)/m, the factor 1 + (p-1)/m by which the compute time is stretched. Same idle time, other
+# denominator: a ratio r = (p-1)/m is r/(1+r) = (p-1)/(m+p-1) of the step.
+
+# %% nbgrader={"grade": false, "grade_id": "bubble_accounting", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.labs.pipeline import simulate
+from distlab.labs.pipeline_bubble import bubble_accounting, idle_per_stage
+print(bubble_accounting(num_stages=4, num_microbatches=8))
+print("idle per stage, simulated 1F1B:", idle_per_stage(simulate("1f1b", 4, 8, t_bwd=2.0), 4))
 
 # %% nbgrader={"grade": false, "grade_id": "simulated", "locked": true, "schema_version": 3, "solution": false, "task": false}
 plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);

@@ -379,7 +379,9 @@ print("\n".join(nsys.commands("tp", nproc=2)))
 #    ranges as ranges — so `plot`, your `comm_share` and `exposed_comm` apply unchanged.
 #
 # Open the `.nsys-rep` in the Nsight Systems GUI for the full picture. Below, the lab records a
-# fresh profile where `nsys` and 2 GPUs are present; where not, it says so and shows what it has.
+# fresh profile where `nsys` and 2 GPUs are present; where not, it says so and reads the real
+# 2-GPU export shipped with the course (`data/traces/nsys_2gpu_sendrecv.sqlite`, trimmed to the
+# tables read here; notice in `data/traces/NOTICE.md`).
 
 # %% nbgrader={"grade": false, "grade_id": "nsys_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
 gpu_timeline = nsys.timeline_for_lab("tp", nproc=2)
@@ -395,6 +397,54 @@ if gpu_timeline is not None:
 # for its neighbour, not a slow link.
 
 # %% [markdown]
+# ## 7b. Exercise 5 — measure real GPU traces (2 points)
+#
+# The CPU runs above cannot show what overlap buys on GPUs. The course ships two real traces
+# (`data/traces/`, recorded by others on GPUs; sources and MIT notices in its `NOTICE.md`):
+#
+# - `a100_timeline()`: rank 0 of a 2-rank DDP run on A100s (torch.profiler, NCCL 2.17.1): three
+#   iterations, compute kernels and NCCL's `ncclKernel_AllReduce_RING_LL` kernels, one `step`
+#   range over the whole profiled window;
+# - `nsys_timeline()`: the nsys export read above (2 GPUs, NCCL send/recv).
+#
+# `gpu_window(timeline, rank)` is the rank's first to last kernel. With **your** functions,
+# compute `gpu_answers`: the A100 trace's overlap fraction (`overlap_fraction(a100, 0)`) and NCCL
+# share over its GPU window, and the nsys export's exposed communication of each rank, in seconds,
+# over that rank's GPU window (a list, rank 0 first). The check recomputes them with the course's
+# own measures on the same files.
+
+# %% nbgrader={"grade": false, "grade_id": "gpu_answers", "locked": false, "schema_version": 3, "solution": true, "task": false}
+from distlab.labs.timelines.gpu_traces import a100_timeline, gpu_window, nsys_timeline
+
+a100, export = a100_timeline(), nsys_timeline()
+### BEGIN SOLUTION
+gpu_answers = {
+    "a100_overlap_fraction": overlap_fraction(a100, 0),
+    "a100_nccl_share": comm_share(a100, 0, gpu_window(a100, 0)),
+    "nsys_exposed_comm_s": [exposed_comm(export, r, gpu_window(export, r)) for r in range(2)],
+}
+### END SOLUTION
+print({k: (v if isinstance(v, float) else [round(x * 1e3, 3) for x in v]) for k, v in gpu_answers.items()})
+
+# %% nbgrader={"grade": true, "grade_id": "test_gpu_answers", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab06 import check_gpu_traces
+check_gpu_traces(gpu_answers)
+print("gpu_answers: correct")
+
+# %% [markdown]
+# What they say. On the A100 run, NCCL kernels take about 7% of the GPU's window. DDP's bucketed
+# all-reduces do start during backward: in each iteration 4 of the 5 all-reduce kernels run while
+# backward's kernels run beside them on another stream, and only the last bucket's runs after
+# backward. Yet compute kernels cover only about 16% of the NCCL time: this small model's backward
+# leaves the GPU mostly idle between its short kernels, so overlap has little to hide behind. The
+# overlap is real (on the CPU it was slower than naive), its payoff is bounded by how much compute
+# there is to hide behind. In the nsys export, no NCCL
+# send/recv kernel runs beside a compute kernel: a pipeline's point-to-point transfers are on the
+# critical path (17 ms on rank 0, 8 ms on rank 1 of a 300 ms window), which is what the bubble of
+# Lab 5 and interleaved schedules are about. Compare with the CPU runs above, where gloo's
+# threads compete with compute for two cores.
+
+# %% [markdown]
 # ## 8. Reading real numbers: measured against predicted
 #
 # The formulas of Labs 1–5 predict each run's communication: the messages per step (Lab 2: one
@@ -402,8 +452,9 @@ if gpu_timeline is not None:
 # of the first MLP, whose input needs no gradient; Lab 5: one b/m × h
 # activation and one gradient per microbatch and stage edge), their time with Lab 1's model
 # t(S) = α + S/B, fitted below on a short all-reduce sweep on these ranks, and for PP the bubble:
-# an idle (p−1)/m of the compute time. With the compute time measured on the trace, the predicted
-# share is predicted comm / (predicted comm + compute).
+# an idle (p−1)/m of the compute time (Lab 5 stated the same idle time as (p−1)/(m+p−1) of the
+# step: a ratio r to compute is r/(1+r) of the step). With the compute time measured on the
+# trace, the predicted share is predicted comm / (predicted comm + compute).
 
 # %% nbgrader={"grade": false, "grade_id": "predicted", "locked": true, "schema_version": 3, "solution": false, "task": false}
 alpha, bandwidth = link_model(world_size=2)

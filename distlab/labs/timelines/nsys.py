@@ -26,7 +26,8 @@ from pathlib import Path
 from distlab import paths
 from distlab.labs.timelines.trace import Span, Timeline, _nccl_kernel_op
 
-SAMPLE = paths.root().parent / "shared" / "traces" / "nsys_2gpu_sendrecv.sqlite"
+# A real 2-GPU export shipped with the course (trimmed; notice in data/traces/NOTICE.md).
+SAMPLE = paths.data() / "traces" / "nsys_2gpu_sendrecv.sqlite"
 NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange in ENUM_NSYS_EVENT_TYPE
 PID_BITS = 24           # a globalTid is (globalPid | tid): the low 24 bits are the thread
 
@@ -183,7 +184,7 @@ def format_summary(rows: list[dict]) -> str:
 
 def timeline_for_lab(run: str = "tp", nproc: int = 2, folder=None) -> Timeline | None:
     """Record a fresh nsys profile where nsys and the GPUs are here; otherwise say so and read the
-    sample export of a real 2-GPU run if this checkout has it (``../shared/traces``). None if neither."""
+    sample export of a real 2-GPU run shipped with the course (``data/traces``). None if neither."""
     import tempfile
     ok, why = available(nproc)
     if ok:

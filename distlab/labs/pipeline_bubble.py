@@ -1,0 +1,53 @@
+"""The pipeline bubble counted per stage, and the course's two ways of stating it.
+
+With p equal stages, m microbatches, a forward of t_f and a backward of t_b, a flushed schedule
+(GPipe, 1F1B) lasts (m + p - 1)(t_f + t_b) and every stage computes m(t_f + t_b) of it, so every
+stage idles (p - 1)(t_f + t_b): p - 1 forward slots and p - 1 backward slots (Narayanan et al.
+2021, sec. 2.2; with t_b = 2 t_f that is 3(p - 1) forward units, not 2(p - 1)). Two conventions:
+
+- Lab 5: the idle share of the *step*, (p - 1) / (m + p - 1) (GPipe, Huang et al. 2019, sec. 2.3);
+- Labs 6 and 7: the idle time relative to the *compute*, (p - 1) / m (Megatron-LM's PTD-P paper,
+  Narayanan et al. 2021, sec. 2.2), the factor by which the compute time is stretched: 1 + (p-1)/m.
+
+They are the same idle time over different denominators: b_step = b_compute / (1 + b_compute).
+"""
+from __future__ import annotations
+
+
+def idle_per_stage(events, num_stages: int) -> dict[int, float]:
+    """Per stage, the time it did not compute between the step's first start and last end
+    (``events`` as ``distlab.labs.pipeline.simulate`` or a measured run records them)."""
+    start = min(e.start for e in events)
+    span = max(e.end for e in events) - start
+    busy = {s: 0.0 for s in range(num_stages)}
+    for e in events:
+        busy[e.rank] += e.end - e.start
+    return {s: span - b for s, b in busy.items()}
+
+
+def bubble_of_step(num_stages: int, num_microbatches: int) -> float:
+    """(p - 1) / (m + p - 1): the idle share of the whole step (Lab 5's convention)."""
+    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+
+
+def bubble_of_compute(num_stages: int, num_microbatches: int) -> float:
+    """(p - 1) / m: idle time over compute time (Labs 6 and 7's convention)."""
+    return (num_stages - 1) / num_microbatches
+
+
+def step_share_from_compute_ratio(ratio: float) -> float:
+    """Convert (p - 1)/m (idle over compute) into the idle share of the step: r / (1 + r)."""
+    return ratio / (1 + ratio)
+
+
+def bubble_accounting(num_stages: int, num_microbatches: int, t_fwd: float = 1.0,
+                      t_bwd: float = 2.0) -> str:
+    """The counting of idle units, in words and numbers, for the lab to print."""
+    p, m = num_stages, num_microbatches
+    idle, busy = (p - 1) * (t_fwd + t_bwd), m * (t_fwd + t_bwd)
+    return (f"p = {p}, m = {m}, t_f = {t_fwd:g}, t_b = {t_bwd:g}: every stage idles "
+            f"(p-1)(t_f+t_b) = {idle:g} units and computes m(t_f+t_b) = {busy:g}; the step lasts "
+            f"{idle + busy:g}.\n"
+            f"  bubble as a share of the step (Lab 5): (p-1)/(m+p-1) = {bubble_of_step(p, m):.3f}\n"
+            f"  bubble relative to compute (Labs 6-7): (p-1)/m = {bubble_of_compute(p, m):.3f}"
+            f"  -> r/(1+r) = {step_share_from_compute_ratio(bubble_of_compute(p, m)):.3f} of the step")
