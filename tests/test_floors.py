@@ -108,10 +108,6 @@ def test_no_module_is_over_the_size_limit():
 
 # A module's entry point and each lab's reference builder share their name on purpose.
 SHARED_FUNCTIONS = {"main", "make_references"}
-# Owned by the grading floor's split (issue 18), not yet renamed there; remove each entry when it is:
-# `fingerprints` (grading/records.py: a lab's file digests; grading/similarity.py: code k-grams),
-# `parse_args` (grading/grade.py and grading/merge.py: two commands' arguments).
-NOT_YET_RENAMED = {"fingerprints", "parse_args"}
 
 
 def public_definitions(kind) -> dict[str, list[str]]:
@@ -134,14 +130,8 @@ def test_no_two_public_classes_share_a_name():
 def test_a_public_function_name_is_defined_once():
     shared = {name: where for name, where in public_definitions(
         (ast.FunctionDef, ast.AsyncFunctionDef)).items()
-        if len(where) > 1 and name not in SHARED_FUNCTIONS | NOT_YET_RENAMED}
+        if len(where) > 1 and name not in SHARED_FUNCTIONS}
     assert not shared, ("public functions of the same name in several modules: one name, one "
                         "operation (rename what differs, import what is the same): "
                         f"{shared}")
 
-
-def test_the_allowed_shared_names_are_still_shared():
-    # An allow-list entry whose clash is gone must leave the list, or it would hide a new clash.
-    functions = public_definitions((ast.FunctionDef, ast.AsyncFunctionDef))
-    stale = sorted(n for n in NOT_YET_RENAMED if len(functions.get(n, [])) < 2)
-    assert not stale, f"no longer defined twice, remove from NOT_YET_RENAMED: {stale}"

@@ -155,7 +155,7 @@ def merge(dirs: list[Path], dest: Path, out: Path) -> dict[str, dict]:
     return merged
 
 
-def parse_args(argv):
+def _parse_args(argv):
     p = argparse.ArgumentParser(
         prog="distlab merge",
         description="Merge the work directories of `distlab grade --shard K/N` runs into one "
@@ -170,7 +170,7 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = _parse_args(argv)
     try:
         merged = merge(args.shards, args.workdir, args.out)
     except (MergeError, Busy) as exc:

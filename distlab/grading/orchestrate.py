@@ -34,7 +34,7 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     scope = selection.in_shard(found, shard)
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
-    current = selection.fingerprints(submissions, scope, template, settings.fingerprint())
+    current = selection.lab_fingerprints(submissions, scope, template, settings.fingerprint())
     run = records.Run(workdir, out, scope, shard, current, write_scores)
     todo, skipped = selection.plan(current, run.records, regrade)
     where = f" (shard {shard[0]}/{shard[1]} of {len(found)})" if shard else ""

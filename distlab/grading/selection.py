@@ -46,7 +46,7 @@ def _digest_tree(h, folder: Path) -> None:
         h.update(data)
 
 
-def fingerprints(submissions: Path, found: dict[str, list[str]], template: Path,
+def lab_fingerprints(submissions: Path, found: dict[str, list[str]], template: Path,
                  settings: dict) -> dict[str, dict[str, str]]:
     """{student: {lab: sha256}} over the grading settings, the lab's nbgrader source (its tests)
     and the submission's files: equal fingerprints would be graded the same way again."""

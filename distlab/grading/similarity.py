@@ -123,7 +123,7 @@ def normalise(source: str) -> list[str]:
     return tokens
 
 
-def fingerprints(tokens: list[str]) -> set[int]:
+def code_fingerprints(tokens: list[str]) -> set[int]:
     return {int.from_bytes(hashlib.blake2b("\x00".join(tokens[i:i + K]).encode(),
                                            digest_size=8).digest(), "little")
             for i in range(max(0, len(tokens) - K + 1))}
@@ -144,7 +144,7 @@ def threshold(tokens: int) -> float:
 def _print(source: str) -> tuple[int, frozenset[int]]:
     """(tokens, fingerprints) of ``source``; cached: the references recur for every cell."""
     tokens = normalise(source)
-    return len(tokens), frozenset(fingerprints(tokens))
+    return len(tokens), frozenset(code_fingerprints(tokens))
 
 
 def _share(a: set[int], b: set[int], hits: int | None = None) -> tuple[float, int]:
