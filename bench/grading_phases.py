@@ -1,7 +1,8 @@
 """Where one notebook's grading time goes: a breakdown per phase of ``distlab grade``.
 
     .venv/bin/python bench/grading_phases.py                          # Lab 1: reference, untouched
-    .venv/bin/python bench/grading_phases.py --lab 03_tp_mlp --cells  # one row per cell too
+    .venv/bin/python bench/grading_phases.py --lab 03_tensor_parallel_mlp --cells  # a row per cell
+    .venv/bin/python bench/grading_phases.py --run-all    # teaching cells run too, as before
 
 For each sample (the lab's reference answers, then the untouched student notebook) it runs the real
 grading path (``orchestrate.grade_run``: template, course folder, the worker process, nbgrader, the
@@ -41,6 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EVENTS_ENV = "DISTLAB_BENCH_PHASES"   # where the worker shim appends its timed events (JSON lines)
+RUN_ALL_ENV = "DISTLAB_BENCH_RUN_ALL"  # set: the worker shim runs the teaching cells too (--run-all)
 
 
 # -- inside the worker: time the phases by wrapping the methods that run them ----------------------
@@ -150,6 +152,8 @@ def _worker(argv: list[str]) -> int:
     _wrap(HTMLExporter, "from_notebook_node", lambda *a: html.__setitem__("t", time.perf_counter()),
           lambda *a: emit("feedback HTML: export", time.perf_counter() - html["t"]))
 
+    if os.environ.get(RUN_ALL_ENV):  # the grader as it was: every cell runs, teaching ones too
+        worker._set_teaching = lambda guards, root, lab: guards.teaching.clear()
     marks["main"] = time.perf_counter()
     try:
         return worker.main(argv)
@@ -236,11 +240,19 @@ def main() -> None:
     parser.add_argument("--lab", default="01_collectives")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--cells", action="store_true", help="a row per code cell too")
+    parser.add_argument("--run-all", action="store_true",
+                        help="run the cells tagged teaching too (the grader before it skipped them)")
+    parser.add_argument("--only", choices=["reference", "untouched"], help="one sample only")
     args = parser.parse_args()
+    if args.run_all:
+        os.environ[RUN_ALL_ENV] = "1"
     sys.path.insert(0, str(REPO / "tests"))
     import submissions
     for title, nb in (("reference answers", submissions.solved(args.lab)),
                       ("untouched notebook", submissions.student(args.lab))):
+        if args.only and not title.startswith(args.only):
+            continue
+        title += ", every cell run" if args.run_all else ", teaching cells skipped"
         with tempfile.TemporaryDirectory(prefix="gp-") as tmp:  # short: sockets live under it
             wall, rows = grade_one(nb, args.lab, Path(tmp), args.backend)
         table(f"{args.lab}, {title}", wall, rows, args.cells)
