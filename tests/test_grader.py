@@ -86,6 +86,22 @@ def test_solution_gets_full_marks(graded, lab):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", labs())
+def test_teaching_cells_are_not_run_when_grading(graded, lab):
+    """The cells tagged teaching were skipped (no output) and the others ran; full marks above
+    prove no check needed a skipped cell."""
+    from distlab.grading.execution import teaching_ids
+    nb = nbformat.read(graded["work"] / "students" / "solution" / "autograded" / "solution" / lab
+                       / f"{lab}.ipynb", as_version=4)
+    skipped = teaching_ids(source_notebook(lab))
+    ran = {c.metadata["nbgrader"]["grade_id"]: bool(c.get("execution_count"))
+           for c in nb.cells if c.cell_type == "code" and "nbgrader" in c.metadata
+           and c.source.strip()}
+    assert skipped and all(not ran[i] for i in skipped)
+    assert all(ran[i] for i in set(ran) - skipped), {i for i in set(ran) - skipped if not ran[i]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", labs())
 def test_untouched_student_notebook_gets_zero(graded, lab):
     row = graded["rows"][("untouched", lab)]
     assert float(row["score"]) == 0 and float(row["max_score"]) == _max_score(lab)

@@ -9,6 +9,11 @@
 - A kernel that dies (``os._exit``, a segfault, killed for memory) does not end the notebook's
   grading: the cell it died in shows why, the cells after it are marked as not run (so their
   tests score zero), and the tests before it keep their scores.
+- Cells that only teach (tagged ``teaching`` in the lab's source: sweeps, figures, scaling
+  measurements that no check reads) are not run: which cells those are comes from the
+  instructor's notebook (``Guards.teaching``, by grade id), never from the student's metadata,
+  and never includes a test cell. tests/test_teaching_cells.py proves no later cell reads a name
+  only a teaching cell defines.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ class Guards:
     limit, a flood), newest last, which explain a dead kernel."""
     judge: object = None
     death_notes: list = dataclasses.field(default_factory=list)
+    teaching: set = dataclasses.field(default_factory=set)  # grade ids not run (the worker sets them per lab)
 
     def __deepcopy__(self, memo):
         return self  # traitlets deep-copies config values: the judge and the notes are shared
@@ -43,6 +49,25 @@ def _size(content: dict) -> int:
     data = content.get("data") or {}
     size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
     return size + len(content.get("evalue", "")) + sum(map(len, content.get("traceback", [])))
+
+
+def _grade_id(cell) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+TEACHING_TAG = "teaching"
+
+
+def teaching_ids(nb) -> set[str]:
+    """Grade ids of the cells ``nb`` (the instructor's notebook) tags as teaching only: locked
+    cells that are neither tests nor answers."""
+    ids = set()
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if (cell.cell_type == "code" and TEACHING_TAG in cell.metadata.get("tags", [])
+                and meta.get("locked") and not meta.get("grade") and not meta.get("solution")):
+            ids.add(meta.get("grade_id"))
+    return ids - {None}
 
 
 def _error(ename: str, evalue: str):
@@ -70,7 +95,10 @@ class GradedExecute(Execute):
             cell.outputs = [_error("NotRun", f"not run: {self.dead}")]
             return cell, resources
         self.printed, self.flood_timer = 0, None
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id") if is_grade(cell) else None
+        if not is_grade(cell) and _grade_id(cell) in self.guards.teaching:
+            cell.outputs = []  # teaching only: no check reads it (tests/test_teaching_cells.py)
+            return cell, resources
+        grade_id = _grade_id(cell) if is_grade(cell) else None
         judge = self.guards.judge
         if judge is not None:
             judge.enter(grade_id, cell.source if grade_id else "")

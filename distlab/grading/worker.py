@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         for lab in labs:
             budget.reset()
             judge.reset()
+            _set_teaching(guards, root, lab)
             lab_dir = root / "autograded" / student / lab
             _write_kernelspec(folders, lab_dir, judge.address, list(settings.hide))
             row = _grade_lab(api, root, student, lab, judge)
@@ -60,6 +61,16 @@ def main(argv: list[str]) -> int:
     judge.close()
     shutil.rmtree(folders["judge"], ignore_errors=True)
     return 0
+
+
+def _set_teaching(guards, root: Path, lab: str) -> None:
+    """The lab's teaching-only cells, from the instructor's source notebook (not the student's)."""
+    import nbformat
+    from distlab.grading.execution import teaching_ids
+    guards.teaching.clear()
+    source = root / "source" / lab / f"{lab}.ipynb"
+    if source.exists():
+        guards.teaching.update(teaching_ids(nbformat.read(source, as_version=4)))
 
 
 def _note_memory_kill(guards, event) -> None:

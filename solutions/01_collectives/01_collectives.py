@@ -48,7 +48,7 @@ from distlab.labs.collectives import (bandwidth_table, bus_factors, demo,
 # prefixed with the rank that printed it (the ranks print in whatever order they get there), and
 # `run` hands back what each rank returned, in rank order:
 
-# %% nbgrader={"grade": false, "grade_id": "hello_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "hello_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 def hello(rank, world_size):
     print(f"hello from rank {rank} of {world_size}")
     return rank * rank
@@ -66,24 +66,24 @@ distlab.run(hello, 4)
 # **Broadcast** — one rank's tensor is copied to all ranks (`dist.broadcast(x, src=0)`). Used to
 # give every rank the same initial weights.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_broadcast", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_broadcast", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("broadcast")
 
 # %% [markdown]
 # **Scatter** — the source rank cuts its tensor into n pieces and sends piece r to rank r.
 # **Gather** is the reverse: every rank's tensor lands, in rank order, on one rank.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("scatter")
 
-# %% nbgrader={"grade": false, "grade_id": "demo_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_gather", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("gather")
 
 # %% [markdown]
 # **Reduce** — like gather, but the tensors are combined elementwise (sum, max, …) on the way,
 # and only the destination rank has the result.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_reduce", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_reduce", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("reduce")
 
 # %% [markdown]
@@ -91,17 +91,17 @@ demo("reduce")
 # ZeRO-3/FSDP parameters, sequence-parallel activations). **Reduce-scatter** — a reduction whose
 # result is left *sharded*: rank r gets only chunk r of the sum (how ZeRO reduces gradients).
 
-# %% nbgrader={"grade": false, "grade_id": "demo_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("all_gather")
 
-# %% nbgrader={"grade": false, "grade_id": "demo_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("reduce_scatter")
 
 # %% [markdown]
 # **All-reduce** — every rank ends with the full reduction. This is data parallelism's gradient
 # sum, and tensor parallelism's row-parallel output sum.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_all_reduce", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_all_reduce", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("all_reduce")
 
 # %% [markdown]
@@ -110,10 +110,10 @@ demo("all_reduce")
 # sequence and head dimensions. **Send/recv** — point-to-point: one rank sends, one receives
 # (pipeline parallelism's activations). Here every rank sends to its right neighbour.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_all_to_all", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_all_to_all", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("all_to_all")
 
-# %% nbgrader={"grade": false, "grade_id": "demo_send_recv", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_send_recv", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 demo("send_recv")
 
 # %% [markdown]
@@ -304,11 +304,11 @@ print({op: round(f, 4) for op, f in factors.items()})
 # rank's). On this CPU the sweep stops at 4 MiB, in steps of 4×, to keep the lab about a minute
 # (`sweep(max_bytes=1 << 26)` goes to 64 MiB; on GPUs try `world_size=torch.cuda.device_count()`).
 
-# %% nbgrader={"grade": false, "grade_id": "sweep", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "sweep", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 rows = bandwidth_table(sweep(world_size=2, max_bytes=1 << 22, ring=ring_all_reduce), bandwidths,
                        factors)
 
-# %% nbgrader={"grade": false, "grade_id": "plot_sweep", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "plot_sweep", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 plot_bandwidth(rows)
 
 # %% [markdown]
@@ -388,7 +388,7 @@ check_ring_model(fit_ring_model, seed=fresh_seed())
 # Fit your measured all-reduce times and predict a size the sweep skipped (3 MiB). The dashed
 # line is the ordinary least-squares fit, for comparison.
 
-# %% nbgrader={"grade": false, "grade_id": "fit_measured", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "fit_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 sizes, times = timings(rows, "all_reduce")
 alpha, bandwidth = fit_alpha_beta(sizes, times)
 print(f"alpha = {alpha * 1e6:.1f} us, B = {bandwidth / 1e9:.3f} GB/s; "

@@ -54,7 +54,7 @@ from distlab.labs.data_parallel import (Setup, compare_step_times, compare_with_
 # (With unequal shards — 32 rows over 3 ranks — the plain mean is wrong: each rank's gradient
 # would need the weight |shard|/B. That is why the batch must divide by the world size here.)
 
-# %% nbgrader={"grade": false, "grade_id": "demo_average", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_average", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(gradient_average_demo(world_size=4))
 
 # %% [markdown]
@@ -129,7 +129,7 @@ check_data_parallel_step(data_parallel_step, world_size=2, seed=fresh_seed(), d_
 # of two. DDP divides *before* the all-reduce, your code after, so with W = 3 the two can differ
 # in the last bit.
 
-# %% nbgrader={"grade": false, "grade_id": "demo_backend_features", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "demo_backend_features", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(show_backend_features(world_size=2))
 
 # %% [markdown]
@@ -305,7 +305,7 @@ check_sharded_adamw(ShardedAdamW, world_size=2, seed=fresh_seed())
 # The optimizer state per rank, measured on the benchmark model (6 layers of 256, float32:
 # 394 752 parameters) with your `ShardedAdamW`, against replicated AdamW:
 
-# %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 memory = optimizer_memory(ShardedAdamW, world_sizes=(2, 4))
 print(format_memory(memory))
 plot_optimizer_memory(memory);
@@ -322,7 +322,7 @@ plot_optimizer_memory(memory);
 # that records each bucket and then does DDP's default (divide by W, all-reduce). Same model, same
 # data, 8 KiB buckets:
 
-# %% nbgrader={"grade": false, "grade_id": "ddp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "ddp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(compare_with_ddp(world_size=2, bucket_bytes=8192))
 
 # %% [markdown]
@@ -332,7 +332,7 @@ print(compare_with_ddp(world_size=2, bucket_bytes=8192))
 # 256 KiB buckets): milliseconds per step (median over 10 steps of the slowest rank), collectives
 # and bytes per step (from `out.comms` for yours, from the comm hook for DDP).
 
-# %% nbgrader={"grade": false, "grade_id": "step_times", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "step_times", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 rows = compare_step_times(all_reduce_gradients, bucketed_all_reduce, OverlappedAllReduce,
                           world_size=2)
 print(format_step_times(rows))

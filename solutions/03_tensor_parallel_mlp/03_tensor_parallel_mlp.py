@@ -318,7 +318,7 @@ check_tp_swiglu(TensorParallelSwiGLU, world_size=4, seed=fresh_seed(), batch=3, 
 # `torch.distributed`'s Python API, so `out.comms` never sees them). Defaults: b=2, s=8, h=16,
 # float32, so b·s·h·4 = 1024 bytes.
 
-# %% nbgrader={"grade": false, "grade_id": "formula", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "formula", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 megatron_comm_bytes(batch=2, seq=8, hidden=16)
 
 # %% [markdown]
@@ -332,7 +332,7 @@ megatron_comm_bytes(batch=2, seq=8, hidden=16)
 # applied with `parallelize_module(model, mesh, plan)` on a 1-D `DeviceMesh`. The run below uses
 # **your** `TensorParallelMLP` as the hand-written side.
 
-# %% nbgrader={"grade": false, "grade_id": "dtensor_mlp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "dtensor_mlp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 compare_with_dtensor(TensorParallelMLP, "mlp", world_size=2);
 
 # %% [markdown]
@@ -343,7 +343,7 @@ compare_with_dtensor(TensorParallelMLP, "mlp", world_size=2);
 # `use_local_output=False`; the point is that the plan decides the collectives, and
 # `CommDebugMode` is how you find out.)
 
-# %% nbgrader={"grade": false, "grade_id": "dtensor_swiglu", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "dtensor_swiglu", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 
 # %% [markdown]
@@ -500,7 +500,7 @@ check_sequence_parallel_block(SequenceParallelBlock, world_size=4, seed=fresh_se
 # tensor-parallel MLP (norm, dropout mask and residual input replicated), and your
 # sequence-parallel block. Dropout 0.1 here, so the masks count too.
 
-# %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 compare_activation_memory(SequenceParallelBlock, world_size=2);
 
 # %% [markdown]
@@ -511,7 +511,7 @@ compare_activation_memory(SequenceParallelBlock, world_size=2);
 # trading one more all-gather of b·s·h (the `2 * n` all-gather bytes in `megatron_comm_bytes`'s
 # backward) for (p−1)/p of that tensor. DTensor's version of the same block:
 
-# %% nbgrader={"grade": false, "grade_id": "dtensor_sp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "dtensor_sp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 compare_with_dtensor(SequenceParallelBlock, "block_sp", world_size=2);
 
 # %% [markdown]
@@ -525,7 +525,7 @@ compare_with_dtensor(SequenceParallelBlock, "block_sp", world_size=2);
 # these tiny sizes. On GPUs joined by NVLink, the same code splits real matmul work p ways and the
 # all-reduce moves at hundreds of GB/s; `bench/tp_mlp.py` runs larger shapes.
 
-# %% nbgrader={"grade": false, "grade_id": "timing", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "timing", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 timing_table(TensorParallelMLP, world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, ffn=512, steps=3);
 
 # %% [markdown]

@@ -81,7 +81,7 @@ from distlab.labs.tensor_parallel import RowParallelLinear, TensorParallelMLP, c
 # `F.scaled_dot_product_attention` with a causal mask, and returns (b, s, nh·hs). On a rank you call
 # it with that rank's head counts.
 
-# %% nbgrader={"grade": false, "grade_id": "dense_attention", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "dense_attention", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 Attention(hidden=32, n_heads=4, n_kv_heads=2)
 
 # %% [markdown]
@@ -90,7 +90,7 @@ Attention(hidden=32, n_heads=4, n_kv_heads=2)
 # p contiguous blocks of rows — what Lab 3's column split would do — hands rank 0 four queries and
 # no keys at all.
 
-# %% nbgrader={"grade": false, "grade_id": "split_table", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "split_table", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 qkv_split_table(n_heads=4, n_kv_heads=2, world_size=2);
 
 # %% [markdown]
@@ -256,7 +256,7 @@ check_tp_block(TensorParallelTransformerBlock, world_size=4, seed=fresh_seed(), 
 # while the compute per rank shrinks as 1/p. That ratio is why tensor parallelism lives inside
 # one node, on NVLink.
 
-# %% nbgrader={"grade": false, "grade_id": "block_comms", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "block_comms", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 block_comms_table(TensorParallelTransformerBlock, world_size=2);
 
 # %% [markdown]
@@ -353,7 +353,7 @@ check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, world_size=4, s
 # `all_reduce` calls per step, from the collective record — transfer *and* waiting for slower
 # ranks.
 
-# %% nbgrader={"grade": false, "grade_id": "scaling", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "scaling", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 rows = scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads=8, n_kv_heads=8, steps=3)
 plot_scaling(rows);
 

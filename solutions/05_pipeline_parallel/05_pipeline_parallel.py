@@ -299,7 +299,7 @@ from distlab.labs.pipeline_bubble import bubble_accounting, idle_per_stage
 print(bubble_accounting(num_stages=4, num_microbatches=8))
 print("idle per stage, simulated 1F1B:", idle_per_stage(simulate("1f1b", 4, 8, t_bwd=2.0), 4))
 
-# %% nbgrader={"grade": false, "grade_id": "simulated", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "simulated", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);
 
 # %% [markdown]
@@ -307,7 +307,7 @@ plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);
 # slow as the forward change? (The chart redraws from a running kernel; on the rendered course
 # site it stays as it was saved.)
 
-# %% nbgrader={"grade": false, "grade_id": "explorer", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "explorer", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 schedule_explorer()
 
 # %% [markdown]
@@ -318,7 +318,7 @@ schedule_explorer()
 # 8-block model (width 512, batch 256, m = 4) on 2 ranks: one untimed warm-up step, then one timed
 # step. Each chart is what the stages recorded.
 
-# %% nbgrader={"grade": false, "grade_id": "measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "measure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 spec = PipeSpec(num_layers=8, hidden=512, batch=256, seed=0)
 runs = run_schedules({"naive": (naive_step, None), "GPipe": (gpipe_step, 4),
                       "1F1B": (one_f_one_b_step, 4),
@@ -332,7 +332,7 @@ plot_runs(runs);
 # rank 0 (measured by counting the tensors saved for backward); the bytes rank 0 sent; and the
 # largest difference of any gradient from the single-process step.
 
-# %% nbgrader={"grade": false, "grade_id": "table", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "table", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(schedule_table(runs, spec))
 check_library_matches(runs, spec)
 
@@ -358,7 +358,7 @@ check_library_matches(runs, spec)
 # forward and twice backward. For a GPT-3-sized layer (h = 12288, s = 2048, bf16), 12 layers per
 # stage and TP = 8:
 
-# %% nbgrader={"grade": false, "grade_id": "traffic", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(boundary_traffic(batch=1, seq=2048, hidden=12288, layers_per_stage=12, tp=8))
 
 # %% [markdown]

@@ -84,7 +84,7 @@ runs = profile_all(world_size=2)
 # In the figures each rank has three rows: the ranges, compute, and communication (coloured by
 # operation). Vertical lines mark the start of each step. First a tensor-parallel run:
 
-# %% nbgrader={"grade": false, "grade_id": "plot_tp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "plot_tp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 plot(runs["TP"].timeline, title="TP: 4 Megatron MLPs on 2 ranks, 3 steps (gloo, CPU)");
 
 # %% [markdown]
@@ -92,7 +92,7 @@ plot(runs["TP"].timeline, title="TP: 4 Megatron MLPs on 2 ranks, 3 steps (gloo, 
 # fewer: the first MLP's input needs no gradient, so autograd skips its all-reduce), and compute
 # stops while each one runs: the next layer needs the summed activation. Now naive data parallelism:
 
-# %% nbgrader={"grade": false, "grade_id": "plot_dp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "plot_dp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 plot(runs["DP naive"].timeline, title="DP naive: all-reduce every gradient after backward (gloo, CPU)");
 
 # %% [markdown]
@@ -105,7 +105,7 @@ plot(runs["DP naive"].timeline, title="DP naive: all-reduce every gradient after
 # (operation, bytes). `runs[name].save(folder)` writes the raw per-rank traces, which Perfetto
 # opens too, with every operator nested.
 
-# %% nbgrader={"grade": false, "grade_id": "export", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "export", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 export(runs["TP"].timeline, "lab06_tp");
 
 # %% [markdown]
@@ -115,7 +115,7 @@ export(runs["TP"].timeline, "lab06_tp");
 # `name`, a category `cat`, a start `ts` and a duration `dur` in **microseconds**, the process
 # `pid` and thread `tid`, and `args`. Here are a few raw events of rank 0 of the stored DP run:
 
-# %% nbgrader={"grade": false, "grade_id": "peek", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "peek", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 peek(stored_trace("dp_naive", 0))
 
 # %% [markdown]
@@ -252,7 +252,7 @@ check_comm_share(comm_share, exposed_comm, seed=fresh_seed())
 # rank waits in every all-reduce); in TP too, because each layer needs the previous all-reduce's
 # result.
 
-# %% nbgrader={"grade": false, "grade_id": "share_tables", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "share_tables", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 share_table(runs["DP naive"].timeline, comm_share, exposed_comm)
 share_table(runs["TP"].timeline, comm_share, exposed_comm);
 
@@ -332,7 +332,7 @@ check_overlap_fraction(overlap_fraction, seed=fresh_seed())
 # %% [markdown]
 # On the runs recorded in this session (and the stored ones, recorded on the course's machine):
 
-# %% nbgrader={"grade": false, "grade_id": "overlap_tables", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "overlap_tables", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 overlaps = overlap_table({"DP naive": runs["DP naive"].timeline,
                           "DP overlapped": runs["DP overlapped"].timeline,
                           "stored naive": stored_timeline("dp_naive"),
@@ -361,7 +361,7 @@ plot(runs["DP overlapped"].timeline, title="DP overlapped: all-reduces start dur
 # `torch.autograd.profiler.emit_nvtx()` and NCCL emits per call (`ncclAllReduce`, `ncclSend`,
 # `ncclGroupStart`, ...). The workflow on a node with 2 GPUs, for the TP run of this lab:
 
-# %% nbgrader={"grade": false, "grade_id": "nsys_commands", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "nsys_commands", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print("\n".join(nsys.commands("tp", nproc=2)))
 
 # %% [markdown]
@@ -383,7 +383,7 @@ print("\n".join(nsys.commands("tp", nproc=2)))
 # 2-GPU export shipped with the course (`data/traces/nsys_2gpu_sendrecv.sqlite`, trimmed to the
 # tables read here; notice in `data/traces/NOTICE.md`).
 
-# %% nbgrader={"grade": false, "grade_id": "nsys_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "nsys_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 gpu_timeline = nsys.timeline_for_lab("tp", nproc=2)
 if gpu_timeline is not None:
     print(nsys.format_summary(nsys.kernel_summary(gpu_timeline)))
@@ -456,7 +456,7 @@ print("gpu_answers: correct")
 # step: a ratio r to compute is r/(1+r) of the step). With the compute time measured on the
 # trace, the predicted share is predicted comm / (predicted comm + compute).
 
-# %% nbgrader={"grade": false, "grade_id": "predicted", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "predicted", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 alpha, bandwidth = link_model(world_size=2)
 print(f"all-reduce on this machine: alpha = {alpha * 1e6:.0f} us, B = {bandwidth / 1e9:.2f} GB/s\n")
 rows = predicted_vs_measured(runs, comm_share, alpha, bandwidth)
@@ -475,7 +475,7 @@ rows = predicted_vs_measured(runs, comm_share, alpha, bandwidth)
 # Below, the numbers measured in this run (they change from run to run and machine to machine;
 # that is the point of measuring):
 
-# %% nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 closing_note(rows, overlaps={k: v for k, v in overlaps.items() if not k.startswith("stored")});
 
 # %% [markdown]

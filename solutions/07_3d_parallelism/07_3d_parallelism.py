@@ -57,7 +57,7 @@ from distlab.labs.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_
 # their parameters from the shapes (q and o projections `h×h`, k and v `h×(kv_heads·128)`, three
 # SwiGLU matrices `h×ffn`, embedding and output head `V×h`).
 
-# %% nbgrader={"grade": false, "grade_id": "models", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "models", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
     print(f"{model.name:13s} L={model.layers:3d} h={model.hidden:5d} a={model.heads:3d} "
           f"ffn={model.ffn:5d}  N = {model.params / 1e9:6.1f}B")
@@ -137,7 +137,7 @@ for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
 # the two counts land close, as the cell below computes; `planning.llama_activation_bytes_per_layer`
 # has Llama's.
 
-# %% nbgrader={"grade": false, "grade_id": "llama_vs_gpt", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "llama_vs_gpt", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
     sbh = Job().seq_len * model.hidden
     gpt, llama = (f(model, 1, Job()) / sbh for f in (activation_bytes_per_layer,
@@ -223,7 +223,7 @@ check_memory_per_gpu(memory_per_gpu, seed=fresh_seed(), count=40)
 # fp32 gradients). The figure uses the reference implementation, so it draws even before your
 # function is done.
 
-# %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 layouts = [ParallelConfig(1, 1, 128, Job(zero_stage=0)), ParallelConfig(1, 1, 128, Job(zero_stage=3)),
            ParallelConfig(8, 1, 16, JOB_70B), ParallelConfig(8, 4, 4, JOB_70B)]
 print(memory_table(LLAMA3_70B, layouts))
@@ -239,7 +239,7 @@ plot_memory(LLAMA3_70B, layouts, gpu_mem_gb=80);
 # `num_GPUs = N_in_billions × 18 × 1.25 / GPU_GB`. The 18 is the bytes per parameter of the table
 # above (fp32 gradients); 1.25 guesses activations at a quarter of the states.
 
-# %% nbgrader={"grade": false, "grade_id": "rule_of_thumb", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "rule_of_thumb", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
     print(f"{model.name:13s} rule of thumb: {rule_of_thumb_gpus(model.params, 80):6.1f} x 80 GB GPUs")
 for seq in (2048, 8192, 32768):
@@ -299,7 +299,7 @@ for seq in (2048, 8192, 32768):
 # measures an MFU of `0.40 · compute / total`; `planning.model_mfu` computes it. Here is one
 # layout taken apart:
 
-# %% nbgrader={"grade": false, "grade_id": "one_layout", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "one_layout", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
 
 # %% [markdown]
@@ -439,7 +439,7 @@ check_405b_answer(answer_405b)
 # how close the runners-up are. Compare your choice with the folk answer, TP = 8 (a whole node),
 # PP across nodes, DP the rest:
 
-# %% nbgrader={"grade": false, "grade_id": "answer_70b_detail", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "answer_70b_detail", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(answer_70b.tp, answer_70b.pp, answer_70b.dp, JOB_70B)))
 print()
 print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
@@ -455,7 +455,7 @@ print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
 # of the memory free. The folk layout, TP = 8 with PP = 2, needs 44.5 GB instead of 69.6 GB but
 # is about 10% slower by the model: outside the 5%. The layouts the model cannot tell apart:
 
-# %% nbgrader={"grade": false, "grade_id": "near_ties_70b", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "near_ties_70b", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(near_tie_table(LLAMA3_70B, H100_16x8, JOB_70B))
 
 # %% [markdown]
@@ -473,7 +473,7 @@ print(near_tie_table(LLAMA3_70B, H100_16x8, JOB_70B))
 # charge ZeRO in the ways section 1 describes. The table prices each of them, with selective and
 # with full recompute:
 
-# %% nbgrader={"grade": false, "grade_id": "zero_options_405b", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "zero_options_405b", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(zero_options_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_PUBLISHED))
 
 # %% [markdown]
@@ -493,7 +493,7 @@ print(zero_options_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_PUBLISHED
 # more TP collectives per layer, about the same in every layout, so the comparison between
 # layouts still holds.
 
-# %% nbgrader={"grade": false, "grade_id": "published", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "published", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(published_comparison())
 print()
 print(near_tie_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB))
@@ -526,7 +526,7 @@ print(published_verdict())
 # GPUs per node, nodes, GPU memory, batch, ZeRO stage and recompute. It shows the memory per GPU
 # by term of the chosen layout, the bubble, and the traffic per axis.
 
-# %% nbgrader={"grade": false, "grade_id": "planner", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "planner", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 planner()
 
 # %% [markdown]
@@ -578,7 +578,7 @@ check_tp_plan(tp_plan, shape=HIDDEN_MESH, seed=fresh_seed())   # PP=2 x DP=2 x T
 # Both meshes, with your plan, beside single-process training (tolerance: 1e-5 + 1e-4·|loss|,
 # float32 sums in another order):
 
-# %% nbgrader={"grade": false, "grade_id": "mesh_runs", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "mesh_runs", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 for shape in (MeshShape(pp=1, dp=2, tp=2), MeshShape(pp=2, dp=2, tp=2)):
     run = run_mesh(shape, tp_plan)
     print(run.table())
