@@ -344,7 +344,7 @@ plot_step_times(rows);
 # the course (`data/traces/`, 2-rank DDP, NCCL; Lab 6 reads it in detail), where DDP's all-reduce
 # kernels run on their own stream while backward's kernels run.
 
-# %% nbgrader={"grade": false, "grade_id": "gpu_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "gpu_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
 print(overlap_beside_cpu(rows))
 

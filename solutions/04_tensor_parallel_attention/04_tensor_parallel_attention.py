@@ -401,7 +401,7 @@ print("predict_step_time and strong_scaling_efficiency: correct")
 check_tp_scaling(predict_step_time, strong_scaling_efficiency, seed=fresh_seed())
 ### END HIDDEN TESTS
 
-# %% nbgrader={"grade": false, "grade_id": "tp_prediction", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "tp_prediction", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 from distlab.labs.tp_scaling import link_fit, prediction_table
 alpha, bandwidth = link_fit(world_sizes=(2, 4))
 prediction_table(rows, predict_step_time, strong_scaling_efficiency, alpha, bandwidth,
