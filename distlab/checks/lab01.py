@@ -255,5 +255,10 @@ __all__ = ["check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths"
            "check_alpha_beta", "make_references"]
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB1_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths", "check_alpha_beta"],
+    CourseCode(forbidden=LAB1_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

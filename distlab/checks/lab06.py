@@ -271,5 +271,10 @@ __all__ = ["check_collective_events", "check_comm_share", "check_classify", "che
            "make_references", "stored_timeline", "stored_trace", "stored_traces"]
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB6_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction"],
+    CourseCode(forbidden=LAB6_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())
