@@ -213,15 +213,16 @@ class Judge:
 def _course_code_used(exc: BaseException) -> str | None:
     """The guard's report when a rank found the answer to be course code (``CourseCodeUsed``),
     however the check passed the rank's error on (as is, wrapped, or quoted in its message)."""
-    seen = set()
+    seen, found = set(), []
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         for text in (str(exc), getattr(exc, "rank_traceback", "") or ""):
             used = call_guard.used_course_code(text)
             if used is not None:
-                return used
+                found.append(used)
         exc = exc.__cause__ or exc.__context__
-    return None
+    # The fullest report: a check may quote only the first line of the rank's error.
+    return max(found, key=len) if found else None
 
 
 def _calls(source: str) -> dict[str, list[ast.Call]]:
