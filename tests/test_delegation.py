@@ -57,7 +57,7 @@ def test_delegated_exercises_score_zero_and_say_why(graded, student, lab):
     feedback = html.unescape(Path(row["feedback"]).read_text())
     # every zeroed test says why, and names the course object the answer used
     assert feedback.count("the course's own implementation: write your own") >= len(zeroed)
-    targets = [target for cell in DELEGATED[lab].values() for _, target in cell]
+    targets = [entry[1] for cell in DELEGATED[lab].values() for entry in cell]
     assert any(f"{t}, the course's own implementation" in feedback for t in targets), row
     points = _points(lab)
     assert float(row["score"]) <= sum(p for t, p in points.items() if t not in zeroed)

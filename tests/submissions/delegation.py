@@ -20,16 +20,22 @@ import nbformat
 from . import solved
 
 ROUTES = ("alias", "importlib", "default")
+# (parameters, arguments) of a wrapper whose course function takes other arguments than the
+# exercise: Lab 3's shard_column(weight, bias, rank, world_size) is column_shard(linear, ...).
+_LINEAR = ("weight, bias, rank, world_size",
+           "__import__('types').SimpleNamespace(weight=weight, bias=bias), rank, world_size")
+_PLAIN = ("*args, **kwargs", "*args, **kwargs")
 
-# {lab: {solution cell: [(name in the notebook, "module:qualname" of the course's object)]}}
+# {lab: {solution cell: [(name in the notebook, "module:qualname" of the course's object[,
+#                         (wrapper's parameters, its call's arguments)])]}}
 DELEGATED = {
     "01_collectives": {
         "bandwidths": [("bandwidths", "distlab.checks.lab01:reference_bandwidths")],
         "alpha_beta": [("fit_alpha_beta", "distlab.labs.collectives:reference_fit")],
     },
     "03_tensor_parallel_mlp": {
-        "shard": [("shard_column", "distlab.labs.tensor_parallel.layers:column_shard"),
-                  ("shard_row", "distlab.labs.tensor_parallel.layers:row_shard")],
+        "shard": [("shard_column", "distlab.labs.tensor_parallel.layers:column_shard", _LINEAR),
+                  ("shard_row", "distlab.labs.tensor_parallel.layers:row_shard", _LINEAR)],
         "conjugate_ops": [
             ("CopyToTensorParallel", "distlab.labs.tensor_parallel.ops:CopyToTensorParallel"),
             ("ReduceFromTensorParallel",
@@ -99,9 +105,10 @@ def _is_class(target: str) -> bool:
     return isinstance(resolve(target), type)
 
 
-def delegation(name: str, target: str, route: str) -> str:
+def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
     """Code that makes ``name`` the course's ``target`` by ``route``."""
     module, _, qualname = target.partition(":")
+    params, call = signature
     if route == "alias":
         return f"from {module} import {qualname} as {name}"
     if _is_class(target):
@@ -111,12 +118,13 @@ def delegation(name: str, target: str, route: str) -> str:
                     f"    pass")
         return f"from {module} import {qualname} as _Course{name}\nclass {name}(_Course{name}):\n    pass"
     if route == "importlib":
-        return (f"def {name}(*args, **kwargs):\n    import importlib\n"
-                f"    return getattr(importlib.import_module({module!r}), {qualname!r})"
-                f"(*args, **kwargs)")
+        return (f"def {name}({params}):\n    import importlib\n"
+                f"    return getattr(importlib.import_module({module!r}), {qualname!r})({call})")
+    params = params.replace("**kwargs", "_impl=_course_" + name + ", **kwargs") \
+        if "**kwargs" in params else f"{params}, _impl=_course_{name}"
     return (f"from {module} import {qualname} as _course_{name}\n"
-            f"def {name}(*args, _impl=_course_{name}, **kwargs):\n"
-            f"    return _impl(*args, **kwargs)")
+            f"def {name}({params}):\n"
+            f"    return _impl({call})")
 
 
 def delegated(lab: str, route: str) -> nbformat.NotebookNode:
@@ -127,7 +135,7 @@ def delegated(lab: str, route: str) -> nbformat.NotebookNode:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         if gid in cells:
             cell.source = cell.source.rstrip() + "\n\n# the course's own, handed in\n" + \
-                "\n".join(delegation(name, target, route) for name, target in cells[gid])
+                "\n".join(delegation(*entry[:2], route, *entry[2:]) for entry in cells[gid])
     return nb
 
 
