@@ -334,5 +334,11 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     _compare(out, ref, setup, world_size, grads=False)
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB2_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_data_parallel_step", "check_bucketed_all_reduce", "check_overlapped_all_reduce",
+    "check_sharded_adamw"],
+    CourseCode(forbidden=LAB2_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -385,5 +385,12 @@ def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | 
                   mlp_shape(batch, seq, hidden, ffn), sequence_parallel=True)
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB3_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_shard_column", "check_shard_row", "check_copy_to_tp", "check_reduce_from_tp",
+    "check_gather_from_sp", "check_reduce_scatter_to_sp", "check_parallel_linears",
+    "check_tp_mlp", "check_tp_swiglu", "check_sequence_parallel_block"],
+    CourseCode(forbidden=LAB3_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -355,5 +355,12 @@ def check_tp_scaling(predict_step_time, strong_scaling_efficiency, seed: int | N
     check(predict_step_time, strong_scaling_efficiency, seed)
 
 
+# The course code these exercises may not use (see distlab.checks.course_code); Lab 4 builds
+# on Lab 3's layers, which it may use.
+from distlab.checks.course_code import LAB4_SHIPPED, CourseCode, LAB3_SHIPPED  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_split_qkv", "check_tp_attention_forward", "check_tp_attention_backward",
+    "check_tp_block", "check_vocab_parallel_cross_entropy", "check_tp_scaling"],
+    CourseCode(forbidden=LAB4_SHIPPED, allowed=LAB3_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

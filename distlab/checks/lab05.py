@@ -212,5 +212,10 @@ def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:
         _check_grads(run, spec, run.num_microbatches or 1)
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB5_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_partition", "check_naive", "check_gpipe", "check_1f1b"],
+    CourseCode(forbidden=LAB5_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -345,5 +345,10 @@ def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None 
                           "check which layers are column- and which row-parallel.")
 
 
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB7_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys([
+    "check_memory_per_gpu", "check_choose_degrees", "check_tp_plan"],
+    CourseCode(forbidden=LAB7_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -41,7 +41,9 @@ import re
 import socket
 import threading
 
+from distlab.checks.course_code import guard_of
 from distlab.checks.messenger import ENV, _recv, _send
+from distlab.runtime import call_guard
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
@@ -60,8 +62,9 @@ class Submitted:
         self.data, self.name = data, name
 
     def __reduce__(self):
-        import cloudpickle
-        return (cloudpickle.loads, (self.data,))
+        # Unpickled on a rank, where the check's guard looks at what the student handed in.
+        from distlab.runtime.call_guard import load_submitted
+        return (load_submitted, (self.data, self.name))
 
     def __repr__(self) -> str:
         return f"<submitted {self.name}>"
@@ -167,13 +170,17 @@ class Judge:
         seed = kwargs.get("seed")
         output = io.StringIO()
         try:
-            with contextlib.redirect_stdout(output), self.launcher.active():
+            with contextlib.redirect_stdout(output), self.launcher.active(), \
+                    call_guard.guarding(guard_of(check)):
                 check(*args, **kwargs)
             status, ename, message = "pass", "", ""
         except Exception as exc:  # noqa: BLE001 - every failure is a verdict
             status, ename, message = status_of_exception(exc), type(exc).__name__, str(exc)
             if isinstance(exc, SubmittedError) and status == "error":
                 ename = exc.exc_type
+            used = _course_code_used(exc)
+            if used is not None:   # the answer is the course's own: nothing else matters
+                status, ename, message = "fail", "CourseCodeUsed", used
         with self.lock:
             self.verdicts[cell].append(Verdict(name, status, message, seed))
         tail = output.getvalue()[-OUTPUT_TAIL:]
@@ -201,6 +208,21 @@ class Judge:
         self.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
+
+
+def _course_code_used(exc: BaseException) -> str | None:
+    """The guard's report when a rank found the answer to be course code (``CourseCodeUsed``),
+    however the check passed the rank's error on (as is, wrapped, or quoted in its message)."""
+    seen, found = set(), []
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for text in (str(exc), getattr(exc, "rank_traceback", "") or ""):
+            used = call_guard.used_course_code(text)
+            if used is not None:
+                found.append(used)
+        exc = exc.__cause__ or exc.__context__
+    # The fullest report: a check may quote only the first line of the rank's error.
+    return max(found, key=len) if found else None
 
 
 def _calls(source: str) -> dict[str, list[ast.Call]]:

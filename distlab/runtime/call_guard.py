@@ -34,6 +34,19 @@ _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", 
                               if (p := sysconfig.get_paths().get(key))}))
 
 
+MARK = "your answer uses the course's own implementation of this exercise"
+
+
+def used_course_code(message: str) -> str | None:
+    """The part of an error message (a rank's, as a check passed it on) that reports course code
+    handed in as an answer; None when there is none."""
+    at = message.find(MARK)
+    if at < 0:
+        return None
+    end = message.find("\n\n", at)
+    return message[at:end if end >= 0 else None].split("\nTraceback")[0].rstrip()
+
+
 class CourseCodeUsed(Exception):
     """A graded answer is, or runs, an implementation of an exercise that the course ships."""
 
@@ -42,11 +55,12 @@ class CourseCodeUsed(Exception):
 class Guard:
     guarded: frozenset[str]            # "module:qualname" of the course's shipped answers
     exercise: str = ""                 # what is graded, for the message ("check_copy_to_tp")
+    allowed: frozenset[str] = frozenset()   # names the exercise may use even where guarded
 
     def objects(self) -> dict[object, str]:
-        """{object: its name} for every guarded name that resolves."""
+        """{object: its name} for every guarded name that resolves and is not allowed."""
         found = {}
-        for name in sorted(self.guarded):
+        for name in sorted(self.guarded - self.allowed):
             obj = resolve(name)
             if obj is not None:
                 found[obj] = name
@@ -78,8 +92,9 @@ def _functions_of(obj) -> list:
                 value = value.__func__
             if isinstance(value, property):
                 found += [f for f in (value.fget, value.fset, value.fdel) if f is not None]
-            elif isinstance(value, type):
-                found += _functions_of(value)
+            elif isinstance(value, type) and value is not obj and \
+                    value.__qualname__.startswith(obj.__qualname__ + "."):   # nested, not a
+                found += _functions_of(value)                                # reference to a class
             elif hasattr(value, "__code__"):
                 found.append(value)
         return found
@@ -160,7 +175,7 @@ class Watch:
         if kind == "student":
             where = (f"{caller.f_code.co_name} (line {caller.f_lineno})" if caller is not None
                      else "thread")
-            use = f"{self.codes[frame.f_code]}, called from your {where}"
+            use = f"your {where} calls {self.codes[frame.f_code]}"
             if use not in self.uses:
                 self.uses.append(use)
 
@@ -182,13 +197,34 @@ class Watch:
     def verdict(self) -> CourseCodeUsed | None:
         if not self.uses:
             return None
-        listed = "\n".join(f"  - {u}" for u in self.uses[:5])
+        listed = "\n".join(f"  - {u}, the course's own implementation: write your own"
+                            for u in self.uses[:5])
         return CourseCodeUsed(
-            f"your answer uses the course's own implementation of an exercise:\n{listed}\n"
+            f"{MARK}:\n{listed}\n"
             f"The distlab package ships working versions of many exercises (later labs build on "
             f"them), but a graded answer must be your own code: importing, aliasing, subclassing "
-            f"or calling one earns nothing. Write the exercise yourself; you may still use what "
-            f"the lab's text tells you to use.")
+            f"or calling one earns nothing, so this test scores zero. You may still use what the "
+            f"lab's text tells you to use.")
+
+
+# The guard of the check this thread runs, in the judge: the launcher puts it into every rank's
+# task (a context variable: each judge thread sees its own).
+_active_guard: contextvars.ContextVar[Guard | None] = contextvars.ContextVar("distlab_guard",
+                                                                             default=None)
+
+
+def active_guard() -> Guard | None:
+    return _active_guard.get()
+
+
+@contextlib.contextmanager
+def guarding(guard: Guard | None):
+    """Ranks started within the block (``distlab.run``) run under ``guard``."""
+    token = _active_guard.set(guard)
+    try:
+        yield guard
+    finally:
+        _active_guard.reset(token)
 
 
 # The watch of the rank this process runs (set by the rank before it unpickles the task, so that
@@ -221,6 +257,7 @@ def load_submitted(data: bytes, name: str):
     if watch is not None:
         used = static_use(obj, watch.guard)
         if used is not None:
-            watch.note(f"{used}, handed in as your {name}")
+            how = "subclasses" if isinstance(obj, type) and obj is not resolve(used) else "is"
+            watch.note(f"your {name} {how} {used}")
     return obj
 

@@ -36,6 +36,7 @@ import sys
 import cloudpickle
 import torch
 
+from distlab.runtime import call_guard
 from distlab.runtime.devices import pick_backend
 from distlab.runtime.outcome import (DistributedError, HangError, RankCrashed, RankError,  # noqa: F401
                                      Results)
@@ -141,7 +142,7 @@ class Launcher:
                     store_port=store.port, timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
                     path=list(sys.path), env=dict(os.environ, **self.settings.rank_env()),
                     threads=threads or max(1, (os.cpu_count() or 1) // world_size),
-                    plain_results=self.settings.distrust)
+                    plain_results=self.settings.distrust, guard=call_guard.active_guard())
         watch = RankWatch(zygote, next(self.run_ids), world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result)
         return watch.go(pickle.dumps(task))

@@ -36,6 +36,7 @@ class Task:
     env: dict
     threads: int
     plain_results: bool = False  # results as torch.save data, for a launcher that trusts no pickle
+    guard: object = None         # a call_guard.Guard: the course code a graded answer may not use
 
 
 def _dump_result(value, plain: bool) -> bytes:
@@ -118,6 +119,28 @@ def main(rank: int, ctrl_fd: int, out_fd: int) -> int:
     return code
 
 
+def _call_guarded(rank: int, task: Task, report):
+    """Unpickle the call and make it, under the task's guard (``distlab.runtime.call_guard``):
+    a student's object that is, subclasses or calls a guarded course implementation turns the
+    rank's result into ``CourseCodeUsed``, whatever the call returned or raised."""
+    import cloudpickle
+    from distlab.runtime.call_guard import watching
+    with watching(task.guard) as watch:
+        try:
+            fn, args, kwargs = cloudpickle.loads(task.call)
+            _init_group(rank, task)
+            report("ready")
+            value = fn(rank, task.world_size, *args, **kwargs)
+        except Exception:
+            if watch is None or watch.verdict() is None:
+                raise
+            value = None
+    verdict = watch.verdict() if watch is not None else None
+    if verdict is not None:
+        raise verdict
+    return value
+
+
 def _run_task(rank: int, task: Task, report) -> int:
     """Set up, join the group, call the function; report its result or its exception."""
     from distlab.runtime.comms import Recorder
@@ -125,11 +148,7 @@ def _run_task(rank: int, task: Task, report) -> int:
         _setup(rank, task)
         Recorder(rank, lambda kind, comm, index: report(kind, comm) if kind == "enter"
                  else report(kind, index, comm.end)).install()
-        import cloudpickle
-        fn, args, kwargs = cloudpickle.loads(task.call)
-        _init_group(rank, task)
-        report("ready")
-        value = fn(rank, task.world_size, *args, **kwargs)
+        value = _call_guarded(rank, task, report)
         try:
             from distlab.runtime.devices import to_cpu
             payload = _dump_result(to_cpu(value), task.plain_results)

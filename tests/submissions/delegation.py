@@ -1,0 +1,145 @@
+"""Submissions that hand in the course's own implementations as their answers.
+
+For every lab, every graded exercise that the package ships an implementation of (or whose check
+has a reference function) is answered by that implementation, by one route per sample:
+
+- ``alias``: ``from distlab... import Thing as answer``;
+- ``importlib``: a function whose body finds the course's function with ``importlib`` and
+  ``getattr`` (seen only at run time), or a class whose base is found that way;
+- ``default``: a function that calls the course's function through a default argument (seen
+  only at run time), or a class that subclasses the course's.
+
+Each graded exercise listed scores zero with feedback naming the course object; the others keep
+the solution's own answer. Lab 1's two all-reduce exercises and Lab 2's four, and Lab 5's
+schedules, have no shipped implementation to delegate to: their cells stay solved.
+"""
+from __future__ import annotations
+
+import nbformat
+
+from . import solved
+
+ROUTES = ("alias", "importlib", "default")
+# (parameters, arguments) of a wrapper whose course function takes other arguments than the
+# exercise: Lab 3's shard_column(weight, bias, rank, world_size) is column_shard(linear, ...).
+_LINEAR = ("weight, bias, rank, world_size",
+           "__import__('types').SimpleNamespace(weight=weight, bias=bias), rank, world_size")
+_PLAIN = ("*args, **kwargs", "*args, **kwargs")
+
+# {lab: {solution cell: [(name in the notebook, "module:qualname" of the course's object[,
+#                         (wrapper's parameters, its call's arguments)])]}}
+DELEGATED = {
+    "01_collectives": {
+        "bandwidths": [("bandwidths", "distlab.checks.lab01:reference_bandwidths")],
+        "alpha_beta": [("fit_alpha_beta", "distlab.labs.collectives:reference_fit")],
+    },
+    "03_tensor_parallel_mlp": {
+        "shard": [("shard_column", "distlab.labs.tensor_parallel.layers:column_shard", _LINEAR),
+                  ("shard_row", "distlab.labs.tensor_parallel.layers:row_shard", _LINEAR)],
+        "conjugate_ops": [
+            ("CopyToTensorParallel", "distlab.labs.tensor_parallel.ops:CopyToTensorParallel"),
+            ("ReduceFromTensorParallel",
+             "distlab.labs.tensor_parallel.ops:ReduceFromTensorParallel")],
+        "parallel_layers": [
+            ("ColumnParallelLinear", "distlab.labs.tensor_parallel.layers:ColumnParallelLinear"),
+            ("RowParallelLinear", "distlab.labs.tensor_parallel.layers:RowParallelLinear"),
+            ("TensorParallelMLP", "distlab.labs.tensor_parallel.layers:TensorParallelMLP"),
+            ("TensorParallelSwiGLU", "distlab.labs.tensor_parallel.layers:TensorParallelSwiGLU")],
+        "sequence_parallel": [
+            ("GatherFromSequenceParallel",
+             "distlab.labs.tensor_parallel.ops:GatherFromSequenceParallel"),
+            ("ReduceScatterToSequenceParallel",
+             "distlab.labs.tensor_parallel.ops:ReduceScatterToSequenceParallel"),
+            ("SequenceParallelBlock",
+             "distlab.labs.tensor_parallel.sequence_parallel:TensorParallelBlock")],
+    },
+    "04_tensor_parallel_attention": {
+        "split_qkv": [("split_qkv", "distlab.labs.attention.layout:split_qkv")],
+        "tp_attention": [("TensorParallelAttention",
+                          "distlab.labs.attention.parallel:TensorParallelAttention")],
+        "tp_block": [("TensorParallelTransformerBlock",
+                      "distlab.labs.attention.parallel:TensorParallelTransformerBlock")],
+        "vocab_parallel_ce": [
+            ("VocabParallelCrossEntropy", "distlab.labs.attention.parallel:VocabParallelCrossEntropy"),
+            ("vocab_parallel_cross_entropy",
+             "distlab.labs.attention.parallel:vocab_parallel_cross_entropy")],
+    },
+    "05_pipeline_parallel": {
+        "partition": [("partition", "distlab.labs.pipeline.model:partition_layers")],
+    },
+    "06_timelines": {
+        "collective_events": [("collective_events", "distlab.labs.timelines.trace:collective_events")],
+        "intervals": [("merge_intervals", "distlab.labs.timelines.intervals:union"),
+                      ("subtract", "distlab.labs.timelines.intervals:minus")],
+        "comm_share": [("comm_share", "distlab.checks.lab06:reference_comm_share"),
+                       ("exposed_comm", "distlab.checks.lab06:reference_exposed_comm")],
+        "classify": [("classify", "distlab.checks.lab06:reference_classify")],
+        "overlap_fraction": [("overlap_fraction", "distlab.checks.lab06:reference_overlap_fraction")],
+    },
+    "07_3d_parallelism": {
+        "memory_per_gpu": [("memory_per_gpu", "distlab.labs.planning.memory:memory_per_gpu")],
+        "choose_degrees": [("choose_degrees",
+                            "distlab.labs.planning.degrees:reference_choose_degrees")],
+        "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
+    },
+}
+
+# The test cells each lab's delegation must zero (every one whose exercise is delegated).
+ZEROED = {
+    "01_collectives": ("test_bandwidths", "test_alpha_beta"),
+    "03_tensor_parallel_mlp": ("test_shard", "test_copy_to_tp", "test_reduce_from_tp",
+                               "test_parallel_linears", "test_tp_mlp", "test_tp_swiglu",
+                               "test_sp_ops", "test_sp_block"),
+    "04_tensor_parallel_attention": ("test_split_qkv", "test_tp_attention_forward",
+                                     "test_tp_attention_backward", "test_tp_block",
+                                     "test_vocab_parallel_ce"),
+    "05_pipeline_parallel": ("test_partition",),
+    "06_timelines": ("test_collective_events", "test_comm_share", "test_classify",
+                     "test_overlap_fraction"),
+    "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan"),
+}
+
+
+def _is_class(target: str) -> bool:
+    from distlab.runtime.call_guard import resolve
+    return isinstance(resolve(target), type)
+
+
+def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
+    """Code that makes ``name`` the course's ``target`` by ``route``."""
+    module, _, qualname = target.partition(":")
+    params, call = signature
+    if route == "alias":
+        return f"from {module} import {qualname} as {name}"
+    if _is_class(target):
+        if route == "importlib":
+            return (f"import importlib\n"
+                    f"class {name}(getattr(importlib.import_module({module!r}), {qualname!r})):\n"
+                    f"    pass")
+        return f"from {module} import {qualname} as _Course{name}\nclass {name}(_Course{name}):\n    pass"
+    if route == "importlib":
+        return (f"def {name}({params}):\n    import importlib\n"
+                f"    return getattr(importlib.import_module({module!r}), {qualname!r})({call})")
+    params = params.replace("**kwargs", "_impl=_course_" + name + ", **kwargs") \
+        if "**kwargs" in params else f"{params}, _impl=_course_{name}"
+    return (f"from {module} import {qualname} as _course_{name}\n"
+            f"def {name}({params}):\n"
+            f"    return _impl({call})")
+
+
+def delegated(lab: str, route: str) -> nbformat.NotebookNode:
+    """The solved notebook of ``lab`` with every delegated exercise rebound by ``route``."""
+    nb = solved(lab)
+    cells = DELEGATED[lab]
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in cells:
+            cell.source = cell.source.rstrip() + "\n\n# the course's own, handed in\n" + \
+                "\n".join(delegation(*entry[:2], route, *entry[2:]) for entry in cells[gid])
+    return nb
+
+
+def delegation_samples() -> dict[tuple[str, str], tuple[nbformat.NotebookNode, tuple[str, ...]]]:
+    """{(student, lab): (notebook, the test cells it must score zero on)}."""
+    return {(f"delegates_{route}", lab): (delegated(lab, route), ZEROED[lab])
+            for lab in DELEGATED for route in ROUTES}

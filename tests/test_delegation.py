@@ -1,0 +1,68 @@
+"""A submission that hands in the course's own implementation of an exercise earns nothing.
+
+Every lab's delegable exercises are answered by the shipped object, by three routes (an alias,
+``importlib``/``getattr``, a default argument or a base class: ``tests/submissions/delegation.py``);
+all samples are graded in one ``distlab grade`` run. Each delegated test scores zero with
+feedback that names the course object; the exercises the sample answers itself still pass.
+"""
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+import pytest
+
+import submissions
+from submissions.delegation import DELEGATED, ROUTES, delegation_samples
+from distlab.course import notebooks
+from distlab.course.notebooks import source_notebook
+from distlab.grading import grade
+
+SAMPLES = delegation_samples()
+
+
+def _points(lab: str) -> dict[str, float]:
+    return {c.metadata["nbgrader"]["grade_id"]: float(c.metadata["nbgrader"]["points"])
+            for c in source_notebook(lab).cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("delegation")
+    labs = sorted(DELEGATED)
+    for lab, files in notebooks.build_student_notebooks(labs).items():
+        notebooks.write_student_notebooks(lab, files, out=root / "released")
+    submissions.RELEASED["root"] = root / "released"
+    subs = root / "submitted"
+    for (student, lab), (nb, _) in delegation_samples().items():
+        submissions.write(nb, subs, student, lab)
+    out = root / "scores.csv"
+    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
+                         str(root / "work"), "--backend", "gloo", "--rank-timeout", "10",
+                         "--timeout", "120", "--notebook-timeout", "400"])
+    assert status == 0
+    with open(out) as f:
+        return {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("student,lab", list(SAMPLES))
+def test_delegated_exercises_score_zero_and_say_why(graded, student, lab):
+    row = graded[(student, lab)]
+    zeroed = SAMPLES[(student, lab)][1]
+    assert {t: row[t] for t in zeroed} == dict.fromkeys(zeroed, "fail"), row
+    feedback = html.unescape(Path(row["feedback"]).read_text())
+    # every zeroed test says why, and names the course object the answer used
+    assert feedback.count("the course's own implementation: write your own") >= len(zeroed)
+    targets = [entry[1] for cell in DELEGATED[lab].values() for entry in cell]
+    assert any(f"{t}, the course's own implementation" in feedback for t in targets), row
+    points = _points(lab)
+    assert float(row["score"]) <= sum(p for t, p in points.items() if t not in zeroed)
+
+
+def test_every_route_and_every_delegable_lab_is_sampled():
+    assert {route for route, _ in ((s.split("_", 1)[1], lab) for s, lab in SAMPLES)} == set(ROUTES)
+    assert {lab for _, lab in SAMPLES} == set(DELEGATED)
