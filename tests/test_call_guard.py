@@ -111,3 +111,16 @@ def test_no_guard_watches_nothing():
         intervals.union(SPANS)
     assert watch is None
     assert call_guard._current.get() is None
+
+
+def test_every_judged_check_declares_its_course_code():
+    """A check the judge serves names the course code its exercise may not use (COURSE_CODE), or
+    says it grades values handed in (GRADED_ON_VALUES); a new check that does neither fails here."""
+    import importlib
+    from distlab.course.notebooks import labs
+    for lab in labs():
+        module = importlib.import_module(f"distlab.checks.lab{lab[:2]}")
+        served = {name for name, value in vars(module).items() if hasattr(value, "__judged__")}
+        declared = set(getattr(module, "COURSE_CODE", {})) | set(getattr(module, "GRADED_ON_VALUES", ()))
+        assert served - declared == set(), (lab, sorted(served - declared))
+        assert declared - served == set(), (lab, "declared but not served", sorted(declared - served))

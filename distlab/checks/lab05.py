@@ -217,5 +217,8 @@ from distlab.checks.course_code import LAB5_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_partition", "check_naive", "check_gpipe", "check_1f1b"],
     CourseCode(forbidden=LAB5_SHIPPED))
+# Graded on values handed in (the runs of torch's own pipelining library, made by the lab, not an answer): no course code runs on the judge's ranks for
+# these, so there is nothing for a guard to notice.
+GRADED_ON_VALUES = ("check_library_matches",)
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

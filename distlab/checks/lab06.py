@@ -319,5 +319,8 @@ from distlab.checks.course_code import LAB6_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction"],
     CourseCode(forbidden=LAB6_SHIPPED))
+# Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
+# these, so there is nothing for a guard to notice.
+GRADED_ON_VALUES = ("check_gpu_traces",)
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -350,5 +350,8 @@ from distlab.checks.course_code import LAB7_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_memory_per_gpu", "check_choose_degrees", "check_tp_plan"],
     CourseCode(forbidden=LAB7_SHIPPED))
+# Graded on values handed in (numbers and layouts the kernel computed): no course code runs on the judge's ranks for
+# these, so there is nothing for a guard to notice.
+GRADED_ON_VALUES = ("check_405b_answer", "check_70b_plan", "check_layout_numbers", "check_production_answer",)
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())
