@@ -291,7 +291,7 @@ def test_fingerprint_follows_submission_tests_and_settings(tmp_path):
     (subs / "ann" / LAB1 / f"{LAB1}.ipynb").write_text("answer")
 
     def fp(settings=None):
-        return selection.fingerprints(subs, {"ann": [LAB1]}, template, settings or {})["ann"][LAB1]
+        return selection.lab_fingerprints(subs, {"ann": [LAB1]}, template, settings or {})["ann"][LAB1]
 
     first = fp()
     assert fp() == first

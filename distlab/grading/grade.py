@@ -72,7 +72,7 @@ from distlab.grading.orchestrate import grade_run
 from distlab.grading.settings import DEFAULT_MEMORY_GB, GradingSettings
 
 
-def _parse_args(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="distlab grade",
         description="Autograde SUBMISSIONS_DIR/<student>/<lab>/<lab>.ipynb with nbgrader, on real "
@@ -118,7 +118,7 @@ def settings_of(args) -> GradingSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parse_args(argv)
     if not args.submissions.is_dir():
         print(f"distlab grade: {args.submissions} is not a folder. Expected SUBMISSIONS_DIR/"
               f"<student>/<lab>/<lab>.ipynb.", file=sys.stderr)
