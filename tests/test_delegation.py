@@ -34,10 +34,10 @@ def graded(tmp_path_factory):
     labs = sorted(DELEGATED)
     for lab, files in notebooks.build_student_notebooks(labs).items():
         notebooks.write_student_notebooks(lab, files, out=root / "released")
-    submissions.RELEASED["root"] = root / "released"
     subs = root / "submitted"
-    for (student, lab), (nb, _) in delegation_samples().items():
-        submissions.write(nb, subs, student, lab)
+    with submissions.released_from(root / "released"):
+        for (student, lab), (nb, _) in delegation_samples().items():
+            submissions.write(nb, subs, student, lab)
     out = root / "scores.csv"
     status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
                          str(root / "work"), "--backend", "gloo", "--rank-timeout", "10",

@@ -45,9 +45,9 @@ def attacked(tmp_path_factory):
     subs = root / "submitted"
     files = notebooks.build_student_notebooks([LAB])[LAB]
     notebooks.write_student_notebooks(LAB, files, out=root / "released")
-    submissions.RELEASED["root"] = root / "released"
-    for student, (nb, _) in attack_samples().items():
-        submissions.write(nb, subs, student, LAB)
+    with submissions.released_from(root / "released"):
+        for student, (nb, _) in attack_samples().items():
+            submissions.write(nb, subs, student, LAB)
     protected = [subs / "bystander" / LAB / f"{LAB}.ipynb", *sorted((DATA / LAB).iterdir())]
     before = {p: _digest(p) for p in protected}
     out = root / "scores.csv"

@@ -8,6 +8,7 @@ sized in elements, a deadlocking 1F1B schedule).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import nbformat
@@ -19,6 +20,19 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 # Where the released student notebooks are read from: the committed ones by default; the grading
 # test points this at a fresh build so that it grades what the sources give today.
 RELEASED = {"root": notebooks.NOTEBOOKS}
+
+
+@contextlib.contextmanager
+def released_from(folder):
+    """Read the released notebooks from ``folder`` (a fresh build holding some labs) while
+    samples are made, then from where they were read before: a test module that builds only its
+    own labs must not leave later modules reading a folder without theirs."""
+    before = RELEASED["root"]
+    RELEASED["root"] = folder
+    try:
+        yield
+    finally:
+        RELEASED["root"] = before
 
 
 def _unmarked(source: str) -> str:
