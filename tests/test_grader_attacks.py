@@ -127,10 +127,15 @@ def test_output_flood_is_cut_and_feedback_stays_small(attacked):
     row = attacked["rows"]["output_flood"]
     assert Path(row["feedback"]).stat().st_size < 2_000_000
     text = _feedback(row)
-    # Stopped by whichever limit comes first: the kernel buffers what it cannot send, so a fast
-    # flood may pass the memory limit before the interrupt's grace period ends.
-    assert "dropped the rest of this cell's output" in text
-    assert "had not stopped" in text or "memory limit" in text
+    # Stopped by whichever limit comes first. The output limit can only cut what reaches the
+    # grader: a loop that prints while holding the GIL starves the kernel's IOPub thread, so on a
+    # busy machine its buffer can pass the memory limit before one message is sent. Either way the
+    # cell is stopped, the feedback says why, and nothing it printed floods the feedback or the log.
+    cut = "dropped the rest of this cell's output" in text
+    if cut:
+        assert "had not stopped" in text or "memory limit" in text
+    else:
+        assert "the kernel was stopped in alpha_beta" in text and "memory limit" in text, text[-3000:]
     log = attacked["work"] / "students" / "output_flood" / "grading.log"
     assert log.stat().st_size < 1_000_000
 
