@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "Every collective run on real ranks, all-reduce built twice (from reduce-scatter + all-gather, then from send/recv), algbw/busbw from the bytes your ring sent, a latency-bandwidth model and the ring's latency term across world sizes."
+#     summary: "Every collective on real ranks, all-reduce built twice (reduce-scatter + all-gather, then send/recv), busbw from the bytes your ring sent, and the ring's latency term across world sizes."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
