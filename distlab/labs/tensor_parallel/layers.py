@@ -51,6 +51,15 @@ def _init_like_linear(weight: torch.Tensor, bias, fan_in: int) -> None:
         nn.init.uniform_(bias, -bound, bound)
 
 
+def _load(layer: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """Copy a rank's shard of a dense layer into ``layer`` (both parallel layers' from_linear)."""
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
 class ColumnParallelLinear(nn.Module):
     """y_r = x A_r^T + b_r with A_r the rank's (out/p, in) rows of the dense weight.
 
@@ -76,12 +85,7 @@ class ColumnParallelLinear(nn.Module):
         """The shard of a dense layer (identical on every rank) that this rank owns."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     group=group, **kwargs)
-        weight, bias = column_shard(linear, dist.get_rank(group), dist.get_world_size(group))
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-            if bias is not None:
-                layer.bias.copy_(bias)
-        return layer
+        return _load(layer, *column_shard(linear, dist.get_rank(group), dist.get_world_size(group)))
 
     def forward(self, x):
         x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
@@ -113,12 +117,7 @@ class RowParallelLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, group=None, **kwargs) -> "RowParallelLinear":
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     group=group, **kwargs)
-        weight, bias = row_shard(linear, dist.get_rank(group), dist.get_world_size(group))
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-            if bias is not None:
-                layer.bias.copy_(bias)
-        return layer
+        return _load(layer, *row_shard(linear, dist.get_rank(group), dist.get_world_size(group)))
 
     def forward(self, x):
         partial = F.linear(x, self.weight)                       # (b, s, out), this rank's share
