@@ -86,3 +86,7 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                         "valid_layouts")
                 + names("distlab.labs.mesh", "megatron_plan")
                 + names(f"{TP}.dtensor", "dtensor_plan"))
+LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_training")
+                + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")
+                + names("distlab.labs.sharded.accounting", "CourseZero1")
+                + names("distlab.checks.lab08", "_reference"))

@@ -1,0 +1,247 @@
+"""Graded checks of Lab 8, sharded data parallelism.
+
+Exercises 1-3 run the student's ZeRO-2 optimizer and ZeRO-3 wrappers on real ranks
+(``distlab.labs.sharded.harness``), train the lab's stack of MLP blocks for 3 AdamW steps, and
+compare with AdamW on the full batch in one process (``reference_sharded_training``): stored
+references for the visible tests (seed 0), computed afresh for hidden ones (any seed, width,
+depth and world size). The checks then read *how* it was done: the collective record
+(``out.comms``: ops, counts, bytes, start and end times) and bytes measured on the ranks (the
+gradients a rank holds after backward; the storages behind the blocks' parameters while they
+compute). Exercise 4 calls the student's choice of checkpointed blocks and measures the stack's
+saved activations with that choice against the budget and against every other choice.
+
+Tolerances: float64 throughout, as in Lab 2 (the ranks' sums run in another order than the full
+batch's: 1e-12 apart after 3 steps; a missing 1/W shows at 1e-7 in the parameters and at once in
+the gradients), so 1e-9 never fails a right answer and catches every factor.
+"""
+from __future__ import annotations
+
+import torch
+
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.lab08_patterns import (check_zero2_pattern, check_zero3_pattern,
+                                           prefetch_timing, step_comms)
+from distlab.labs.sharded import (CheckpointProblem, ShardSetup, best_checkpoint_choice,
+                                  block_profile, budget_of, recompute_flops,
+                                  reference_sharded_training, saved_bytes, shard_numel,
+                                  wrap_blocks, wrap_model, zero2_training, zero3_training)
+
+LAB = "08_sharded_data_parallel"
+STEPS = 3
+GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
+PARAM_TOL = dict(atol=1e-9, rtol=1e-9)
+VISIBLE_FRACTIONS = (0.5, 0.3)   # the visible tests' budgets, stored with their least recompute
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+
+def _setup(seed, hidden: int, blocks: int) -> ShardSetup:
+    return ShardSetup(seed=0 if seed is None else seed, hidden=hidden, blocks=blocks)
+
+
+def _checkpoint_problem(seed, fraction: float, blocks: int) -> CheckpointProblem:
+    """Seed None: the lab's stack; else widths drawn from the seed (multiples of 8, 8 to 96)."""
+    if seed is None:
+        return CheckpointProblem(fraction=fraction)
+    g = torch.Generator().manual_seed(seed)
+    widths = tuple(8 * int(w) for w in torch.randint(1, 13, (blocks,), generator=g))
+    return CheckpointProblem(seed=seed, widths=widths, fraction=fraction)
+
+
+def make_references() -> dict:
+    """The visible tests' references: 3 AdamW steps of the lab's stack (seed 0) on the full
+    batch, and the lab's checkpointing problem's budget and least recompute (every choice tried)."""
+    setup = ShardSetup()
+    ref = reference_sharded_training(setup, STEPS)
+    sets = {"adamw_3_steps": {"seed": setup.seed, "losses": ref["losses"],
+                              "params": torch.cat(ref["params"]), "grads": torch.cat(ref["grads"])}}
+    for fraction in VISIBLE_FRACTIONS:
+        problem = CheckpointProblem(fraction=fraction)
+        budget = budget_of(problem)
+        _, flops = best_checkpoint_choice(problem, budget)
+        sets[_budget_set(fraction)] = {"seed": problem.seed, "budget": torch.tensor(budget),
+                                       "least_recompute_flops": torch.tensor(flops)}
+    return sets
+
+
+def _budget_set(fraction: float) -> str:
+    return f"checkpoint_budget_{round(100 * fraction)}"
+
+
+def _reference(seed, hidden: int, blocks: int) -> dict:
+    """Stored for the visible tests (seed None), else computed here and now."""
+    setup = _setup(seed, hidden, blocks)
+    if seed is not None or (hidden, blocks) != (ShardSetup.hidden, ShardSetup.blocks):
+        return reference_sharded_training(setup, STEPS)
+    from distlab.checks.stored import load
+    stored = load(LAB, "adamw_3_steps")
+    sizes = [sum(p.numel() for p in block.parameters()) for block in setup.model()]
+    return {"losses": stored["losses"], "params": list(stored["params"].split(sizes)),
+            "grads": list(stored["grads"].split(sizes))}
+
+
+def _run(fn, world_size: int, *args):
+    from distlab import run
+    from distlab.checks.ranks import rank_timeout
+    return run(fn, world_size, *args, timeout=rank_timeout())
+
+
+def _check_losses(out, ref: dict, world_size: int) -> None:
+    mean = torch.tensor([out[r]["losses"] for r in range(world_size)], dtype=torch.float64).mean(0)
+    assert_close(mean, ref["losses"].to(mean.dtype), what="mean over the ranks of their losses per step",
+                 hint="Each rank computes the loss of its own rows; their mean is the full "
+                      "batch's loss when the forward used the right parameters.", **PARAM_TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: ZeRO-2
+
+def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
+                     hidden: int = 24, blocks: int = 4) -> None:
+    """``cls(buckets, lr=, weight_decay=)`` (one bucket per block) with ``step()``,
+    ``zero_grad()`` and ``local_optimizer``: after 3 steps every rank's parameters equal
+    single-process AdamW's; per step one reduce-scatter and one all-gather per bucket, no
+    all-reduce; after each backward the rank holds the gradient of its shards only (1/W of the
+    gradient bytes plus each bucket's padding, fewer than W elements)."""
+    setup = _setup(seed, hidden, blocks)
+    out = _run(zero2_training, world_size, cls, setup, STEPS)
+    ref = _reference(seed, hidden, blocks)
+    sizes = [p.numel() for p in ref["params"]]
+    allowed = sum(shard_numel(n, world_size) for n in sizes) * 8
+    for rank in range(world_size):
+        check_zero2_pattern(out.comms[rank], rank, sizes, STEPS)
+        for step, held in enumerate(out[rank]["grad_bytes"]):
+            if held > allowed:
+                raise CheckFailed(
+                    f"rank {rank} held {held} bytes of gradients after the backward of step "
+                    f"{step}; ZeRO-2 keeps only its shards' gradients, {allowed} bytes (1/"
+                    f"{world_size} of {sum(sizes) * 8}, plus padding). Once a bucket's gradient "
+                    f"is reduce-scattered, set its parameters' .grad to None, inside backward.")
+        for i, (got, exp) in enumerate(zip(out[rank]["params"], ref["params"])):
+            assert_close(got, out[0]["params"][i], atol=0, rtol=0, rank=rank,
+                         what=f"block {i}'s parameters compared with rank 0's",
+                         hint="Every rank must all-gather the same updated shards.")
+            assert_close(got, exp, rank=rank, what=f"block {i}'s parameters after {STEPS} steps",
+                         hint="Compare with AdamW on the full batch in one process; check the "
+                              "division of the reduce-scattered sum by the world size.",
+                         **PARAM_TOL)
+    _check_losses(out, ref, world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercises 2 and 3: ZeRO-3
+
+def _check_zero3_values(out, ref: dict, world_size: int) -> None:
+    for i, (exp_p, exp_g) in enumerate(zip(ref["params"], ref["grads"])):
+        s = shard_numel(exp_p.numel(), world_size)
+        for rank in range(world_size):
+            got = out[rank]["shards"][i]
+            if got.numel() != s:
+                raise CheckFailed(f"rank {rank}'s shard of block {i} has {got.numel()} elements; "
+                                  f"it must hold s = ceil({exp_p.numel()} / {world_size}) = {s} "
+                                  f"(the flat parameters padded to W * s).")
+            if out[rank]["grads"][i] is None:
+                raise CheckFailed(f"rank {rank}'s shard of block {i} has no gradient after "
+                                  f"backward: reduce-scatter the block's gradients into shard.grad.")
+        gathered = torch.cat([out[r]["shards"][i] for r in range(world_size)])[:exp_p.numel()]
+        grads = torch.cat([out[r]["grads"][i] for r in range(world_size)])[:exp_p.numel()]
+        assert_close(grads, exp_g, what=f"block {i}'s gradient (the ranks' shards joined) at step "
+                     f"{STEPS}", hint="The gradient shard is the reduce-scattered sum divided by "
+                     "the world size.", **GRAD_TOL)
+        assert_close(gathered, exp_p, what=f"block {i}'s parameters (the ranks' shards joined) "
+                     f"after {STEPS} steps", **PARAM_TOL)
+    _check_losses(out, ref, world_size)
+
+
+def _check_gathered_memory(out, world_size: int) -> None:
+    for rank in range(world_size):
+        layer = max(out[rank]["block_bytes"])
+        peak = max(out[rank]["gathered"])
+        if peak > 2 * layer:
+            raise CheckFailed(
+                f"rank {rank} held {peak} bytes of gathered parameters at once, "
+                f"{peak / layer:.1f} blocks of {layer} bytes; ZeRO-3 holds at most two (the one "
+                f"computing and the next). Free a block's gathered parameters (free_storage) "
+                f"right after its forward and after its gradients are reduce-scattered.")
+
+
+def check_zero3_block(cls, *, world_size: int = 2, seed: int | None = None,
+                      hidden: int = 24, blocks: int = 4) -> None:
+    """``cls(block)`` shards one block (attribute ``shard``: its s = ceil(P / W) elements) and
+    registers hooks that gather it for forward and backward. After 3 AdamW steps on the shards,
+    loss, gradients and parameters equal single-process training; per step and block one
+    all-gather in forward, one in backward and one reduce-scatter; at most two blocks' parameters
+    gathered at any probe (measured: bytes of the storages behind the parameters)."""
+    setup = _setup(seed, hidden, blocks)
+    out = _run(zero3_training, world_size, wrap_blocks(cls), setup, STEPS)
+    for rank in range(world_size):
+        for step in range(STEPS):
+            check_zero3_pattern(step_comms(out, rank, step), out[rank]["steps"][step], rank, step,
+                                out[rank]["block_bytes"])
+    _check_gathered_memory(out, world_size)
+    _check_zero3_values(out, _reference(seed, hidden, blocks), world_size)
+
+
+def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
+                   hidden: int = 24, blocks: int = 4) -> None:
+    """``cls(blocks)`` (attribute ``shards``, one per block) is ZeRO-3 with prefetch: the values
+    and the per-block pattern of ``check_zero3_block``, and every gather but the first of each
+    pass asynchronous, issued before the previous block's compute ended and still in flight
+    when that compute started."""
+    setup = _setup(seed, hidden, blocks)
+    out = _run(zero3_training, world_size, wrap_model(cls), setup, STEPS)
+    for rank in range(world_size):
+        for step in range(STEPS):
+            comms = step_comms(out, rank, step)
+            probes = out[rank]["steps"][step]
+            check_zero3_pattern(comms, probes, rank, step, out[rank]["block_bytes"])
+            prefetch_timing(comms, probes, rank, step)
+    _check_gathered_memory(out, world_size)
+    _check_zero3_values(out, _reference(seed, hidden, blocks), world_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: checkpointing under a budget
+
+def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0.5,
+                             blocks: int = 6) -> None:
+    """``fn(profile, budget)`` -> one bool per block (checkpoint it or not). With that choice the
+    stack's saved activations, measured, stay within ``budget`` bytes, and its recompute equals
+    the least of every choice within the budget (all 2^n tried, each measured)."""
+    problem = _checkpoint_problem(seed, fraction, blocks)
+    if seed is None and fraction in VISIBLE_FRACTIONS:
+        from distlab.checks.stored import load
+        stored = load(LAB, _budget_set(fraction))
+        budget, least = int(stored["budget"]), int(stored["least_recompute_flops"])
+    else:
+        budget = budget_of(problem)
+        least = None
+    choice = fn(block_profile(problem), budget)
+    n = len(problem.widths)
+    if not isinstance(choice, (list, tuple)) or len(choice) != n \
+            or not all(isinstance(c, bool) for c in choice):
+        raise CheckFailed(f"choose_checkpoints returned {choice!r}; expected a list of {n} bools "
+                          f"(True: wrap that block in checkpoint).")
+    kept = saved_bytes(problem, choice)
+    if kept > budget:
+        raise CheckFailed(
+            f"with your choice {choice} the stack keeps {kept} bytes of activations for backward "
+            f"(measured), over the budget of {budget}. A checkpointed block still keeps its "
+            f"input: count its checkpointed_bytes, not zero.")
+    if least is None:
+        least = best_checkpoint_choice(problem, budget)[1]
+    cost = recompute_flops(problem, choice)
+    if cost > least:
+        raise CheckFailed(
+            f"your choice {choice} fits the budget ({kept} of {budget} bytes) but recomputes "
+            f"{cost} FLOPs; another choice within the budget recomputes only {least}. Try every "
+            f"choice (there are 2^{n}) or solve the knapsack exactly.")
+
+
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB8_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys(["check_zero2_step", "check_zero3_block", "check_prefetch",
+                             "check_choose_checkpoints"], CourseCode(forbidden=LAB8_SHIPPED))
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
+judge_module(globals())

@@ -1,0 +1,102 @@
+"""Lab 8's problem and its single-process baseline: a stack of MLP blocks trained with AdamW on
+the mean squared error, and the flat layout ZeRO shards a block's parameters with.
+
+The flat layout (ZeRO, Rajbhandari et al. 2020, sec. 5; FSDP's FlatParameter): a bucket's
+parameters are flattened in ``parameters()`` order into P elements, padded with zeros to W * s
+elements where s = ceil(P / W); rank r owns elements [r*s, (r+1)*s).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from distlab.labs.losses import loss_fn
+
+
+class MLPBlock(nn.Module):
+    """Linear(d, h) -> tanh -> Linear(h, d). For backward autograd keeps the block's input x
+    (saved by the first Linear) and the tanh output t (saved by tanh and by the second Linear:
+    one storage), so a block keeps B*d + B*h values; checkpointed, only its input."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin2(torch.tanh(self.lin1(x)))  # (B, d) -> (B, h) -> (B, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSetup:
+    """The lab's problem: ``blocks`` MLP blocks of width ``d`` (hidden ``hidden``), a batch of
+    ``batch`` rows (divisible by every world size used: 2 and 4), AdamW, float64 for the checks
+    (rounding differences of 1e-16 stay twelve orders of magnitude below a real mistake)."""
+    seed: int = 0
+    batch: int = 16
+    d: int = 16
+    hidden: int = 24
+    blocks: int = 4
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    dtype: torch.dtype = torch.float64
+
+    def model(self) -> nn.Sequential:
+        """The same initial weights in every process (the global RNG is left untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return nn.Sequential(*[MLPBlock(self.d, self.hidden)
+                                   for _ in range(self.blocks)]).to(self.dtype)
+
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch, identical on every rank: x (batch, d), y (batch, d)."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        x = torch.randn(self.batch, self.d, generator=g, dtype=self.dtype)
+        return x, torch.randn(self.batch, self.d, generator=g, dtype=self.dtype)
+
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, foreach=False)
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """s = ceil(P / W): the elements of one rank's shard of a flat bucket of P elements."""
+    return math.ceil(numel / world_size)
+
+
+def padded_flat(tensors, world_size: int) -> torch.Tensor:
+    """The tensors flattened in order and zero-padded to W * ceil(P / W) elements (a copy)."""
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])               # (P,)
+    out = flat.new_zeros(world_size * shard_numel(flat.numel(), world_size))  # (W * s,)
+    out[:flat.numel()] = flat
+    return out
+
+
+def rank_batch(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank r's contiguous rows of the global batch: (batch / W, ...)."""
+    return t.chunk(world_size)[rank]
+
+
+def block_flats(model: nn.Sequential, grads: bool = False) -> list[torch.Tensor]:
+    """Each block's parameters (or gradients) flattened in order, unpadded: [(P_i,)]."""
+    return [torch.cat([(p.grad if grads else p).detach().reshape(-1) for p in block.parameters()])
+            for block in model]
+
+
+def reference_sharded_training(setup: ShardSetup, steps: int) -> dict:
+    """AdamW on the full batch in this process for ``steps`` steps: ``losses`` per step,
+    ``params`` (each block's flat parameters after the last step) and ``grads`` (each block's flat
+    gradient of the last step)."""
+    model = setup.model()
+    optimizer = setup.optimizer(model.parameters())
+    x, y = setup.data()
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        grads = block_flats(model, grads=True)
+        optimizer.step()
+        losses.append(loss.item())
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "params": block_flats(model), "grads": grads}

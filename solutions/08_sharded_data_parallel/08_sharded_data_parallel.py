@@ -1,0 +1,429 @@
+# ---
+# jupyter:
+#   distlab:
+#     summary: "ZeRO-2 and ZeRO-3 by hand (gather and free per block, prefetch), activation checkpointing under a budget, and memory and communication per rank measured against the ZeRO paper."
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lab 8 — Sharded data parallelism
+#
+# Lab 2 ended with ZeRO-1: the optimizer state sharded over the W data-parallel ranks, everything
+# else replicated. This lab shards the rest. **ZeRO-2** also shards the gradients: each rank keeps
+# only the reduce-scattered gradient of its own shard. **ZeRO-3** (what PyTorch calls FSDP) also
+# shards the parameters: a block's parameters exist whole only while it computes, gathered just
+# before and freed just after — which is how a model of any size fits, given enough ranks
+# (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+# Models", arXiv:1910.02054; the course notes' guidance on 3D parallelism, seed 001). Then
+# **prefetch** hides the gathers behind compute, and **activation checkpointing** trades compute
+# for the activation memory that sharding does not touch.
+#
+# Every exercise is checked on real ranks (gloo on your CPU, NCCL on GPUs) against AdamW on the
+# full batch in one process, and on *how*: the collectives each rank issued and the bytes it held.
+
+# %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import itertools
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+
+import distlab
+from distlab.checks.assertions import fresh_seed
+from distlab.checks.lab08 import (check_choose_checkpoints, check_prefetch, check_zero2_step,
+                                  check_zero3_block)
+from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
+                                  block_profile, budget_of, free_storage, padded_flat)
+from distlab.labs.sharded.accounting import (bytes_per_param, format_bytes_per_param,
+                                             format_stage_memory, format_volume, measure_stages)
+from distlab.labs.sharded.figures import (checkpointing_measured, format_checkpointing,
+                                          plot_memory_over_step, plot_prefetch_timeline,
+                                          prefetch_timeline)
+
+# %% [markdown]
+# ## 1. Where the memory goes
+#
+# Mixed-precision training with Adam keeps, per parameter: the 16-bit weight used in forward and
+# backward (2 bytes), its gradient, and the optimizer's fp32 state — a master copy of the weight
+# (4) and Adam's two moments (4 + 4). The ZeRO paper (sec. 3.1) counts the gradient in fp16 (2
+# bytes): **16 bytes per parameter**, "K = 12" of optimizer state. The course notes (seed 001,
+# the GPU-count rule num_GPUs = params_B × 18 × 1.25 / GPU_GB) count **18**: the gradients kept
+# in fp32 (4 bytes), as frameworks that accumulate gradients in fp32 do. The difference is only
+# the gradient's precision.
+#
+# ZeRO's stages then divide one more term by W each: stage 1 the optimizer state (12), stage 2
+# also the gradients, stage 3 also the weights. The table is computed by
+# `distlab.labs.sharded.accounting.bytes_per_param` from those terms, for W = 4 and W = 64:
+
+# %% nbgrader={"grade": false, "grade_id": "bytes_per_param", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(format_bytes_per_param(bytes_per_param(world_sizes=(4, 64))))
+
+# %% [markdown]
+# ## 2. ZeRO-2: shard the gradients too
+#
+# The model of this lab is a stack of MLP blocks (`ShardSetup()`: 4 blocks Linear(16, 24) → tanh
+# → Linear(24, 16), float64 for the checks), each rank training on its rows of a batch of 16.
+# ZeRO's **flat layout** (the same as Lab 2's ZeRO-1, one per bucket): a bucket's P parameter
+# elements, flattened in `parameters()` order and zero-padded to W·s with s = ⌈P / W⌉
+# (`padded_flat(tensors, W)`); rank r owns elements `[r·s, (r+1)·s)`.
+#
+# ZeRO-1 kept the whole gradient until the step. ZeRO-2 does not: as soon as backward has
+# finished a bucket's gradients, it **reduce-scatters** them (each rank receives the sum of its
+# own shard), divides by W, keeps that as its shard's gradient and **drops the full gradients**
+# (`p.grad = None`), still inside backward. The step updates the shards and **all-gathers** each
+# bucket's parameters. A hook on each parameter, `p.register_post_accumulate_grad_hook(hook)`
+# (Lab 2), tells you when its gradient is complete; a bucket is complete when all of its
+# parameters' hooks have run.
+#
+# Write `Zero2AdamW(buckets, **adamw_kwargs)`: `buckets` is a list of lists of parameters (here one
+# per block); keep this rank's `torch.optim.AdamW` over its shards (1-D tensors of s elements,
+# `requires_grad`) in `local_optimizer`; `zero_grad()` clears the shards' gradients; `step()`
+# steps and gathers. The check trains 3 steps on 2 and 4 ranks, compares with AdamW in one
+# process, reads your collective record (**one reduce-scatter and one all-gather per bucket per
+# step, no all-reduce**) and measures the gradient bytes each rank holds after backward: at most
+# 1/W of them plus each bucket's padding.
+
+# %% nbgrader={"grade": false, "grade_id": "zero2", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class Zero2AdamW:
+    """ZeRO stage 2: optimizer state and gradients sharded; gradients reduce-scattered per bucket
+    during backward, parameters all-gathered per bucket after the step."""
+
+    def __init__(self, buckets, **adamw_kwargs):
+        ### BEGIN SOLUTION
+        self.buckets = [list(b) for b in buckets]
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.shards = []
+        for params in self.buckets:
+            full = padded_flat(params, self.world_size)                     # (W * s,)
+            s = full.numel() // self.world_size
+            self.shards.append(full[self.rank * s:(self.rank + 1) * s].clone().requires_grad_())
+        self.ready = [0] * len(self.buckets)   # gradients complete so far, per bucket
+        for i, params in enumerate(self.buckets):
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+        self.local_optimizer = torch.optim.AdamW(self.shards, **adamw_kwargs)
+        ### END SOLUTION
+
+    def _grad_ready(self, i: int) -> None:
+        ### BEGIN SOLUTION
+        self.ready[i] += 1
+        if self.ready[i] < len(self.buckets[i]):
+            return
+        self.ready[i] = 0
+        grads = padded_flat([p.grad for p in self.buckets[i]], self.world_size)   # (W * s,)
+        shard_grad = torch.empty_like(self.shards[i])                              # (s,)
+        dist.reduce_scatter_single(shard_grad, grads)
+        self.shards[i].grad = shard_grad.div_(self.world_size)
+        for p in self.buckets[i]:
+            p.grad = None                      # the full gradient is gone: 1/W of it is kept
+        ### END SOLUTION
+
+    def zero_grad(self) -> None:
+        ### BEGIN SOLUTION
+        for shard in self.shards:
+            shard.grad = None
+        ### END SOLUTION
+
+    @torch.no_grad()
+    def step(self) -> None:
+        ### BEGIN SOLUTION
+        self.local_optimizer.step()
+        for params, shard in zip(self.buckets, self.shards):
+            full = shard.new_empty(self.world_size * shard.numel())                # (W * s,)
+            dist.all_gather_single(full, shard.detach())
+            pieces = full[:sum(p.numel() for p in params)].split([p.numel() for p in params])
+            for p, piece in zip(params, pieces):
+                p.copy_(piece.view_as(p))
+        ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_zero2", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_zero2_step(Zero2AdamW, world_size=2)
+check_zero2_step(Zero2AdamW, world_size=4)
+print("Zero2AdamW: equal to AdamW; one reduce-scatter and one all-gather per bucket; 1/W of the gradients held")
+### BEGIN HIDDEN TESTS
+check_zero2_step(Zero2AdamW, world_size=4, seed=fresh_seed(), hidden=20)
+check_zero2_step(Zero2AdamW, world_size=2, seed=fresh_seed(), blocks=3)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. ZeRO-3: gather each block when it computes
+#
+# Now the parameters too live sharded: rank r keeps s elements of each block's flat parameters
+# and nothing else. Before block i computes, its parameters are **all-gathered**; after its
+# forward they are **freed**; when backward reaches block i they are **gathered again**, and once
+# its gradients are complete they are **reduce-scattered** into the shard's gradient and the
+# gathered parameters freed once more. At any moment a rank holds the whole parameters of one
+# block (two with prefetch, next section) — which is why ZeRO-3 fits a model of any size.
+#
+# The storage plumbing is given (`distlab.labs.sharded.flat`): `bind_params(params, buffer)` makes
+# the block's parameters views into one flat buffer of W·s elements; `free_storage(buffer)`
+# releases its bytes (the parameters stay valid objects: autograd's references to them survive),
+# `alloc_storage(buffer)` gives them back before a gather refills it. Module hooks tell you when a
+# block is about to run and when it ran: `block.register_forward_pre_hook(fn(module, args))`,
+# `block.register_forward_hook(fn(module, args, output))`; and `output.register_hook(fn(grad))`,
+# registered on the block's output in forward, runs in backward when the gradient of that output
+# arrives — just before the block's own backward.
+#
+# Write `Zero3Block(block)`: keep this rank's shard (1-D, s elements, `requires_grad`) in `shard`,
+# and register the hooks. The check trains with AdamW on the shards, compares loss, gradients
+# and parameters with one process, reads **one all-gather in forward, one in backward and one
+# reduce-scatter per block per step**, and measures the bytes behind the blocks' parameters at
+# each block's forward and backward: **at most two blocks' worth**.
+
+# %% nbgrader={"grade": false, "grade_id": "zero3", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class Zero3Block:
+    """ZeRO stage 3 on one block: its parameters live as this rank's shard; hooks gather them for
+    forward and for backward, free them after each, and reduce-scatter the gradients."""
+
+    def __init__(self, block: torch.nn.Module):
+        ### BEGIN SOLUTION
+        self.params = list(block.parameters())
+        self.world_size = dist.get_world_size()
+        rank = dist.get_rank()
+        self.full = padded_flat(self.params, self.world_size)                 # (W * s,)
+        s = self.full.numel() // self.world_size
+        self.shard = self.full[rank * s:(rank + 1) * s].clone().requires_grad_()   # (s,)
+        bind_params(self.params, self.full)
+        free_storage(self.full)
+        self.ready = 0
+        block.register_forward_pre_hook(lambda module, args: self.gather())
+        block.register_forward_hook(self._after_forward)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+        ### END SOLUTION
+
+    def gather(self) -> None:
+        ### BEGIN SOLUTION
+        alloc_storage(self.full)
+        dist.all_gather_single(self.full, self.shard.detach())
+        ### END SOLUTION
+
+    def _after_forward(self, module, args, output):
+        ### BEGIN SOLUTION
+        free_storage(self.full)
+        if output.requires_grad:
+            output.register_hook(lambda grad: self.gather())    # backward reaches this block
+        ### END SOLUTION
+
+    def _grad_ready(self, p) -> None:
+        ### BEGIN SOLUTION
+        self.ready += 1
+        if self.ready < len(self.params):
+            return
+        self.ready = 0
+        grads = padded_flat([q.grad for q in self.params], self.world_size)   # (W * s,)
+        shard_grad = torch.empty_like(self.shard)                              # (s,)
+        dist.reduce_scatter_single(shard_grad, grads)
+        self.shard.grad = shard_grad.div_(self.world_size)
+        for q in self.params:
+            q.grad = None
+        free_storage(self.full)
+        ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_zero3", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_zero3_block(Zero3Block, world_size=2)
+check_zero3_block(Zero3Block, world_size=4)
+print("Zero3Block: equal to one process; per block two gathers and one reduce-scatter; at most two blocks gathered")
+### BEGIN HIDDEN TESTS
+check_zero3_block(Zero3Block, world_size=4, seed=fresh_seed(), hidden=20, blocks=5)
+check_zero3_block(Zero3Block, world_size=2, seed=fresh_seed())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. Prefetch: gather the next block while this one computes
+#
+# In `Zero3Block` every gather blocks its block: compute waits for communication. With
+# **asynchronous** collectives (`async_op=True` returns a `Work`; `work.wait()` returns once it is
+# done) the gather of block i+1 can be *issued* when block i starts computing and *waited on*
+# only when block i+1 needs it. Backward runs the blocks in reverse, so there block i-1 is
+# prefetched while block i computes its gradients. FSDP does exactly this (its forward and
+# backward prefetch); the price is a second block's parameters in memory.
+#
+# Write `PrefetchingZero3(blocks)` for the whole stack, with the shards in `shards` (one per
+# block). In the pre-forward hook of block i: make sure block i's gather was issued, wait on it,
+# then issue block i+1's. In backward, the same in reverse. The check verifies the values and the
+# per-block pattern of section 3, and from the record and the blocks' timestamps that **every
+# gather but the first of each pass was asynchronous, issued before the previous block's compute
+# ended, and still in flight when that compute started**.
+
+# %% nbgrader={"grade": false, "grade_id": "prefetch", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class PrefetchingZero3:
+    """ZeRO-3 over a stack of blocks, gathering block i+1 (backward: i-1) while block i computes."""
+
+    def __init__(self, blocks):
+        ### BEGIN SOLUTION
+        self.params = [list(b.parameters()) for b in blocks]
+        self.world_size = dist.get_world_size()
+        rank = dist.get_rank()
+        self.buffers, self.shards = [], []
+        for params in self.params:
+            full = padded_flat(params, self.world_size)                        # (W * s,)
+            s = full.numel() // self.world_size
+            self.shards.append(full[rank * s:(rank + 1) * s].clone().requires_grad_())
+            bind_params(params, full)
+            free_storage(full)
+            self.buffers.append(full)
+        self.pending = {}                      # block -> Work of its gather in flight
+        self.ready = [0] * len(self.params)
+        for i, block in enumerate(blocks):
+            block.register_forward_pre_hook(lambda module, args, i=i: self._before(i, +1))
+            block.register_forward_hook(lambda module, args, out, i=i: self._after_forward(i, out))
+            for p in self.params[i]:
+                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+        ### END SOLUTION
+
+    def _issue(self, i: int) -> None:
+        ### BEGIN SOLUTION
+        alloc_storage(self.buffers[i])
+        self.pending[i] = dist.all_gather_single(self.buffers[i], self.shards[i].detach(),
+                                                 async_op=True)
+        ### END SOLUTION
+
+    def _before(self, i: int, direction: int) -> None:
+        ### BEGIN SOLUTION
+        if i not in self.pending:
+            self._issue(i)                     # the first block of a pass: nothing prefetched it
+        self.pending.pop(i).wait()
+        if 0 <= i + direction < len(self.params):
+            self._issue(i + direction)         # runs while block i computes
+        ### END SOLUTION
+
+    def _after_forward(self, i: int, output) -> None:
+        ### BEGIN SOLUTION
+        free_storage(self.buffers[i])
+        if output.requires_grad:
+            output.register_hook(lambda grad: self._before(i, -1))
+        ### END SOLUTION
+
+    def _grad_ready(self, i: int) -> None:
+        ### BEGIN SOLUTION
+        self.ready[i] += 1
+        if self.ready[i] < len(self.params[i]):
+            return
+        self.ready[i] = 0
+        grads = padded_flat([q.grad for q in self.params[i]], self.world_size)   # (W * s,)
+        shard_grad = torch.empty_like(self.shards[i])                             # (s,)
+        dist.reduce_scatter_single(shard_grad, grads)
+        self.shards[i].grad = shard_grad.div_(self.world_size)
+        for q in self.params[i]:
+            q.grad = None
+        free_storage(self.buffers[i])
+        ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_prefetch", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_prefetch(PrefetchingZero3, world_size=2)
+check_prefetch(PrefetchingZero3, world_size=4)
+print("PrefetchingZero3: equal to one process; every later gather overlapped the previous block's compute")
+### BEGIN HIDDEN TESTS
+check_prefetch(PrefetchingZero3, world_size=4, seed=fresh_seed(), blocks=5)
+check_prefetch(PrefetchingZero3, world_size=2, seed=fresh_seed(), hidden=20)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The collective timeline of one step on rank 0, blocking gathers (`Zero3Block`) above, prefetched
+# (`PrefetchingZero3`) below: each bar is a gather from its issue to the return of its `wait()`,
+# the grey spans are the blocks' compute (forward, then backward in reverse).
+
+# %% nbgrader={"grade": false, "grade_id": "prefetch_figure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+timeline = prefetch_timeline(Zero3Block, PrefetchingZero3, world_size=2)
+plot_prefetch_timeline(timeline);
+
+# %% [markdown]
+# ## 5. Memory per rank, stage by stage, measured
+#
+# The same stack trained with ZeRO stages 0 to 3 on W = 2 ranks (float32 here, as training
+# would), the bytes of the tensors alive on rank 0 measured at the end of each phase of a step
+# — parameters (whole, or shards plus whatever is gathered), gradients (`.grad` of parameters
+# and shards), optimizer state (`exp_avg`, `exp_avg_sq`) and saved activations
+# (`ActivationMeter`) — beside the same terms computed from 4 + 4 + 8 bytes per parameter
+# divided by W per stage. Stage 0 is plain data parallelism, stage 1 a ZeRO-1 of the course's,
+# stages 2 and 3 your classes.
+
+# %% nbgrader={"grade": false, "grade_id": "stage_memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+stages = measure_stages(Zero2AdamW, Zero3Block, world_size=2)
+print(format_stage_memory(stages))
+plot_memory_over_step(stages);
+
+# %% [markdown]
+# ## 6. Communication volume per step
+#
+# The ZeRO paper (sec. 7) counts what each rank sends per step in units of Ψ, the model's
+# parameter bytes: an all-reduce moves 2Ψ (a reduce-scatter Ψ and an all-gather Ψ, Lab 1).
+# Data parallelism all-reduces the gradients: **2Ψ**. ZeRO-1 and ZeRO-2 reduce-scatter the
+# gradients and all-gather the parameters: **2Ψ**, no more than data parallelism. ZeRO-3 gathers
+# the parameters twice (forward and backward) and reduce-scatters the gradients: **3Ψ**, 1.5×.
+# Measured here from the collective records (each all-reduce counted 2× its bytes, each gather and
+# reduce-scatter 1×, as the paper counts, dropping the ring's (W-1)/W):
+#
+# Why pipelines take ZeRO-1 and not ZeRO-2 (course notes, seed 001; DeepSpeed refuses the
+# combination): a pipeline stage runs backward once per micro-batch and *accumulates* the
+# gradients of all m micro-batches before the step. ZeRO-2 reduce-scatters and drops the full
+# gradient after each backward, so it would reduce-scatter m times per step (m× the gradient
+# traffic) or keep the whole gradient until the last micro-batch — which is ZeRO-1.
+
+# %% nbgrader={"grade": false, "grade_id": "volume", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(format_volume(stages))
+
+# %% [markdown]
+# ## 7. Activation checkpointing under a budget
+#
+# Sharding divides the model states by W, not the activations: those grow linearly in the batch
+# and, for attention, quadratically in the sequence length (course notes, seed 001, whose rule of
+# thumb adds 25% for them). `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`
+# keeps only the block's input and runs its forward again during backward.
+#
+# First, measured on a tiny attention block (`ActivationMeter`, saved bytes after forward) at two
+# sequence lengths, with and without checkpointing, and the step time:
+
+# %% nbgrader={"grade": false, "grade_id": "checkpoint_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(format_checkpointing(checkpointing_measured(seq_lens=(64, 128))))
+
+# %% [markdown]
+# Now choose. `CheckpointProblem()` is a stack of 6 blocks of different widths (float32, batch 8).
+# `block_profile(problem)` measures, per block: `saved_bytes` (kept for backward when not
+# checkpointed), `checkpointed_bytes` (kept when checkpointed: its input) and `recompute_flops`
+# (what checkpointing costs in backward). The blocks' savings add up exactly (a block's output is
+# saved by the next block, not by itself).
+#
+# Write `choose_checkpoints(profile, budget)`: a list of one bool per block (True: checkpoint
+# it) whose saved bytes stay **within `budget`** and whose recompute is **the least possible**.
+# The check measures the stack with your choice and tries every choice.
+
+# %% nbgrader={"grade": false, "grade_id": "profile", "locked": true, "schema_version": 3, "solution": false, "task": false}
+problem = CheckpointProblem()
+for row in block_profile(problem):
+    print(row)
+print("budget:", budget_of(problem), "bytes")
+
+# %% nbgrader={"grade": false, "grade_id": "choose_checkpoints", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def choose_checkpoints(profile: list[dict], budget: int) -> list[bool]:
+    """The blocks to checkpoint: saved bytes <= budget, least recompute FLOPs."""
+    ### BEGIN SOLUTION
+    best = None
+    for choice in itertools.product([False, True], repeat=len(profile)):
+        kept = sum(b["checkpointed_bytes"] if c else b["saved_bytes"]
+                   for b, c in zip(profile, choice))
+        if kept > budget:
+            continue
+        cost = sum(b["recompute_flops"] for b, c in zip(profile, choice) if c)
+        if best is None or cost < best[0]:
+            best = (cost, list(choice))
+    return best[1]
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_choose_checkpoints", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_choose_checkpoints(choose_checkpoints)
+check_choose_checkpoints(choose_checkpoints, fraction=0.3)
+print("choose_checkpoints: within the budget, least recompute")
+### BEGIN HIDDEN TESTS
+check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.4)
+check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What to take away
+#
+# (filled in with the measured tables)

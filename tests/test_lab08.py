@@ -1,0 +1,185 @@
+"""Lab 8, sharded data parallelism: the plumbing, the checks on the solution, and wrong
+submissions, each of which must lose exactly its own exercise.
+
+Wrong submissions are made from the solution's own cells by textual edits (never a hand-copied
+notebook), so they stay in step with the lab.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.checks import lab08
+from distlab.checks.assertions import CheckFailed
+from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
+                                  block_profile, free_storage, padded_flat, saved_bytes,
+                                  storage_bytes)
+from distlab.labs.sharded.accounting import (bytes_per_param, computed_stage_bytes,
+                                             measure_stages, stage_table, volume_rows)
+from distlab.labs.sharded.figures import checkpointing_measured
+
+SOURCE = Path(__file__).resolve().parents[1] / \
+    "solutions/08_sharded_data_parallel/08_sharded_data_parallel.py"
+EXERCISES = {"zero2": ("Zero2AdamW", lab08.check_zero2_step),
+             "zero3": ("Zero3Block", lab08.check_zero3_block),
+             "prefetch": ("PrefetchingZero3", lab08.check_prefetch),
+             "checkpoints": ("choose_checkpoints", lab08.check_choose_checkpoints)}
+
+
+def solution_namespace(edits: list[tuple[str, str, str]] = ()) -> dict:
+    """Execute the lab's imports cell and its solution cells, each edit (grade_id, old, new)
+    applied once to its cell."""
+    import jupytext
+    nb = jupytext.read(SOURCE, fmt="py:percent")
+    ns: dict = {"__name__": "lab08_solution"}
+    pending = list(edits)
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            code = cell.source
+            for edit in list(pending):
+                if edit[0] == meta["grade_id"] and edit[1] in code:
+                    code = code.replace(edit[1], edit[2], 1)
+                    pending.remove(edit)
+            exec(compile(code, str(SOURCE), "exec"), ns)
+    assert not pending, f"edits that did not apply (the solution changed): {pending}"
+    return ns
+
+
+def failing_exercises(ns: dict) -> dict[str, str]:
+    """{exercise: the check's message} for every exercise whose visible check fails."""
+    failed = {}
+    for name, (obj, check) in EXERCISES.items():
+        try:
+            check(ns[obj]) if name == "checkpoints" else check(ns[obj], world_size=2)
+        except CheckFailed as err:
+            failed[name] = str(err)
+    return failed
+
+
+# ---- single-process plumbing -------------------------------------------------------------
+
+def test_freed_buffer_releases_the_parameters_and_regathers_their_values():
+    block = ShardSetup().model()[0]
+    params = list(block.parameters())
+    values = [p.detach().clone() for p in params]
+    buffer = padded_flat(params, 4)
+    bind_params(params, buffer)
+    kept = buffer.clone()
+    x = torch.randn(3, 16, dtype=torch.float64)
+    out = block(x)
+    free_storage(buffer)
+    assert storage_bytes(params) == 0
+    alloc_storage(buffer)
+    buffer.copy_(kept)  # what an all-gather writes
+    out.sum().backward()  # autograd's saved parameters are valid again
+    assert storage_bytes(params) == buffer.numel() * 8
+    assert all(torch.equal(p, v) for p, v in zip(params, values))
+
+
+def test_block_profile_predicts_the_measured_stack():
+    problem = CheckpointProblem(seed=3, widths=(8, 40, 24, 64))
+    profile = block_profile(problem)
+    for choice in itertools.product([False, True], repeat=4):
+        predicted = sum(b["checkpointed_bytes"] if c else b["saved_bytes"]
+                        for b, c in zip(profile, choice))
+        assert saved_bytes(problem, choice) == predicted
+
+
+def test_bytes_per_param_are_the_zero_papers_figure_1():
+    # ZeRO (arXiv:1910.02054) Figure 1: Psi = 7.5B, N_d = 64, K = 12 -> 120, 31.4, 16.6, 1.88 GB.
+    rows = {(r["convention"], r["world_size"], r["stage"]): r["total"]
+            for r in bytes_per_param(world_sizes=(64,))}
+    paper = "ZeRO paper (fp16 gradients)"
+    gb = [round(7.5e9 * rows[(paper, 64, s)] / 1e9, 1) for s in range(4)]
+    assert gb == [120.0, 31.4, 16.6, 1.9]
+    assert rows[("course notes (fp32 gradients)", 64, 0)] == 18
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return solution_namespace()
+
+
+def test_memory_and_volume_measured_match_the_computed(solution):
+    stages = measure_stages(solution["Zero2AdamW"], solution["Zero3Block"], world_size=2,
+                            setup=ShardSetup(d=32, hidden=64, blocks=3, dtype=torch.float32))
+    # optimizer: AdamW's 4-byte step scalar per tensor it steps (at most 12 here) on top
+    for row in stage_table(stages):
+        for term, computed in row["computed"].items():
+            assert 0 <= row["measured"][term] - computed <= 12 * 4, (row["stage"], term)
+    assert computed_stage_bytes(3, 100, 4)["weights"] == 100
+    assert [r["psi"] for r in volume_rows(stages)] == [2.0, 2.0, 2.0, 3.0]
+
+
+def test_checkpointing_measurement_shows_the_quadratic_term():
+    short, long = checkpointing_measured(seq_lens=(32, 64), layers=1)
+    assert long["saved"] > 2.2 * short["saved"]                       # s^2 scores
+    assert long["saved_checkpointed"] == 2 * short["saved_checkpointed"]  # the input only
+    assert short["saved_checkpointed"] < short["saved"] / 10
+
+
+# ---- the checks on real ranks ------------------------------------------------------------
+
+def test_solution_passes_every_check(solution):
+    lab08.check_zero2_step(solution["Zero2AdamW"], world_size=4, seed=11, hidden=20)
+    lab08.check_zero3_block(solution["Zero3Block"], world_size=4, seed=12, blocks=5)
+    lab08.check_prefetch(solution["PrefetchingZero3"], world_size=4, seed=13, hidden=20)
+    lab08.check_choose_checkpoints(solution["choose_checkpoints"], seed=14, fraction=0.4)
+    assert failing_exercises(solution) == {}
+
+
+# Each plausible mistake, and the words its own check must fail with.
+MISTAKES = {
+    "zero2": ([("zero2", "dist.reduce_scatter_single(shard_grad, grads)",
+                "dist.all_reduce(grads); shard_grad.copy_(grads[self.rank * shard_grad.numel():"
+                "(self.rank + 1) * shard_grad.numel()])")], "all_reduce"),
+    "zero3": ([("zero3", "free_storage(self.full)\n        if output.requires_grad",
+                "if output.requires_grad"),
+               ("zero3", "q.grad = None\n        free_storage(self.full)", "q.grad = None")],
+              "gathered parameters at once"),
+    "prefetch": ([("prefetch", "self._issue(i + direction)         # runs while block i computes",
+                   "pass"),
+                  ("prefetch", "free_storage(self.buffers[i])\n        if output",
+                   "free_storage(self.buffers[i])\n        if i + 1 < len(self.params):\n"
+                   "            self._issue(i + 1)\n        if output")],
+                 "after block 0's forward had ended"),
+    "checkpoints": ([("choose_checkpoints", 'b["checkpointed_bytes"] if c else', "0 if c else")],
+                    "over the budget"),
+}
+
+
+@pytest.mark.parametrize("exercise", list(MISTAKES))
+def test_each_mistake_loses_exactly_its_own_exercise(exercise):
+    edits, message = MISTAKES[exercise]
+    failed = failing_exercises(solution_namespace(edits))
+    assert list(failed) == [exercise], failed
+    assert message in failed[exercise], failed[exercise]
+
+
+def test_a_prefetch_waited_on_at_once_does_not_overlap():
+    ns = solution_namespace([("prefetch", "async_op=True)\n",
+                              "async_op=True)\n        self.pending[i].wait()\n")])
+    with pytest.raises(CheckFailed, match="waited on before"):
+        lab08.check_prefetch(ns["PrefetchingZero3"], world_size=2)
+
+
+def test_zero2_keeping_full_gradients_fails_the_memory_check():
+    ns = solution_namespace([("zero2", "p.grad = None                      # the full",
+                              "pass  # p.grad = None                      # the full")])
+    with pytest.raises(CheckFailed, match="bytes of gradients"):
+        lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
+
+
+def test_zero2_missing_average_fails_the_values():
+    ns = solution_namespace([("zero2", "shard_grad.div_(self.world_size)", "shard_grad")])
+    with pytest.raises(CheckFailed, match="parameters after"):
+        lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
+
+
+def test_checkpointing_everything_is_not_the_least_recompute():
+    with pytest.raises(CheckFailed, match="recomputes only"):
+        lab08.check_choose_checkpoints(lambda profile, budget: [True] * len(profile))
