@@ -183,3 +183,66 @@ def test_zero2_missing_average_fails_the_values():
 def test_checkpointing_everything_is_not_the_least_recompute():
     with pytest.raises(CheckFailed, match="recomputes only"):
         lab08.check_choose_checkpoints(lambda profile, budget: [True] * len(profile))
+
+
+# ---- the grader on the lab: full marks, zero, and each mistake losing its own test --------
+
+LAB = lab08.LAB
+OWN_TEST = {"zero2": "test_zero2", "zero3": "test_zero3", "prefetch": "test_prefetch",
+            "checkpoints": "test_choose_checkpoints"}
+
+
+def _with_edits(edits):
+    import submissions
+    nb = submissions.solved(LAB)
+    for grade_id, old, new in edits:
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        assert old in cell.source, (grade_id, old)
+        cell.source = cell.source.replace(old, new, 1)
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    import csv
+
+    import submissions
+    from distlab.course import notebooks
+    from distlab.grading import grade
+    root = tmp_path_factory.mktemp("grading08")
+    for lab, files in notebooks.build_student_notebooks([LAB]).items():
+        notebooks.write_student_notebooks(lab, files, out=root / "released")
+    subs = root / "submitted"
+    with submissions.released_from(root / "released"):
+        submissions.write(submissions.solved(LAB), subs, "solution", LAB)
+        submissions.write(submissions.student(LAB), subs, "untouched", LAB)
+        for exercise, (edits, _) in MISTAKES.items():
+            submissions.write(_with_edits(edits), subs, f"mistake_{exercise}", LAB)
+    out = root / "scores.csv"
+    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
+                         "--backend", "gloo", "--rank-timeout", "30", "--timeout", "120",
+                         "--notebook-timeout", "400"])
+    assert status == 0
+    with open(out) as f:
+        return {r["student"]: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(graded):
+    tests = list(OWN_TEST.values())
+    assert {t: graded["solution"][t] for t in tests} == dict.fromkeys(tests, "pass")
+    assert float(graded["solution"]["score"]) == float(graded["solution"]["max_score"]) == 12
+    assert float(graded["untouched"]["score"]) == 0
+    assert all(graded["untouched"][t] not in ("pass", "missing", "") for t in tests)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("exercise", list(MISTAKES))
+def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
+    row = graded[f"mistake_{exercise}"]
+    statuses = {t: row[t] for t in OWN_TEST.values()}
+    expected = {t: ("fail" if t == OWN_TEST[exercise] else "pass") for t in OWN_TEST.values()}
+    assert statuses == expected
+    assert float(row["score"]) == 9
