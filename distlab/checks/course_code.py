@@ -56,7 +56,8 @@ LAB1_SHIPPED = (names("distlab.labs.collectives", "reference_fit", "plain_fit", 
 LAB2_SHIPPED = (names("distlab.labs.data_parallel.problem", "reference_training",
                       "gradient_average_demo")
                 + names("distlab.labs.data_parallel.ddp", "ddp_model", "ddp_training")
-                + names("distlab.checks.lab02", "_reference"))
+                + names("distlab.checks.lab02", "_reference")
+                + names("distlab.labs.sharded.accounting", "CourseZero1"))
 LAB3_SHIPPED = (names(f"{TP}.ops", "CopyToTensorParallel", "ReduceFromTensorParallel",
                       "GatherFromSequenceParallel", "ReduceScatterToSequenceParallel",
                       "GatherFromTensorParallel", "copy_to_tp", "reduce_from_tp", "gather_from_sp",

@@ -10,8 +10,9 @@ has a reference function) is answered by that implementation, by one route per s
   only at run time), or a class that subclasses the course's.
 
 Each graded exercise listed scores zero with feedback naming the course object; the others keep
-the solution's own answer. Lab 1's two all-reduce exercises and Lab 2's four, and Lab 5's
-schedules, have no shipped implementation to delegate to: their cells stay solved.
+the solution's own answer. Lab 1's two all-reduce exercises and Lab 2's four, Lab 5's
+schedules and Lab 8's three ZeRO classes have no shipped implementation to delegate to: their
+cells stay solved.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ ROUTES = ("alias", "importlib", "default")
 _LINEAR = ("weight, bias, rank, world_size",
            "__import__('types').SimpleNamespace(weight=weight, bias=bias), rank, world_size")
 _PLAIN = ("*args, **kwargs", "*args, **kwargs")
+# Lab 8's choose_checkpoints(profile, budget) is best_checkpoint_choice(problem, budget)[0], the
+# problem rebuilt from the profile's widths.
+_CHECKPOINTS = ("profile, budget",
+                "__import__('distlab.labs.sharded', fromlist=['CheckpointProblem']).CheckpointProblem("
+                "widths=tuple(b['hidden'] for b in profile)), budget")
 
 # {lab: {solution cell: [(name in the notebook, "module:qualname" of the course's object[,
 #                         (wrapper's parameters, its call's arguments)])]}}
@@ -82,6 +88,11 @@ DELEGATED = {
                             "distlab.labs.planning.degrees:reference_choose_degrees")],
         "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
     },
+    "08_sharded_data_parallel": {
+        "choose_checkpoints": [("choose_checkpoints",
+                                "distlab.labs.sharded.checkpointing:best_checkpoint_choice",
+                                _CHECKPOINTS)],
+    },
 }
 
 # The test cells each lab's delegation must zero (every one whose exercise is delegated).
@@ -97,6 +108,7 @@ ZEROED = {
     "06_timelines": ("test_collective_events", "test_comm_share", "test_classify",
                      "test_overlap_fraction"),
     "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan"),
+    "08_sharded_data_parallel": ("test_choose_checkpoints",),
 }
 
 
