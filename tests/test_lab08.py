@@ -122,6 +122,29 @@ def test_checkpointing_measurement_shows_the_quadratic_term():
     assert short["saved_checkpointed"] < short["saved"] / 10
 
 
+def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
+    from distlab.labs.sharded.fsdp import compare_with_fsdp
+    rows = {r["variant"]: r for r in compare_with_fsdp(solution["Zero3Block"], world_size=2)}
+    assert all(r["max_diff"] < 1e-12 for r in rows.values()), rows
+    ours, block, keep, whole = rows.values()
+    block_bytes = 808 * 8  # one block's flat parameters (16*24 + 24 + 24*16 + 16), float64
+    assert ours["gathers"] == block["gathers"] == 2 * 4 and keep["gathers"] == 4
+    assert whole["gathers"] == 2
+    assert ours["bytes"] == block["bytes"]                 # the same traffic, gathers and scatters
+    assert block["peak_param_bytes"] <= 2 * block_bytes < keep["peak_param_bytes"]
+    assert whole["peak_param_bytes"] == 4 * block_bytes
+
+
+def test_tp_within_fsdp_equals_one_process_and_runs_each_collective_on_its_axis():
+    from distlab.labs.sharded.tp_fsdp import tp_within_fsdp
+    result = tp_within_fsdp()
+    assert result["max_diff"] < 1e-12
+    assert result["tp_group"] == (0, 1) and result["dp_group"] == (0, 2)
+    assert result["counts"] == {("all_gather_single", "dp"): 8, ("reduce_scatter_single", "dp"): 4,
+                                ("all_reduce (functional)", "tp"): 7}
+    assert result["local_shapes"][0] == (24 // 2 // 2, 16)   # Linear(16, 24): tp, then dp
+
+
 # ---- the checks on real ranks ------------------------------------------------------------
 
 def test_solution_passes_every_check(solution):

@@ -42,6 +42,9 @@ from distlab.labs.sharded.accounting import (bytes_per_param, format_bytes_per_p
 from distlab.labs.sharded.figures import (checkpointing_measured, format_checkpointing,
                                           plot_memory_over_step, plot_prefetch_timeline,
                                           prefetch_timeline)
+from distlab.labs.sharded.fsdp import (compare_with_fsdp, format_fsdp_comparison,
+                                       plot_fsdp_comparison)
+from distlab.labs.sharded.tp_fsdp import format_tp_fsdp, tp_within_fsdp
 
 # %% [markdown]
 # ## 1. Where the memory goes
@@ -355,8 +358,9 @@ plot_memory_over_step(stages);
 # Data parallelism all-reduces the gradients: **2Ψ**. ZeRO-1 and ZeRO-2 reduce-scatter the
 # gradients and all-gather the parameters: **2Ψ**, no more than data parallelism. ZeRO-3 gathers
 # the parameters twice (forward and backward) and reduce-scatters the gradients: **3Ψ**, 1.5×.
-# Measured here from the collective records (each all-reduce counted 2× its bytes, each gather and
-# reduce-scatter 1×, as the paper counts, dropping the ring's (W-1)/W):
+# The table below is measured from the collective records of section 5's steps (each all-reduce
+# counted 2× its bytes, each gather and reduce-scatter 1×, as the paper counts, dropping the
+# ring's (W-1)/W).
 #
 # Why pipelines take ZeRO-1 and not ZeRO-2 (course notes, seed 001; DeepSpeed refuses the
 # combination): a pipeline stage runs backward once per micro-batch and *accumulates* the
@@ -368,7 +372,51 @@ plot_memory_over_step(stages);
 print(format_volume(stages))
 
 # %% [markdown]
-# ## 7. Activation checkpointing under a budget
+# ## 7. The same with FSDP2
+#
+# PyTorch's `fully_shard` (FSDP2, `torch.distributed.fsdp`) is ZeRO-3: it turns a module's
+# parameters into DTensors sharded on dim 0 over a device mesh, all-gathers them in a pre-forward
+# hook, frees them after forward (`reshard_after_forward=True`) or keeps them until backward
+# (`False`), and reduce-scatters the gradients after the module's backward. Applied to each block
+# and then to the root, it gathers one block at a time, as your `Zero3Block` does; applied to the
+# root only, the whole model is one flat unit.
+#
+# Your ZeRO-3 and three FSDP2 wrappings, 3 AdamW steps each on the same data (2 ranks, float64):
+# all-gathers and bytes per step (collective record, rank 0, last step), the most gathered
+# parameter bytes held at once (probed at every block's forward end and backward start; the
+# shards, 1/W of the model, come on top), milliseconds per step, and the parameters' largest
+# difference from one process.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp2", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+fsdp_rows = compare_with_fsdp(Zero3Block, world_size=2)
+print(format_fsdp_comparison(fsdp_rows))
+plot_fsdp_comparison(fsdp_rows);
+
+# %% [markdown]
+# Per block with resharding, FSDP2 gathers what your class gathers (one per block each way).
+# Keeping the parameters after forward halves the gathers and holds every block at once; the
+# whole-model unit gathers once each way but holds the whole model.
+#
+# ## 8. Tensor parallel within, FSDP across
+#
+# With many ranks, FSDP's gathers span all of them and latency grows with the ring. The course
+# notes (seed 002, PyTorch's tensor-parallel tutorial) combine the two on a 2-D mesh: tensor
+# parallelism within a node (fast links, Lab 3's column/row-parallel MLP via
+# `parallelize_module`) and `fully_shard` across nodes. On 4 ranks, a (dp = 2, tp = 2) mesh: each
+# block's Linear(16, 24) is split by columns over "tp" and then each half sharded again over "dp".
+# One AdamW step compared with one process, and which collectives ran on which axis:
+
+# %% nbgrader={"grade": false, "grade_id": "tp_fsdp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(format_tp_fsdp(tp_within_fsdp()))
+
+# %% [markdown]
+# The tensor-parallel all-reduces run inside each tp pair ({0, 1} and {2, 3}): one per block in
+# forward (after the row-parallel Linear) and one per block in backward except the first block's
+# (its input needs no gradient). FSDP's gathers and reduce-scatters run across the dp pairs
+# ({0, 2}, {1, 3}), on shards that tensor parallelism has already halved.
+#
+# %% [markdown]
+# ## 9. Activation checkpointing under a budget
 #
 # Sharding divides the model states by W, not the activations: those grow linearly in the batch
 # and, for attention, quadratically in the sequence length (course notes, seed 001, whose rule of
@@ -426,4 +474,41 @@ check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
 # %% [markdown]
 # ## What to take away
 #
-# (filled in with the measured tables)
+# Measured with this lab's solution on a 2-core CPU shared with other work (gloo, 2 ranks, load
+# average about 19; `bench/lab08.py` runs the lab top to bottom). Memory on rank 0 after one step
+# of each stage (float32, 132 352 parameters; section 5), computed from 4 + 4 + 8 bytes per
+# parameter divided by W as the stage says, against the bytes of live tensors:
+#
+# ```
+# stage                              weights           gradients           optimizer  activations
+# stage 0 (DP)             529,408/529,408     529,408/529,408   1,058,816/1,058,880       49,152
+# stage 1 (optimizer)      529,408/529,408     529,408/529,408     794,112/794,128         49,152
+# stage 2 (+gradients)     529,408/529,408     264,704/264,704     794,112/794,128         49,152
+# stage 3 (+weights)       264,704/264,704     264,704/264,704     529,408/529,424         49,152
+# ```
+#
+# Communication per step (section 6, the collective records against the ZeRO paper, sec. 7):
+#
+# ```
+# scheme  collectives per step                           bytes moved  measured  paper
+# DP      16 all_reduce                                    1,058,816     2.00Ψ     2Ψ
+# ZeRO-1  4 all_gather_single, 4 reduce_scatter_single     1,058,816     2.00Ψ     2Ψ
+# ZeRO-2  4 all_gather_single, 4 reduce_scatter_single     1,058,816     2.00Ψ     2Ψ
+# ZeRO-3  8 all_gather_single, 4 reduce_scatter_single     1,588,224     3.00Ψ     3Ψ
+# ```
+#
+# - Memory: the measured bytes are the computed ones; the few extra optimizer bytes are AdamW's
+#   4-byte `step` counter per tensor it steps (16 tensors replicated, 4 shards sharded).
+#   Activations (49 KB here) are the same under every stage: sharding does not touch them.
+# - Per parameter, mixed-precision Adam needs 16 bytes (ZeRO paper) or 18 (course notes, fp32
+#   gradients); on 64 ranks ZeRO-3 leaves 0.25 or 0.28 of them per rank.
+# - ZeRO-1 and ZeRO-2 cost no more traffic than data parallelism; ZeRO-3 costs 1.5×, for dividing
+#   the weights too. ZeRO-2's early reduce-scatter is what rules it out under a pipeline's
+#   gradient accumulation.
+# - FSDP2's `fully_shard` per block reproduces your ZeRO-3 (same gathers, same bytes, same
+#   parameters to 1.5e-15); `reshard_after_forward=False` halves the gathers and holds every
+#   block; one unit for the whole model gathers twice per step and holds it all.
+# - Checkpointing keeps only block inputs: at a doubled sequence the saved bytes grew ×2.66
+#   without it (the attention scores grow ×4) and exactly ×2 with it, at the price of a second
+#   forward in backward. The notes' 1.25 factor is a rough average: here activations were 1.9
+#   to 5.2 times the model states.
