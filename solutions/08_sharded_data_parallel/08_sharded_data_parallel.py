@@ -61,7 +61,7 @@ from distlab.labs.sharded.tp_fsdp import format_tp_fsdp, tp_within_fsdp
 # also the gradients, stage 3 also the weights. The table is computed by
 # `distlab.labs.sharded.accounting.bytes_per_param` from those terms, for W = 4 and W = 64:
 
-# %% nbgrader={"grade": false, "grade_id": "bytes_per_param", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "bytes_per_param", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(format_bytes_per_param(bytes_per_param(world_sizes=(4, 64))))
 
 # %% [markdown]
@@ -440,7 +440,7 @@ print(format_checkpointing(checkpointing_measured(seq_lens=(64, 128))))
 # it) whose saved bytes stay **within `budget`** and whose recompute is **the least possible**.
 # The check measures the stack with your choice and tries every choice.
 
-# %% nbgrader={"grade": false, "grade_id": "profile", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "profile", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 problem = CheckpointProblem()
 for row in block_profile(problem):
     print(row)
