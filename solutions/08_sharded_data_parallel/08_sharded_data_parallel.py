@@ -326,9 +326,11 @@ check_prefetch(PrefetchingZero3, world_size=2, seed=fresh_seed(), hidden=20)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The collective timeline of one step on rank 0, blocking gathers (`Zero3Block`) above, prefetched
-# (`PrefetchingZero3`) below: each bar is a gather from its issue to the return of its `wait()`,
-# the grey spans are the blocks' compute (forward, then backward in reverse).
+# The collective timeline of one step on rank 0 (a wider stack, so that compute shows), blocking
+# gathers (`Zero3Block`) above, prefetched (`PrefetchingZero3`) below: the grey spans are the
+# blocks' compute (forward, then backward in reverse; a backward span includes the hooks that run
+# in it), each blue bar a gather from its issue to the return of its `wait()`. With prefetch the
+# blue bars start before the grey span they precede and run under it.
 
 # %% nbgrader={"grade": false, "grade_id": "prefetch_figure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 timeline = prefetch_timeline(Zero3Block, PrefetchingZero3, world_size=2)
@@ -343,7 +345,8 @@ plot_prefetch_timeline(timeline);
 # and shards), optimizer state (`exp_avg`, `exp_avg_sq`) and saved activations
 # (`ActivationMeter`) — beside the same terms computed from 4 + 4 + 8 bytes per parameter
 # divided by W per stage. Stage 0 is plain data parallelism, stage 1 a ZeRO-1 of the course's,
-# stages 2 and 3 your classes.
+# stages 2 and 3 your classes. It is the first step, so the optimizer state appears at the step
+# (AdamW allocates it then); the figure shows rank 0 over that step.
 
 # %% nbgrader={"grade": false, "grade_id": "stage_memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 stages = measure_stages(Zero2AdamW, Zero3Block, world_size=2)

@@ -37,10 +37,11 @@ def prefetch_timeline(zero3_cls, prefetch_cls, world_size: int = 2,
 
 
 def plot_prefetch_timeline(timeline: dict):
-    """One lane pair per variant: blocks' compute (grey) and collectives (gathers blue,
-    reduce-scatters orange), in milliseconds from the step's start."""
+    """Per variant three lanes: the blocks' compute (grey), all-gathers (blue, from issue to the
+    return of their wait) and reduce-scatters (orange), in milliseconds from the step's start.
+    Blue overlapping grey is a gather hidden behind compute."""
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(timeline), 1, figsize=(9, 1.6 * len(timeline) + 0.6), sharex=False)
+    fig, axes = plt.subplots(len(timeline), 1, figsize=(9, 1.9 * len(timeline) + 0.6))
     for ax, (name, rec) in zip(axes, timeline.items()):
         t0, p = rec["t0"], rec["probes"]
         ms = lambda t: 1e3 * (t - t0)  # noqa: E731
@@ -49,15 +50,16 @@ def plot_prefetch_timeline(timeline: dict):
         spans += [(p["bwd_compute"][i], p["bwd_start"][i - 1] if i else rec["t1"])
                   for i in range(n)]
         for a, b in spans:
-            ax.barh(1, ms(b) - ms(a), left=ms(a), color="0.7", edgecolor="0.4")
+            ax.barh(2, max(ms(b) - ms(a), 0.05), left=ms(a), color="0.7", edgecolor="0.4")
         for op, a, b, _ in rec["comms"]:
-            color = "#4c72b0" if op in GATHER_OPS else "#dd8452"
-            ax.barh(0, max(ms(b) - ms(a), 0.02), left=ms(a), color=color, alpha=0.8,
-                    edgecolor="k", linewidth=0.3)
-        ax.set_yticks([0, 1], ["collectives", "compute"])
+            gather = op in GATHER_OPS
+            ax.barh(1 if gather else 0, max(ms(b) - ms(a), 0.05), left=ms(a),
+                    color="#4c72b0" if gather else "#dd8452", alpha=0.8, edgecolor="k",
+                    linewidth=0.3)
+        ax.set_yticks([0, 1, 2], ["reduce-scatter", "all-gather", "compute"])
         ax.set_title(f"ZeRO-3, {name} (rank 0, one step)", fontsize=9)
-    axes[-1].set_xlabel("ms since the step started (blue: all-gather issued -> waited; "
-                        "orange: reduce-scatter)")
+    axes[-1].set_xlabel("ms since the step started (an all-gather's bar runs from its issue to "
+                        "the return of its wait)")
     fig.tight_layout()
     return axes
 
