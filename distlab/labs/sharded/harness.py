@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 
 from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.flat import storage_bytes
