@@ -86,3 +86,8 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                         "valid_layouts")
                 + names("distlab.labs.mesh", "megatron_plan")
                 + names(f"{TP}.dtensor", "dtensor_plan"))
+EXPERTS = "distlab.labs.experts"
+LAB9_SHIPPED = (names(f"{EXPERTS}.parallel", "plan_dispatch", "AllToAll", "run_local_experts",
+                      "ep_moe_forward")
+                + names(f"{EXPERTS}.moe", "reference_capacity", "reference_keep",
+                        "reference_aux_loss", "combine_reference", "MoE.forward"))
