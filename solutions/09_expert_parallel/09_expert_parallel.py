@@ -246,7 +246,9 @@ traffic
 # copies of an expert saw different tokens, so their gradients are all-reduced over dp. The
 # router, the layer's dense weight, saw different tokens on every rank, so its gradient is
 # all-reduced over all four (DeepSpeed-MoE treats non-expert weights the same way). One SGD step
-# must equal the plain layer's step on all 4·T tokens.
+# must equal the plain layer's step on all 4·T tokens. Count the all-to-alls in rank 0's record:
+# the backward has only the combine's reverse. The layer's input here is data, which needs no
+# gradient, so autograd never calls the dispatch's backward; inside a deep model it would.
 
 # %% nbgrader={"grade": false, "grade_id": "ep_dp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 mesh_run = ep_dp_step(moe_forward)
@@ -356,9 +358,10 @@ runs = compare_training(ToyTask(), aux_weight=0.3, aux_loss=load_balancing_loss)
 #
 # The profiler's view of one step of the shipped EP layer on 2 ranks (T = 512, h = 128, f = 512,
 # E = 4, k = 2), in Lab 6's timeline: the named ranges "dispatch all-to-all", "experts" and
-# "combine all-to-all", the compute, and gloo's all-to-alls in the communication row. A rank
-# whose experts got fewer tokens finishes its compute early and waits in the combine for the
-# other: the load imbalance of section 1 becomes idle time.
+# "combine all-to-all" (coloured), the compute, and gloo's all-to-alls in the communication row
+# (the first, before the dispatch, is the count exchange). A rank whose experts got fewer tokens
+# finishes its compute early and waits in the combine for the other: the load imbalance of
+# section 1 becomes idle time. As in section 5, the backward holds one all-to-all, the combine's.
 
 # %% nbgrader={"grade": false, "grade_id": "timeline", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 profile = profile_moe_step(world_size=2)

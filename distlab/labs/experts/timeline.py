@@ -42,8 +42,30 @@ def profile_moe_step(world_size: int = 2, steps: int = 1, tokens: int = 512, hid
                          label=f"one expert-parallel MoE step, {world_size} ranks")
     fig, ax = plt.subplots(figsize=(11, 1.2 + 1.1 * world_size))
     plot(prof.timeline, ax=ax)
+    _colour_phases(prof.timeline, ax)
     plt.show()
     return prof
+
+
+PHASE_COLOURS = {"dispatch all-to-all": "#E377C2", "experts": "#17BECF",
+                 "combine all-to-all": "#9467BD"}
+
+
+def _colour_phases(timeline, ax) -> None:
+    """Draw the MoE phases over the view's range row in their own colours, and add them to the
+    legend (Lab 6's view colours only forward/backward/optimizer)."""
+    from matplotlib.patches import Patch
+    from distlab.labs.timelines.trace import ROW_OF
+    n = timeline.world_size
+    for s in timeline.spans:
+        if s.kind == "range" and s.name in PHASE_COLOURS:
+            y = (n - 1 - s.rank) * 4 + (2 - ROW_OF["range"])
+            ax.broken_barh([(s.start * 1e3, s.duration * 1e3)], (y + 0.1, 0.8),
+                           facecolors=PHASE_COLOURS[s.name], edgecolor="none")
+    legend = ax.get_legend()
+    handles = [h for h in legend.legend_handles if h.get_label() != "other range"]
+    handles += [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def phase_times(timeline) -> list[dict]:
