@@ -60,7 +60,7 @@ def _is_tokens(c) -> bool:
     return c.op in ("all_to_all_single", "all_to_all") and c.dtype.startswith(("float", "bfloat"))
 
 
-def _token_comms(comms, what: str, rank: int, case: str, h: int) -> list:
+def _token_comms(comms, what: str, rank: int, case: str) -> list:
     """A rank's token all-to-alls; fails, saying why, on a gather or broadcast of tokens."""
     for c in comms:
         if c.op in GATHERS and c.dtype.startswith(("float", "bfloat")):
@@ -106,7 +106,7 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             want = expected_dispatch(ref["idx"], ref["x"], experts, world_size, rank)
-            tokens_comms = _token_comms(out.comms[rank], "dispatch", rank, where, hidden)
+            tokens_comms = _token_comms(out.comms[rank], "dispatch", rank, where)
             for key in ("send_splits", "recv_splits"):
                 _close(res[key], want[key], f"dispatch: plan.{key} on {where}", rank,
                        "send_splits[d]: rows this rank sends to rank d; recv_splits[s]: rows "
@@ -167,7 +167,7 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
             fwd, bwd = split_phases(out.comms[rank], 2, "moe_forward", rank)
             _expect_counts(fwd, "moe_forward", rank, where, experts, world_size)
             for phase, comms in (("forward", fwd), ("backward", bwd)):
-                found = _token_comms(comms, "moe_forward", rank, where, hidden)
+                found = _token_comms(comms, "moe_forward", rank, where)
                 if len(found) != 2:
                     raise CheckFailed(
                         f"moe_forward on {where}: rank {rank}'s {phase} should issue exactly two "
