@@ -215,8 +215,9 @@ check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6
 #
 # Per layer and rank, the dispatch sends the rank's T·k assignments, T·k·h·b bytes (b bytes per
 # element), and the combine sends back what the rank received, which is T·k·h·b on average over
-# the ranks; the backward repeats both. (GShard §2.3 describes the same two all-to-alls; (p−1)/p
-# of the bytes leave the rank, the rest is the rank's own.) Tensor parallelism of the same layer
+# the ranks; the backward repeats both. (GShard dispatches and combines with the same two
+# all-to-alls. Under balanced routing (p−1)/p of the bytes leave the rank; the rest is the rank's
+# own, which all_to_all_single still counts.) Tensor parallelism of the same layer
 # (every expert's f split over the ranks, Lab 3) instead gives every rank all p·T tokens and
 # all-reduces the (p·T, h) output: p·T·h·b bytes per all-reduce, one forward and one backward.
 #
@@ -262,7 +263,7 @@ mesh_run = ep_dp_step(moe_forward)
 #
 # capacity = ⌈c · T · k / E⌉,
 #
-# T·k assignments spread over E experts, times a margin c (Switch Transformer uses 1.0–1.25).
+# T·k assignments spread over E experts, times a margin c (Switch Transformer §2.2 trains with 1.0 to 2.0).
 # Assignments beyond an expert's capacity are **dropped**: they contribute nothing, and a token
 # whose every assignment is dropped leaves the block through the residual connection unchanged.
 # Who is dropped: fill each expert with every token's *first* choice in token order, then the

@@ -1,6 +1,6 @@
 """Expert parallelism by hand: each rank holds E/p experts and its own tokens; tokens travel to
 the ranks of their experts and back with two ``all_to_all_single`` calls with uneven splits
-(GShard, Lepikhin et al. 2020, §2.3; DeepSpeed-MoE). The course's own implementation, used by the
+(GShard, Lepikhin et al. 2020; DeepSpeed-MoE). The course's own implementation, used by the
 lab's figures and the checks' demos; the lab's exercises rebuild it.
 
 Order of a rank's send buffer: its kept assignments (token t, slot j), flat index t·k+j, sorted

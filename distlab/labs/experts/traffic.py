@@ -4,7 +4,7 @@ hidden dimension split over the ranks, Megatron-style, one all-reduce of the act
 way, Lab 3). Both run one forward and backward of the same layer on the same p·T tokens.
 
 Formulas (bytes as ``distlab.Comm.bytes`` counts them, b bytes per element):
-- EP dispatch, per rank: the T·k rows it sends, T·k·h·b (GShard §2.3: all-to-all of the
+- EP dispatch, per rank: the T·k rows it sends, T·k·h·b (GShard: an all-to-all of the
   dispatched tokens); the combine sends back what the rank received (T·k·h·b on average).
 - TP, per rank: an all-reduce of the (p·T, h) output, p·T·h·b, forward, and of dL/dx backward;
   a ring moves 2(p−1)/p of it through each rank.

@@ -4,8 +4,8 @@ Tokens come from ``clusters`` Gaussian clusters that share one large common dire
 token embeddings share a mean); each cluster has its own target map, so experts can specialise.
 The router starts out preferring one expert for the common direction (a slightly unlucky
 initialisation, exaggerated so that a few steps show what happens). The model is the residual MoE
-block ``x + MoE(x)`` with top-1 routing and capacity factor 1.0 (Switch Transformer §2.2 uses
-1.0-1.25); the loss is the mean squared error plus, optionally, α times the Switch auxiliary loss
+block ``x + MoE(x)`` with top-1 routing and capacity factor 1.0 (Switch Transformer §2.2 trains
+with 1.0 to 2.0); the loss is the mean squared error plus, optionally, α times the Switch auxiliary loss
 (α = 0.01 in the paper §2.2; a toy this short needs more, α is a parameter). Recorded per step: the
 share of assignments each expert got (before capacity) and the fraction dropped by capacity.
 """
