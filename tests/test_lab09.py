@@ -103,6 +103,16 @@ def test_solution_passes_on_stored_and_fresh_inputs():
     assert set(run_checks(ns, 4, seed=6, tokens=7, hidden=6, ffn=12, experts=4, k=1).values()) == {"pass"}
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="NCCL needs a GPU per rank (2); this machine has "
+                           f"{torch.cuda.device_count()}")
+def test_solution_passes_on_nccl_too(monkeypatch):
+    """The same checks with DISTLAB_BACKEND=both: gloo, then NCCL against the same references."""
+    monkeypatch.setenv("DISTLAB_BACKEND", "both")
+    ns = solution_namespace()
+    assert set(run_checks(ns).values()) == {"pass"}
+
+
 @pytest.mark.parametrize("name,cell,old,new,loses", MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_each_mistake_loses_exactly_its_own_test(name, cell, old, new, loses):
     ns = solution_namespace((cell, old, new))
