@@ -91,3 +91,8 @@ LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_trainin
                 + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")
                 + names("distlab.labs.sharded.accounting", "CourseZero1")
                 + names("distlab.checks.lab08", "_reference"))
+EXPERTS = "distlab.labs.experts"
+LAB9_SHIPPED = (names(f"{EXPERTS}.parallel", "plan_dispatch", "AllToAll", "run_local_experts",
+                      "ep_moe_forward")
+                + names(f"{EXPERTS}.moe", "reference_capacity", "reference_keep",
+                        "reference_aux_loss", "combine_reference", "MoE.forward"))

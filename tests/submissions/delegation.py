@@ -93,6 +93,13 @@ DELEGATED = {
                                 "distlab.labs.sharded.checkpointing:best_checkpoint_choice",
                                 _CHECKPOINTS)],
     },
+    "09_expert_parallel": {
+        "dispatch": [("plan_dispatch", "distlab.labs.experts.parallel:plan_dispatch")],
+        "moe_forward": [("AllToAll", "distlab.labs.experts.parallel:AllToAll"),
+                        ("moe_forward", "distlab.labs.experts.parallel:ep_moe_forward")],
+        "capacity": [("expert_capacity", "distlab.labs.experts.moe:reference_capacity")],
+        "aux_loss": [("load_balancing_loss", "distlab.labs.experts.moe:reference_aux_loss")],
+    },
 }
 
 # The test cells each lab's delegation must zero (every one whose exercise is delegated).
@@ -109,6 +116,7 @@ ZEROED = {
                      "test_overlap_fraction"),
     "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan"),
     "08_sharded_data_parallel": ("test_choose_checkpoints",),
+    "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"),
 }
 
 

@@ -1,0 +1,277 @@
+"""Graded checks of Lab 9, "Expert parallelism".
+
+Exercises, each run on real ranks (2 visible, 4 hidden); rank r holds tokens [r T, (r+1) T) and
+experts [r E/p, (r+1) E/p) of one MoE layer (``distlab.labs.experts.moe``):
+1. ``dispatch(x, expert_idx, num_experts, group)`` -> ``(recv, plan)``: the tokens this rank's
+   experts must process, by one count exchange and one ``all_to_all_single`` with uneven splits.
+2. ``moe_forward(x, router, experts, num_experts, k, group)``: dispatch, local experts, combine
+   (the reverse all-to-all), gates; its backward, through the ``AllToAll`` autograd function,
+   reverses both all-to-alls.
+3. ``expert_capacity(tokens, k, num_experts, capacity_factor)`` and ``capacity_mask(expert_idx,
+   num_experts, capacity_factor)`` -> ``(keep, dropped_fraction)`` (GShard §2.2).
+4. ``load_balancing_loss(probs, expert_idx, num_experts)``: Switch Transformer §2.2, eq. (4).
+
+The reference is the plain single-process layer on all p T tokens. Tolerance: atol = rtol = 1e-4
+in float32: the ranks compute the same products on the same rows, in other batch groupings (about
+1e-6 apart here); a token sent to the wrong expert, or a missing gate, moves values by O(0.1).
+"""
+from __future__ import annotations
+
+import torch
+
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.common import describe_comms, rank_device, split_phases
+from distlab.checks.lab09_problems import (LAB, SHAPE, expected_dispatch, mine, moe_case,  # noqa: F401
+                                           moe_problem, moe_shape)
+from distlab.checks.ranks import run_each_backend
+from distlab.labs.experts.moe import (MoE, reference_aux_loss, reference_capacity,
+                                      reference_keep)
+from distlab.runtime.outcome import DistributedError
+
+SEED = 9
+ATOL = RTOL = 1e-4
+GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
+           "gather", "broadcast", "all_reduce"}
+SPLITS_HINT = ("The token all-to-all failed: the sizes one rank sends must be the sizes its peer "
+               "expects. Rank r's output_split_sizes are the counts every *source* rank sends "
+               "it (what the count exchange returned), its input_split_sizes its own counts "
+               "per destination.")
+
+
+def make_references() -> dict[str, dict]:
+    """The stored reference set of Lab 9 (see ``distlab.course.references``): default sizes, 2 ranks."""
+    return {"moe": moe_problem(SEED, 2, **SHAPE)}
+
+
+def _close(got, expected, what: str, rank, hint: str = "") -> None:
+    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
+
+
+def _run(fn, world_size: int, what: str, *args):
+    """``run_each_backend``, with a collective that broke the ranks turned into a failed check."""
+    try:
+        return run_each_backend(fn, world_size, *args)
+    except DistributedError as err:
+        hint = f"\n{SPLITS_HINT}" if "all_to_all" in str(err) else ""
+        raise CheckFailed(f"{what}: the ranks failed.\n{err}{hint}") from None
+
+
+def _is_tokens(c) -> bool:
+    return c.op in ("all_to_all_single", "all_to_all") and c.dtype.startswith(("float", "bfloat"))
+
+
+def _token_comms(comms, what: str, rank: int, case: str) -> list:
+    """A rank's token all-to-alls; fails, saying why, on a gather or broadcast of tokens."""
+    for c in comms:
+        if c.op in GATHERS and c.dtype.startswith(("float", "bfloat")):
+            raise CheckFailed(
+                f"{what} on {case}: rank {rank} issued {c.op} of {c.bytes} bytes. Gathering the "
+                f"tokens gives every rank all p·T tokens, p times the traffic of an all-to-all "
+                f"and memory that grows with the world size; expert parallelism sends each token "
+                f"only to the rank that holds its expert: one all_to_all_single with uneven "
+                f"splits. Issued: {describe_comms(comms)}.")
+    return [c for c in comms if _is_tokens(c)]
+
+
+def _expect_counts(comms, what: str, rank: int, case: str, experts: int, world_size: int) -> None:
+    ints = [c for c in comms if not c.dtype.startswith(("float", "bfloat")) and c.op != "barrier"]
+    if len(ints) != 1 or ints[0].bytes > world_size * experts * 8:
+        raise CheckFailed(
+            f"{what} on {case}: rank {rank} should exchange its per-expert counts once (one "
+            f"all_to_all_single of E={experts} integers) before the tokens; it issued "
+            f"{describe_comms(ints)}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1: dispatch
+
+def _dispatch_on_rank(rank, world_size, dispatch, x, idx, experts):
+    dev = rank_device()
+    recv, plan = dispatch(mine(x, rank, world_size).to(dev), mine(idx, rank, world_size).to(dev),
+                          experts, None)
+    return {"recv": recv.detach(), "recv_expert": plan.recv_expert,
+            "send_splits": [int(n) for n in plan.send_splits],
+            "recv_splits": [int(n) for n in plan.recv_splits]}
+
+
+def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, tokens=12, hidden=8,
+                   ffn=16, experts=4, k=2) -> None:
+    """Rank r receives the rows of every token (of every rank) routed to its experts, ordered by
+    source rank, local expert, then the source's flat index t·k+j; its plan gives the splits
+    and the local expert of each row. Collectives: one count exchange (integers), then exactly
+    one all_to_all_single of the T·k sent rows, and no gather of tokens."""
+    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    for backend, out in _run(_dispatch_on_rank, world_size, f"dispatch on {case}", dispatch,
+                             ref["x"], ref["idx"], experts):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            want = expected_dispatch(ref["idx"], ref["x"], experts, world_size, rank)
+            tokens_comms = _token_comms(out.comms[rank], "dispatch", rank, where)
+            for key in ("send_splits", "recv_splits"):
+                _close(res[key], want[key], f"dispatch: plan.{key} on {where}", rank,
+                       "send_splits[d]: rows this rank sends to rank d; recv_splits[s]: rows "
+                       "it receives from rank s (from the count exchange).")
+            _close(res["recv"], want["recv"], f"dispatch: received tokens on {where}", rank,
+                   "Rows arrive ordered by source rank, then local expert, then the source's "
+                   "t·k+j: sort each rank's assignments by expert (stable) before sending.")
+            _close(res["recv_expert"], want["recv_expert"], f"dispatch: plan.recv_expert on {where}",
+                   rank, "The local expert (0..E/p-1) of each received row, from the counts.")
+            _expect_counts(out.comms[rank], "dispatch", rank, where, experts, world_size)
+            sent = k * tokens * hidden * 4
+            if [c.bytes for c in tokens_comms] != [sent]:
+                raise CheckFailed(
+                    f"dispatch on {where}: rank {rank} should send its T·k = {k * tokens} rows "
+                    f"in exactly one all_to_all_single ({sent} bytes); it issued "
+                    f"{describe_comms(tokens_comms)}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: the expert-parallel layer, forward and backward
+
+def _layer_on_rank(rank, world_size, moe_forward, ref, experts, k):
+    import torch.distributed as dist
+    dev = rank_device()
+    x_all = ref["x"]
+    moe = MoE(x_all.shape[1], ref["param.experts.0.w1.weight"].shape[0], experts, k)
+    moe.load_state_dict({n[6:]: v for n, v in ref.items() if n.startswith("param.")})
+    moe = moe.to(dev)
+    per = experts // world_size
+    local = torch.nn.ModuleList(moe.experts[rank * per + i] for i in range(per))
+    x = mine(x_all, rank, world_size).to(dev).clone().requires_grad_(True)
+    y = moe_forward(x, moe.router, local, experts, k, None)
+    dist.barrier()
+    (y * mine(ref["dy"], rank, world_size).to(dev)).sum().backward()
+    grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad.detach())
+             for n, p in local.named_parameters()}
+    router = moe.router.weight.grad
+    return {"y": y.detach(), "dx": x.grad, "grads": grads,
+            "router": None if router is None else router.detach()}
+
+
+def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, tokens=12,
+                    hidden=8, ffn=16, experts=4, k=2) -> None:
+    """moe_forward(x, router, local_experts, E, k, group): each rank's output and dL/dx equal the
+    plain layer's rows of its tokens; each local expert's gradient equals the plain one; the
+    router's gradients summed over ranks equal the plain one. Forward: a count exchange and two
+    token all-to-alls (dispatch, combine); backward: exactly two token all-to-alls."""
+    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    per = experts // world_size
+    for backend, out in _run(_layer_on_rank, world_size, f"moe_forward on {case}", moe_forward,
+                             ref, experts, k):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            _close(res["y"], mine(ref["y"], rank, world_size), f"moe_forward output on {where}",
+                   rank, "y_t = Σ_j gate_tj · expert_{i_tj}(x_t): put each combined row back at "
+                         "its (t, j) slot and weight it by the gate that chose it.")
+        for rank, res in enumerate(out):
+            fwd, bwd = split_phases(out.comms[rank], 2, "moe_forward", rank)
+            _expect_counts(fwd, "moe_forward", rank, where, experts, world_size)
+            for phase, comms in (("forward", fwd), ("backward", bwd)):
+                found = _token_comms(comms, "moe_forward", rank, where)
+                if len(found) != 2:
+                    raise CheckFailed(
+                        f"moe_forward on {where}: rank {rank}'s {phase} should issue exactly two "
+                        f"token all-to-alls (dispatch and combine{', reversed' if phase == 'backward' else ''}); "
+                        f"it issued {describe_comms(comms)}. The backward of an all-to-all is the "
+                        f"all-to-all with the splits swapped: write it in AllToAll.backward.")
+            _close(res["dx"], mine(ref["dx"], rank, world_size), f"moe_forward input gradient on {where}",
+                   rank, "A token's gradient comes back from its experts' ranks by the reverse "
+                         "all-to-all, plus the router's part.")
+            for name, got in res["grads"].items():
+                i, rest = name.split(".", 1)
+                full = f"experts.{rank * per + int(i)}.{rest}"
+                want = ref.get(f"grad.{full}")
+                _close(got, torch.zeros_like(got) if want is None else want,
+                       f"moe_forward: gradient of expert {full} on {where}", rank,
+                       "An expert's gradient collects every token routed to it, from all ranks.")
+        routers = [res["router"] for res in out]
+        if any(r is None for r in routers):
+            raise CheckFailed(f"moe_forward on {where}: the router got no gradient on some rank; "
+                              f"the gates (router probabilities) must weight the expert outputs.")
+        _close(sum(routers), ref["grad.router.weight"],
+               f"moe_forward: router gradients summed over ranks on {where}", None,
+               "Each rank's router sees its own tokens: the gradients add up over ranks (a DP "
+               "all-reduce does that in training); a missing gate weight loses them.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3: capacity
+
+CAPACITY_CASES = [(12, 2, 4, 1.0), (10, 2, 8, 1.25), (16, 1, 4, 1.0), (7, 2, 4, 1.5), (64, 2, 8, 2.0)]
+
+
+def _capacity_on_rank(rank, world_size, expert_capacity, capacity_mask, idx, experts, factor):
+    keep, dropped = capacity_mask(mine(idx, rank, world_size).to(rank_device()), experts, factor)
+    return {"keep": keep, "dropped": float(dropped),
+            "capacities": [int(expert_capacity(*case)) for case in CAPACITY_CASES]}
+
+
+def check_capacity(expert_capacity, capacity_mask, world_size: int = 2, seed: int | None = None,
+                   tokens=12, hidden=8, ffn=16, experts=4, k=2, capacity_factor=1.0) -> None:
+    """expert_capacity = ceil(c·T·k/E) (GShard §2.2); capacity_mask keeps, per expert, the first
+    that many of a rank's assignments (every first choice in token order, then every second) and
+    reports the fraction of the T·k assignments dropped."""
+    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    for backend, out in _run(_capacity_on_rank, world_size, f"capacity on {case}", expert_capacity,
+                             capacity_mask, ref["idx"], experts, capacity_factor):
+        where = f"{case}, capacity factor {capacity_factor}, {out.backend}"
+        for rank, res in enumerate(out):
+            want = [reference_capacity(*c) for c in CAPACITY_CASES]
+            if res["capacities"] != want:
+                bad = next(i for i, (a, b) in enumerate(zip(res["capacities"], want)) if a != b)
+                t, kk, e, c = CAPACITY_CASES[bad]
+                raise CheckFailed(
+                    f"expert_capacity(tokens={t}, k={kk}, num_experts={e}, capacity_factor={c}) "
+                    f"on rank {rank}: expected {want[bad]}, got {res['capacities'][bad]}. An "
+                    f"expert's buffer holds ceil(c·T·k/E) assignments: T tokens make T·k "
+                    f"assignments, spread over E experts.")
+            keep = reference_keep(mine(ref["idx"], rank, world_size), experts, capacity_factor)
+            _close(res["keep"].to(torch.bool), keep, f"capacity_mask on {where}", rank,
+                   "Fill each expert up to capacity with every token's first choice, in token "
+                   "order, then the second choices; drop the rest.")
+            _close(torch.tensor(res["dropped"]), 1 - keep.float().mean(),
+                   f"capacity_mask dropped fraction on {where}", rank,
+                   "The fraction of the T·k assignments that did not fit.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4: the load-balancing loss
+
+def _aux_on_rank(rank, world_size, loss_fn, ref, experts, k):
+    logits = (mine(ref["x"], rank, world_size) @ ref["param.router.weight"].T).to(rank_device())
+    logits.requires_grad_(True)
+    probs = torch.softmax(logits, dim=-1)                         # (T, E)
+    idx = probs.topk(k, dim=-1).indices                           # (T, k)
+    loss = loss_fn(probs, idx, experts)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(f"load_balancing_loss must return a one-element tensor, got {loss!r}")
+    loss.reshape(()).backward()
+    return {"loss": loss.detach().reshape(()), "grad": logits.grad}
+
+
+def check_aux_loss(load_balancing_loss, world_size: int = 2, seed: int | None = None,
+                   tokens=12, hidden=8, ffn=16, experts=4, k=2) -> None:
+    """On each rank's tokens: E · Σ_i f_i P_i (Switch Transformer §2.2, eq. 4), f_i the fraction of
+    the T·k assignments to expert i, P_i the mean probability of i; value and gradient with
+    respect to the router logits equal the reference's (which is 1 for a uniform router)."""
+    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    for backend, out in _run(_aux_on_rank, world_size, f"load_balancing_loss on {case}",
+                             load_balancing_loss, ref, experts, k):
+        where = f"{case}, {out.backend}"
+        for rank, res in enumerate(out):
+            logits = (mine(ref["x"], rank, world_size) @ ref["param.router.weight"].T).requires_grad_(True)
+            probs = torch.softmax(logits, dim=-1)
+            loss = reference_aux_loss(probs, probs.topk(k, dim=-1).indices, experts)
+            loss.backward()
+            hint = ("E · Σ_i f_i · P_i: the factor E makes a uniform router score exactly 1 "
+                    "whatever E is (Switch Transformer §2.2); f_i is a count (no gradient).")
+            _close(res["loss"], loss.detach(), f"load_balancing_loss value on {where}", rank, hint)
+            _close(res["grad"], logits.grad, f"load_balancing_loss gradient on {where}", rank, hint)
+
+
+# The course code these exercises may not use (see distlab.checks.course_code).
+from distlab.checks.course_code import LAB9_SHIPPED, CourseCode  # noqa: E402
+COURSE_CODE = dict.fromkeys(["check_dispatch", "check_moe_layer", "check_capacity",
+                             "check_aux_loss"], CourseCode(forbidden=LAB9_SHIPPED))
+from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
+judge_module(globals())

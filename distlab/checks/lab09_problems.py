@@ -1,0 +1,78 @@
+"""Lab 9's problems: an MoE layer and tokens drawn from a seed, and the single-process results
+every check compares with (the stored set for visible tests, a fresh one for hidden tests).
+
+Rank r holds tokens [r T, (r+1) T) of the (p T, h) batch and experts [r E/p, (r+1) E/p).
+"""
+from __future__ import annotations
+
+import torch
+
+from distlab.checks.assertions import CheckFailed
+from distlab.checks.common import dense_run
+from distlab.labs.experts.moe import make_moe
+
+LAB = "09_expert_parallel"
+SHAPE = dict(tokens=12, hidden=8, ffn=16, experts=4, k=2)   # tokens per rank; E divisible by 2, 4
+
+
+def moe_problem(seed: int, world_size: int, tokens: int, hidden: int, ffn: int, experts: int,
+                k: int) -> dict:
+    """x, dy (p T, h); the layer's param.*; the plain layer's y, dx, grad.*; the routing
+    (probs (p T, E), gates and idx (p T, k))."""
+    if experts % world_size or k > experts:
+        raise ValueError(f"{experts} experts cannot be split over {world_size} ranks with k={k}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(world_size * tokens, hidden, generator=g)          # (p T, h)
+    dy = torch.randn(world_size * tokens, hidden, generator=g)         # (p T, h)
+    moe = make_moe(hidden, ffn, experts, k, seed)
+    with torch.no_grad():
+        probs, gates, idx = moe.route(x)
+    return {"seed": seed, "x": x, "dy": dy, "probs": probs, "gates": gates, "idx": idx,
+            **dense_run(moe, x, dy)}
+
+
+def moe_case(seed, world_size: int, shape: dict) -> tuple[dict, str]:
+    """(problem, description): the stored set when seed is None, else a fresh one."""
+    if seed is None:
+        if world_size != 2 or shape != SHAPE:
+            raise CheckFailed("the stored references are for 2 ranks and the default sizes; "
+                              "pass a seed to check other world sizes or sizes")
+        from distlab.checks.stored import load
+        return load(LAB, "moe"), "the stored inputs (2 ranks)"
+    s = shape
+    return (moe_problem(seed, world_size, **shape),
+            f"fresh inputs (seed {seed}, {world_size} ranks, T={s['tokens']} tokens per rank, "
+            f"h={s['hidden']}, E={s['experts']}, k={s['k']})")
+
+
+def moe_shape(tokens, hidden, ffn, experts, k) -> dict:
+    return dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, k=k)
+
+
+def mine(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank r's rows of a (p T, ...) tensor."""
+    n = t.shape[0] // world_size
+    return t[rank * n:(rank + 1) * n]
+
+
+def expected_dispatch(idx: torch.Tensor, x: torch.Tensor, experts: int, world_size: int,
+                      rank: int) -> dict:
+    """What rank ``rank`` must receive: rows ordered by source rank, then local expert, then the
+    source's flat assignment index t·k+j; the local expert of each row; the splits."""
+    per = experts // world_size
+    rows, local, recv_splits = [], [], []
+    for src in range(world_size):
+        src_idx, src_x = mine(idx, src, world_size), mine(x, src, world_size)
+        k = src_idx.shape[1]
+        flat = src_idx.reshape(-1)
+        n = 0
+        for e in range(rank * per, (rank + 1) * per):
+            hits = (flat == e).nonzero().squeeze(1)
+            rows.append(src_x[hits // k])
+            local += [e - rank * per] * len(hits)
+            n += len(hits)
+        recv_splits.append(n)
+    mine_idx = mine(idx, rank, world_size).reshape(-1)
+    send_splits = [int(((mine_idx // per) == dst).sum()) for dst in range(world_size)]
+    return {"recv": torch.cat(rows), "recv_expert": torch.tensor(local, dtype=torch.long),
+            "recv_splits": recv_splits, "send_splits": send_splits}

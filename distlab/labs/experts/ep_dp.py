@@ -1,0 +1,86 @@
+"""EP × DP on a 2 × 2 mesh: four ranks, each with its own tokens; the EP axis splits the experts
+(ranks (d, 0) hold experts [0, E/2), ranks (d, 1) the rest), the DP axis replicates them. One SGD
+step must equal the plain layer's step on all 4·T tokens:
+
+- expert gradients: each EP rank collects, by the backward all-to-all, the gradient of every token
+  of its EP group; the two replicas of an expert (one per DP row) saw different groups' tokens, so
+  their gradients are summed over the DP axis;
+- router (the layer's dense weight): every rank saw different tokens, so its gradients are summed
+  over all ranks (both axes), as DeepSpeed-MoE does for non-expert parameters.
+The loss is the mean over all 4·T tokens, so each rank's part is its sum divided by 4·T.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from distlab.labs.experts.moe import make_moe
+from distlab.labs.experts.parallel import ep_moe_forward, local_experts
+from distlab.labs.tables import format_table
+from distlab.runtime.devices import device as rank_device
+
+MESH = (2, 2)   # (dp, ep)
+
+
+def _problem(seed: int, rows: int, hidden: int):
+    g = torch.Generator().manual_seed(seed + 2)
+    return torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g)
+
+
+def _loss(y, x, target, total_rows):
+    return ((x + y - target) ** 2).sum() / total_rows                 # residual block, MSE
+
+
+def _mesh_rank(rank, world_size, moe_forward, seed, tokens, hidden, ffn, experts, k, lr):
+    from torch.distributed.device_mesh import init_device_mesh
+    dev = rank_device()
+    mesh = init_device_mesh(dev.type, MESH, mesh_dim_names=("dp", "ep"))
+    ep_group, dp_group = mesh.get_group("ep"), mesh.get_group("dp")
+    ep_rank = dist.get_rank(ep_group)
+    moe = make_moe(hidden, ffn, experts, k, seed).to(dev)
+    mine = local_experts(moe, ep_rank, MESH[1])
+    x, target = (t[rank * tokens:(rank + 1) * tokens].to(dev)
+                 for t in _problem(seed, world_size * tokens, hidden))
+    y = moe_forward(x, moe.router, mine, experts, k, ep_group)
+    _loss(y, x, target, world_size * tokens).backward()
+    for p in moe.router.parameters():
+        dist.all_reduce(p.grad)                                     # both axes: all tokens
+    for p in mine.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=dp_group)                     # the expert's replicas
+    with torch.no_grad():
+        for p in [*moe.router.parameters(), *mine.parameters()]:
+            p -= lr * p.grad
+    per = experts // MESH[1]
+    return {"router": moe.router.weight.detach(),
+            "experts": {ep_rank * per + i: [p.detach() for p in e.parameters()]
+                        for i, e in enumerate(mine)}}
+
+
+def ep_dp_step(moe_forward=ep_moe_forward, seed: int = 0, tokens: int = 16, hidden: int = 16,
+               ffn: int = 32, experts: int = 4, k: int = 2, lr: float = 0.5) -> dict:
+    """One step on the 2 × 2 mesh against one plain step; prints the largest difference of every
+    parameter group and the collectives of rank 0. Returns {"max_diff", "comms"}."""
+    import distlab
+    world = MESH[0] * MESH[1]
+    out = distlab.run(_mesh_rank, world, moe_forward, seed, tokens, hidden, ffn, experts, k, lr)
+    moe = make_moe(hidden, ffn, experts, k, seed)
+    x, target = _problem(seed, world * tokens, hidden)
+    _loss(moe(x), x, target, world * tokens).backward()
+    with torch.no_grad():
+        for p in moe.parameters():
+            p -= lr * (p.grad if p.grad is not None else 0)
+    moe.requires_grad_(False)
+    rows, worst = [], 0.0
+    for rank, res in enumerate(out):
+        diffs = [float((res["router"] - moe.router.weight).abs().max())]
+        for e, params in res["experts"].items():
+            diffs += [float((a - b).abs().max()) for a, b in zip(params, moe.experts[e].parameters())]
+        worst = max(worst, *diffs)
+        rows.append({"rank": rank, "mesh (dp, ep)": str(divmod(rank, MESH[1])),
+                     "experts": str(sorted(res["experts"])), "max |Δ| after the step": f"{max(diffs):.1e}"})
+    print(format_table(rows))
+    ops = [f"{c.op}[{c.dtype}] group {list(c.group)}" for c in out.comms[0]]
+    print("\nrank 0 issued, in order:\n  " + "\n  ".join(ops))
+    return {"max_diff": worst, "comms": out.comms}

@@ -1,0 +1,251 @@
+"""Lab 9, expert parallelism: the checks pass the solution on 2 and 4 ranks, each planted mistake
+loses exactly its own test (directly, and through the grader), and the numbers the lab states
+come from code checked here.
+
+Wrong submissions are made from the solution's own cells by a textual edit (never a hand-copied
+notebook), so they stay in step with the lab.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.checks import lab09
+from distlab.checks.assertions import CheckFailed
+from distlab.labs import experts
+
+LAB = "09_expert_parallel"
+SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
+HIDDEN = dict(tokens=10, hidden=6, ffn=12, experts=8, k=2)
+
+# (name, grade_id of the solution cell, old text, new text, the one test it must lose)
+MISTAKES = [
+    ("all_gather_dispatch", "dispatch",
+     "    recv = send.new_empty((sum(plan.recv_splits), x.shape[1]))        # (n_recv, h)\n"
+     "    dist.all_to_all_single(recv, send, plan.recv_splits, plan.send_splits, group=group)\n",
+     "    p, me, per = dist.get_world_size(group), dist.get_rank(group), num_experts // dist.get_world_size(group)\n"
+     "    xs, ids = [torch.empty_like(x) for _ in range(p)], [torch.empty_like(expert_idx) for _ in range(p)]\n"
+     "    dist.all_gather(xs, x.contiguous(), group=group)\n"
+     "    dist.all_gather(ids, expert_idx.contiguous(), group=group)\n"
+     "    rows = []\n"
+     "    for xs_s, ids_s in zip(xs, ids):\n"
+     "        flat = ids_s.reshape(-1)\n"
+     "        sel = torch.argsort(flat, stable=True)\n"
+     "        rows.append(xs_s[sel[flat[sel] // per == me] // k])\n"
+     "    recv = torch.cat(rows)\n",
+     "test_dispatch"),
+    ("splits_from_own_counts", "dispatch",
+     "dist.all_to_all_single(recv, send, plan.recv_splits, plan.send_splits, group=group)",
+     "recv = send.new_empty((sum(plan.send_splits), x.shape[1]))\n"
+     "    dist.all_to_all_single(recv, send, plan.send_splits, plan.send_splits, group=group)",
+     "test_dispatch"),
+    ("combine_without_gates", "moe_forward",
+     "(per_slot.view(tokens, k, h) * gates.unsqueeze(-1)).sum(1)",
+     "per_slot.view(tokens, k, h).sum(1)", "test_moe_layer"),
+    ("capacity_without_k", "capacity",
+     "math.ceil(capacity_factor * tokens * k / num_experts)",
+     "math.ceil(capacity_factor * tokens / num_experts)", "test_capacity"),
+    ("aux_loss_without_E", "aux_loss",
+     "return num_experts * (f * probs.mean(0)).sum()",
+     "return (f * probs.mean(0)).sum()", "test_aux_loss"),
+]
+
+
+def solution_namespace(edit: tuple[str, str, str] | None = None) -> dict:
+    """Execute the lab's imports cell and its solution cells (optionally with one edit in the
+    cell ``edit[0]``: ``edit[1]`` replaced by ``edit[2]``)."""
+    import jupytext
+    nb = jupytext.read(SOURCE, fmt="py:percent")
+    ns: dict = {"__name__": "lab09_solution"}
+    applied = edit is None
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
+            code = cell.source
+            if edit and meta.get("grade_id") == edit[0]:
+                assert edit[1] in code, f"the edit did not apply: {edit[1]!r} is not in {edit[0]}"
+                code, applied = code.replace(edit[1], edit[2], 1), True
+            exec(compile(code, str(SOURCE), "exec"), ns)
+    assert applied
+    return ns
+
+
+def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) -> dict[str, str]:
+    """{test id: "pass" or the failure message} for the four graded checks."""
+    calls = {
+        "test_dispatch": lambda: lab09.check_dispatch(ns["dispatch"], world_size, seed, **sizes),
+        "test_moe_layer": lambda: lab09.check_moe_layer(ns["moe_forward"], world_size, seed, **sizes),
+        "test_capacity": lambda: lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"],
+                                                      world_size, seed, **sizes),
+        "test_aux_loss": lambda: lab09.check_aux_loss(ns["load_balancing_loss"], world_size, seed,
+                                                      **sizes),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "pass"
+        except CheckFailed as err:
+            out[name] = str(err)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The solution passes; each mistake loses exactly its own test
+
+def test_solution_passes_on_stored_and_fresh_inputs():
+    ns = solution_namespace()
+    assert set(run_checks(ns).values()) == {"pass"}
+    assert set(run_checks(ns, 4, seed=5, **HIDDEN).values()) == {"pass"}
+    assert set(run_checks(ns, 4, seed=6, tokens=7, hidden=6, ffn=12, experts=4, k=1).values()) == {"pass"}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="NCCL needs a GPU per rank (2); this machine has "
+                           f"{torch.cuda.device_count()}")
+def test_solution_passes_on_nccl_too(monkeypatch):
+    """The same checks with DISTLAB_BACKEND=both: gloo, then NCCL against the same references."""
+    monkeypatch.setenv("DISTLAB_BACKEND", "both")
+    ns = solution_namespace()
+    assert set(run_checks(ns).values()) == {"pass"}
+
+
+@pytest.mark.parametrize("name,cell,old,new,loses", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_mistake_loses_exactly_its_own_test(name, cell, old, new, loses):
+    ns = solution_namespace((cell, old, new))
+    for world_size, seed, sizes in ((2, None, {}), (4, 7, HIDDEN)):
+        results = run_checks(ns, world_size, seed, **sizes)
+        failed = {t for t, r in results.items() if r != "pass"}
+        assert failed == {loses}, (name, world_size, results)
+
+
+def test_all_gather_dispatch_is_told_why():
+    ns = solution_namespace(MISTAKES[0][1:4])
+    with pytest.raises(CheckFailed, match=r"all_gather .*Gathering the tokens gives every rank "
+                                          r"all p·T tokens, p times the traffic"):
+        lab09.check_dispatch(ns["dispatch"])
+
+
+def test_wrong_splits_are_explained():
+    ns = solution_namespace(MISTAKES[1][1:4])
+    with pytest.raises(CheckFailed, match="output_split_sizes are the counts every \\*source\\*"):
+        lab09.check_dispatch(ns["dispatch"])
+
+
+def test_a_backward_that_does_not_reverse_the_splits_fails():
+    """An AllToAll whose backward repeats the forward's splits instead of swapping them."""
+    ns = solution_namespace(("moe_forward",
+                             "dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)",
+                             "dist.all_to_all_single(back, grad.contiguous(), out_splits, in_splits, group=ctx.group)"))
+    with pytest.raises(CheckFailed, match="moe_forward on the stored inputs .*the ranks failed"):
+        lab09.check_moe_layer(ns["moe_forward"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The references and the numbers the lab states
+
+def test_references_are_the_plain_layer():
+    ref = lab09.make_references()["moe"]
+    moe = experts.MoE(8, 16, 4, 2)
+    moe.load_state_dict({k[6:]: v for k, v in ref.items() if k.startswith("param.")})
+    torch.testing.assert_close(moe(ref["x"]), ref["y"])
+    sends = torch.stack([torch.bincount(ref["idx"][r * 12:(r + 1) * 12].reshape(-1) // 2, minlength=2)
+                         for r in range(2)])                  # (source, destination)
+    assert sends[0, 1] != sends[1, 0], f"the stored routing should send uneven splits: {sends}"
+
+
+def test_capacity_and_aux_loss_references_follow_the_papers():
+    assert experts.reference_capacity(12, 2, 4, 1.0) == 6          # ceil(1.0 * 12 * 2 / 4)
+    assert experts.reference_capacity(10, 2, 8, 1.25) == 4         # ceil(3.125)
+    idx = torch.tensor([[0], [0], [0], [1]])
+    assert experts.reference_keep(idx, 2, 1.0).squeeze(1).tolist() == [True, True, False, True]
+    uniform = torch.full((6, 3), 1 / 3)
+    balanced = torch.tensor([[0], [1], [2], [0], [1], [2]])
+    assert experts.reference_aux_loss(uniform, balanced, 3).item() == pytest.approx(1.0)
+    collapsed = torch.zeros(6, 1, dtype=torch.long)
+    one_hot = torch.nn.functional.one_hot(collapsed.squeeze(1), 3).float()
+    assert experts.reference_aux_loss(one_hot, collapsed, 3).item() == pytest.approx(3.0)
+
+
+def test_traffic_table_and_closing_note_come_from_the_records():
+    ns = solution_namespace()
+    rows = experts.measure_traffic(ns["moe_forward"], world_size=2, tokens=16, hidden=8, ffn=16,
+                                   experts=4, k=2)
+    summary = experts.traffic_summary(rows)
+    assert summary["EP"]["dispatch_matches_formula"]
+    assert summary["EP"]["calls_per_rank"] == 4 and summary["TP"]["calls_per_rank"] == 2
+    # the combines return exactly what was dispatched: over the ranks, 4 T k h b per rank on average
+    assert summary["EP"]["bytes_per_rank"] == 4 * 16 * 2 * 8 * 4
+    assert summary["TP"]["bytes_per_rank"] == 2 * 2 * 16 * 8 * 4
+    note = experts.moe_closing_note(summary, 2, 16, 8, 2, 1e-8, {"without": 0.75, "with": 0.05})
+    assert "EP sent 4096 token bytes" in note and "T·k·h·4 = 1024 bytes (as the formula says)" in note
+    assert "2048 bytes per rank" in note and "75% of tokens dropped" in note
+
+
+def test_ep_dp_step_equals_single_process():
+    ns = solution_namespace()
+    out = experts.ep_dp_step(ns["moe_forward"])
+    assert out["max_diff"] < 1e-5
+    ops = [(c.op, len(c.group)) for c in out["comms"][0]]
+    # counts, dispatch, combine; backward only the combine's reverse: the layer's input is data
+    # (no gradient wanted), so autograd never runs the dispatch's backward
+    assert ops.count(("all_to_all_single", 2)) == 4 and ("all_reduce", 4) in ops
+
+
+def test_balancing_loss_spreads_the_load_and_cuts_drops():
+    task = experts.ToyTask(steps=40)
+    without, with_aux = experts.train(task, 0.0), experts.train(task, 0.3)
+    # without: expert 0 takes every token, capacity T/4 keeps a quarter (what the lab's text says)
+    assert without["load"][-10:, 0].min() == 1.0 and without["dropped"][-10:].tolist() == [0.75] * 10
+    assert with_aux["dropped"][-10:].mean() < 0.2
+    assert with_aux["load"][-10:].mean(0).max() < 0.4 < without["load"][-10:].mean(0).max()
+
+
+def test_timeline_shows_both_all_to_alls_and_the_experts_on_every_rank():
+    import matplotlib
+    matplotlib.use("Agg")
+    prof = experts.profile_moe_step(world_size=2, tokens=64, hidden=16, ffn=32)
+    tl = prof.timeline
+    for rank in range(2):
+        names = {s.name for s in tl.spans if s.rank == rank and s.kind == "range"}
+        assert {"dispatch all-to-all", "experts", "combine all-to-all"} <= names
+        assert sum(1 for s in tl.spans if s.rank == rank and s.kind == "comm"
+                   and s.op.startswith("all_to_all")) >= 4   # dispatch, combine; each way
+    rows = experts.phase_times(tl)
+    assert all(r["experts"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the grader: solution full marks, student version zero, each mistake its own test
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grader_scores_lab9(tmp_path):
+    import submissions
+    from distlab.course import notebooks
+    from distlab.grading import grade
+    for lab, files in notebooks.build_student_notebooks([LAB]).items():
+        notebooks.write_student_notebooks(lab, files, out=tmp_path / "released")
+    tests = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"]
+    expected = {"solution": set(), "untouched": set(tests)}
+    subs = tmp_path / "submitted"
+    with submissions.released_from(tmp_path / "released"):
+        submissions.write(submissions.solved(LAB), subs, "solution", LAB)
+        submissions.write(submissions.student(LAB), subs, "untouched", LAB)
+        for name, cell, old, new, loses in MISTAKES:
+            submissions.write(submissions.edited(LAB, cell, old, new), subs, name, LAB)
+            expected[name] = {loses}
+    out = tmp_path / "scores.csv"
+    assert grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
+                       str(tmp_path / "work"), "--backend", "gloo", "--rank-timeout", "20",
+                       "--timeout", "300", "--notebook-timeout", "400"]) == 0
+    with open(out) as f:
+        rows = {r["student"]: r for r in csv.DictReader(f)}
+    for student, lost in expected.items():
+        row = rows[student]
+        assert {t for t in tests if row[t] != "pass"} == lost, (student, row)
+    assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 11
+    assert float(rows["untouched"]["score"]) == 0
