@@ -316,6 +316,36 @@ def site_url(browser, course_site):
     server.shutdown()
 
 
+WIDTHS = {"phone": (390, 844), "desktop": (1280, 800)}
+
+
+@pytest.fixture(params=list(WIDTHS))
+def offline_tab(request, browser, site_url):
+    """A tab at phone or desktop size whose every request that would leave the machine is
+    aborted in the browser's network stack (Playwright's routing: the DevTools protocol's Fetch
+    domain) and recorded; the test fails if the page attempted one."""
+    width, height = WIDTHS[request.param]
+    context = browser.new_context(viewport={"width": width, "height": height})
+    left = []
+
+    def gate(route):
+        url = route.request.url
+        if url.startswith((site_url, "data:", "blob:")):
+            route.continue_()
+        else:
+            left.append(url)
+            route.abort("blockedbyclient")
+    context.route("**/*", gate)
+    tab = context.new_page()
+    tab.width, tab.problems = width, []
+    tab.on("pageerror", lambda e: tab.problems.append(f"page error: {e}"))
+    tab.on("response",
+           lambda r: r.status >= 400 and tab.problems.append(f"{r.url[:120]}: HTTP {r.status}"))
+    yield tab
+    context.close()
+    assert left == [], f"pages tried to reach the network: {sorted(set(left))[:10]}"
+
+
 def local_links_work(tab) -> list[str]:
     """Every link of the page to another page of the site, each fetched: the broken ones."""
     hrefs = tab.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
@@ -324,24 +354,120 @@ def local_links_work(tab) -> list[str]:
     return [h for h in sorted(local) if tab.request.get(h).status != 200]
 
 
-def test_site_index_and_lab_pages_in_a_browser(page, site_url, course_site):
-    _, pages, _ = course_site
-    page.goto(site_url + "index.html")
-    assert local_links_work(page) == []
-    screenshot(page, "site-index", full_page=True)
+def readable(tab) -> dict:
+    """What a reader notices first: sideways overflow of the page, characters per line of the
+    prose, and the rendered width of each output figure."""
+    return tab.evaluate("""() => {
+      const ps = [...document.querySelectorAll('article p')].filter(p => p.textContent.length > 300);
+      const perLine = ps.map(p => {
+        const lines = Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight));
+        return p.textContent.length / Math.max(lines, 1); });
+      return {overflow: document.documentElement.scrollWidth - window.innerWidth,
+              chars: perLine.length ? Math.max(...perLine) : 0,
+              figures: [...document.querySelectorAll('div.cell_output img')].map(i => [i.width, i.naturalWidth]),
+              pre: [...document.querySelectorAll('div.cell_output pre')].map(p => getComputedStyle(p).whiteSpace)};
+    }""")
+
+
+def test_site_every_page_reads_well_offline(offline_tab, site_url, course_site):
+    tab, (_, pages, _) = offline_tab, course_site
+    tab.goto(site_url + "index.html")
+    assert local_links_work(tab) == []
+    screenshot(tab, f"site-index-{tab.width}", full_page=tab.width > 400)
     for lab in pages:
-        page.goto(site_url + "index.html")
-        page.get_by_role("link", name=lab.title).click()          # as a reader would
-        page.wait_for_url(f"**/{lab.file}")
-        if lab.lab == "05_pipeline_parallel":                     # rendered from its saved state
-            page.locator(".widget-output img").wait_for(timeout=60_000)
+        tab.goto(site_url + "index.html")
+        tab.locator("article").get_by_role("link", name=lab.title).click()   # as a reader would
+        tab.wait_for_url(f"**/{lab.file}")
         if lab.lab == "02_data_parallel":
-            page.locator("mjx-container").first.wait_for(timeout=60_000)
-        widths = images_loaded(page)
+            tab.locator("mjx-container").first.wait_for(timeout=60_000)
+        widths = images_loaded(tab, "article")
         assert widths and all(widths), f"{lab.file}: image widths {widths}"
-        assert local_links_work(page) == [], lab.file
-        screenshot(page, f"site-{lab.lab}")
-    screenshot(page, "site-05_pipeline_parallel-widget", page.locator(".widget-interact").first)
-    page.goto(site_url + "02_data_parallel.html")
-    screenshot(page, "site-02_data_parallel-formula", page.locator("mjx-container").first)
-    assert page.problems == []
+        seen = readable(tab)
+        assert seen["overflow"] <= 1, f"{lab.file} scrolls sideways at {tab.width} px"
+        assert 40 < seen["chars"] <= 95, f"{lab.file}: {seen['chars']:.0f} characters a line"
+        assert set(seen["pre"]) == {"pre"}, "printed tables must scroll, not wrap"
+        if tab.width < 400:   # a phone: figures at a legible size, scrolled sideways
+            assert all(w >= min(n, 600) for w, n in seen["figures"]), seen["figures"]
+        assert tab.locator("nav.bd-links a", has_text=lab.title).count() == 1  # the sidebar's
+        assert local_links_work(tab) == [], lab.file
+        screenshot(tab, f"site-{lab.lab}-{tab.width}")
+    assert tab.problems == []
+
+
+def test_site_search_finds_a_lab_offline(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "search.html?q=bubble")
+    hit = tab.locator("#search-results a", has_text="Pipeline parallelism").first
+    hit.wait_for(timeout=30_000)
+    assert tab.problems == []
+
+
+def test_site_dark_mode_follows_the_system(browser, site_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    tab = context.new_page()
+    tab.goto(site_url + "01_collectives.html")
+    assert tab.evaluate("document.documentElement.dataset.theme") == "dark"
+    background = tab.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert sum(map(int, background[background.index("(") + 1:-1].split(",")[:3])) < 200, background
+    screenshot(tab, "site-01_collectives-dark")
+    context.close()
+
+
+def python_schedule(kind: str, p: int, m: int, ratio: float) -> dict:
+    """What Lab 5's schedule explorer prints for these inputs, from the Python functions."""
+    from distlab.labs.pipeline.schedules import simulate
+    from distlab.labs.pipeline.stages import measured_bubble, peak_in_flight, theoretical_bubble
+
+    events = simulate(kind, p, m, t_fwd=1.0, t_bwd=ratio)
+    mm = 1 if kind == "naive" else m
+    return {"bubble": f"{measured_bubble(events, p):.3f}",
+            "theory": f"{theoretical_bubble(p, mm):.3f}",
+            "in-flight": str(list(peak_in_flight(events).values()))}
+
+
+def test_site_lab_5_schedule_twin_redraws_as_the_python_computes(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "05_pipeline_parallel.html")
+    twin = tab.locator('.distlab-twin[data-twin="schedule"]')
+    twin.locator("svg.distlab-gantt").wait_for()
+
+    def drawn():
+        kind, p, m, ratio = twin.get_attribute("data-state").split(",")
+        shown = {k: twin.locator(f'[data-out="{k}"]').inner_text()
+                 for k in ("bubble", "theory", "in-flight")}
+        bars = twin.locator("svg rect").count()
+        return (kind, int(p), int(m), float(ratio)), shown, bars
+
+    def same_as_python():
+        (kind, p, m, ratio), shown, bars = drawn()
+        assert shown == python_schedule(kind, p, m, ratio), (kind, p, m, ratio)
+        assert bars == p * 2 * (1 if kind == "naive" else m)        # one bar per F and B
+        return kind, p, m, ratio
+
+    assert same_as_python() == ("1f1b", 4, 8, 2.0)                  # the lab's defaults
+    screenshot(tab, f"site-05-twin-start-{tab.width}", twin)
+    for name, presses in (("p", ["ArrowRight", "ArrowRight"]), ("m", ["ArrowLeft"] * 5),
+                          ("ratio", ["ArrowLeft", "ArrowLeft"]), ("m", ["End"]), ("p", ["Home"])):
+        for key in presses:
+            before = drawn()
+            twin.locator(f'input[name="{name}"]').press(key)
+            assert drawn() != before, f"{name}: {key} redrew nothing"
+            same_as_python()
+    for kind in ("gpipe", "naive", "1f1b"):
+        twin.locator('select[name="kind"]').select_option(kind)
+        assert same_as_python()[0] == kind
+    assert drawn()[0] == ("1f1b", 2, 16, 1.5)
+    screenshot(tab, f"site-05-twin-moved-{tab.width}", twin)
+    assert tab.problems == []
+
+
+def test_site_lab_7_planner_shows_its_snapshot_with_a_notice(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "07_3d_parallelism.html")
+    planner = tab.locator(".widget-interact", has_text="model (B params)")
+    planner.wait_for(timeout=60_000)                 # drawn by the widget manager, from _static
+    assert "layers" in planner.locator(".widget-output").inner_text()   # what it printed
+    notice = tab.locator(".distlab-snapshot")
+    assert notice.is_visible() and "snapshot: run the lab to interact" in notice.inner_text()
+    screenshot(tab, f"site-07-planner-{tab.width}", planner)
+    assert tab.problems == []
