@@ -29,7 +29,7 @@ def sphinx_config(title: str, repository: str | None) -> dict:
         "myst_heading_anchors": 3,
         # the widget scripts from _static (myst-nb's default loads them from two CDNs); no
         # "data-jupyter-widgets-cdn": the controls are built in and nothing is fetched
-        "nb_ipywidgets_js": {"requirejs/require.js": {},
+        "nb_ipywidgets_js": {"widgets_path.js": {}, "requirejs/require.js": {},
                              "html-manager/dist/embed-amd.js": {}},
         "mathjax_path": "mathjax/es5/tex-svg.js",
         "html_theme": "sphinx_book_theme",
