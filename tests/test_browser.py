@@ -461,13 +461,65 @@ def test_site_lab_5_schedule_twin_redraws_as_the_python_computes(offline_tab, si
     assert tab.problems == []
 
 
-def test_site_lab_7_planner_shows_its_snapshot_with_a_notice(offline_tab, site_url):
+def python_plan(state: dict) -> dict:
+    """What Lab 7's planner computes for these inputs (its ``show``), from the Python functions:
+    the layout chosen, memory per GPU (GB), bubble, GB sent per axis and the step's seconds."""
+    from distlab.labs import planning as pl
+
+    model = pl.model_of_size(state["params_b"])
+    cluster = pl.Cluster("", state["nodes"], state["gpus_per_node"], state["gpu_mem_gb"])
+    seqs = max(cluster.gpus, cluster.gpus * round(state["batch_m_tokens"] * 1e6 / state["seq_len"]
+                                                  / cluster.gpus))
+    job = pl.Job(seq_len=state["seq_len"], global_batch=seqs, zero_stage=state["zero_stage"],
+                 recompute=state["recompute"], zero_accumulation=state["zero_accumulation"])
+    try:
+        cfg = pl.reference_choose_degrees(model, cluster, job)
+    except ValueError:
+        return {}
+    comm, step = pl.comm_bytes_per_step(model, cfg), pl.step_time(model, cluster, cfg)
+    return {"layout": str(cfg), "memory": pl.memory_per_gpu(model, cfg)["total"] / pl.GB,
+            "bubble": pl.bubble_fraction(cfg.pp, cfg.microbatches),
+            "tp": comm["tp"] / pl.GB, "pp": comm["pp"] / pl.GB, "dp": comm["dp"] / pl.GB,
+            "step": step["total"]}
+
+
+def test_site_lab_7_planner_twin_computes_as_the_python(offline_tab, site_url):
     tab = offline_tab
     tab.goto(site_url + "07_3d_parallelism.html")
-    planner = tab.locator(".widget-interact", has_text="model (B params)")
-    planner.wait_for(timeout=60_000)                 # drawn by the widget manager, from _static
-    assert "layers" in planner.locator(".widget-output").inner_text()   # what it printed
-    notice = tab.locator(".distlab-snapshot")
-    assert notice.is_visible() and "snapshot: run the lab to interact" in notice.inner_text()
-    screenshot(tab, f"site-07-planner-{tab.width}", planner)
+    twin = tab.locator('.distlab-twin[data-twin="planner"]')
+    twin.locator("pre.distlab-plan").wait_for()
+
+    def same_as_python() -> dict:
+        state = json.loads(twin.get_attribute("data-state"))
+        drawn, expected = json.loads(twin.get_attribute("data-plan")), python_plan(state)
+        assert drawn.keys() == expected.keys(), (state, drawn, expected)
+        for key, value in expected.items():
+            if key == "layout":
+                assert drawn[key] == value, (state, key)
+            else:   # the page shows the Python's number, rounded to the digits it prints
+                digits = len(drawn[key].split(".")[1])
+                assert abs(float(drawn[key]) - value) <= 0.5 * 10 ** -digits + 1e-9, (state, key)
+        if expected:
+            assert expected["layout"] in twin.locator("pre").inner_text()
+        return state
+
+    start = same_as_python()
+    assert (start["params_b"], start["nodes"], start["gpu_mem_gb"]) == (70, 16, 80)
+    screenshot(tab, f"site-07-planner-start-{tab.width}", twin)
+    sliders = ("params_b", "seq_len", "gpus_per_node", "nodes", "gpu_mem_gb", "batch_m_tokens")
+    for name in sliders:
+        for key in ("ArrowLeft", "ArrowRight", "ArrowLeft"):
+            before = twin.get_attribute("data-state")
+            twin.locator(f'input[name="{name}"]').press(key)
+            assert twin.get_attribute("data-state") != before, f"{name}: {key} changed nothing"
+            same_as_python()
+    for name, options in (("zero_stage", ["3", "0", "2"]), ("recompute", ["full", "none"]),
+                          ("zero_accumulation", ["resident", "regather"])):
+        for option in options:
+            twin.locator(f'select[name="{name}"]').select_option(option)
+            same_as_python()
+    twin.locator('input[name="params_b"]').press("End")           # 1000B: nothing fits
+    assert same_as_python()["params_b"] == 1000
+    assert "No (TP, PP, DP) layout fits" in twin.locator("pre").inner_text()
+    screenshot(tab, f"site-07-planner-moved-{tab.width}", twin)
     assert tab.problems == []

@@ -4,7 +4,11 @@ like in a browser is tests/test_browser.py's."""
 from __future__ import annotations
 
 import io
+import json
+import random
 import re
+import shutil
+import subprocess
 import tarfile
 
 import nbformat
@@ -12,7 +16,7 @@ import pytest
 
 from distlab.course import notebooks
 
-from distlab.course import site, site_assets, site_pages
+from distlab.course import site, site_assets, site_pages, site_sphinx
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -104,9 +108,7 @@ def test_widgets_are_twins_or_marked_snapshots_and_math_loads_only_where_needed(
     assert 'data-twin="schedule"' in lab5 and "_static/twins.js" in lab5
     assert "widget-state+json" not in lab5 and "embed-amd.js" not in lab5   # no snapshot left
     lab7 = text["07_3d_parallelism"]
-    assert "application/vnd.jupyter.widget-state+json" in lab7 and "model (B params)" in lab7
-    assert "snapshot: run the lab to interact" in lab7
-    assert 'src="_static/html-manager/dist/embed-amd.js' in lab7
+    assert 'data-twin="planner"' in lab7 and "widget-state+json" not in lab7
     assert "$$" in text["02_data_parallel"] or "\\[" in text["02_data_parallel"]
     assert 'src="_static/mathjax/es5/tex-svg.js' in text["02_data_parallel"]
     assert "tex-svg.js" not in text["01_collectives"]                  # no formula, no MathJax
@@ -247,3 +249,71 @@ def test_without_npm_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(site_assets.shutil, "which", lambda name: None)
     with pytest.raises(site.SiteError, match=r"npm is not installed.*apt-get install npm"):
         site_assets.vendored(site_assets.ASSETS[0], tmp_path)
+
+
+def _twins_in_node(calls: str) -> list:
+    """Evaluate ``calls`` (a JavaScript expression over ``twins``, the functions twins.js exports)
+    in Node.js, the JSON it returns."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (it comes with npm: `sudo apt-get install npm`)")
+    twins = site_sphinx.OWN_STATIC / "twins.js"
+    script = ("global.window = {}; global.document = {readyState: 'complete', "
+              "querySelectorAll: () => []};\n"
+              f"require({json.dumps(str(twins))}); const twins = window.distlabTwins;\n"
+              f"console.log(JSON.stringify({calls}));")
+    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_schedule_twin_simulates_as_the_python():
+    from distlab.labs.pipeline.schedules import SCHEDULES, simulate
+    from distlab.labs.pipeline.stages import measured_bubble, peak_in_flight
+
+    cases = [(k, p, m, r) for k in SCHEDULES for p in (2, 3, 5, 8) for m in (1, 4, 7, 16)
+             for r in (0.5, 2.0, 3.0)]
+    js = _twins_in_node("%s.map(([k, p, m, r]) => { const e = twins.simulate(k, p, m, 1.0, r); "
+                        "return [e.length, twins.measuredBubble(e, p), twins.peakInFlight(e, p), "
+                        "Math.max(...e.map(x => x.end))]; })" % json.dumps(cases))
+    for (kind, p, m, r), (count, bubble, inflight, end) in zip(cases, js):
+        events = simulate(kind, p, m, t_fwd=1.0, t_bwd=r)
+        assert count == len(events) and end == max(e.end for e in events)
+        assert bubble == pytest.approx(measured_bubble(events, p), abs=1e-12)
+        assert inflight == list(peak_in_flight(events).values()), (kind, p, m, r)
+
+
+def test_planner_twin_plans_as_the_python_on_random_inputs():
+    from distlab.labs import planning as pl
+
+    rng = random.Random(0)
+    states = [{"params_b": 10 ** (rng.randint(0, 30) / 10),
+               "seq_len": rng.choice([1024, 2048, 4096, 8192, 16384, 32768]),
+               "gpus_per_node": rng.choice([1, 2, 4, 8]), "nodes": 2 ** rng.randint(0, 11),
+               "gpu_mem_gb": rng.choice([16, 24, 40, 48, 80, 96, 141, 192]),
+               "batch_m_tokens": rng.choice([0.5, 1, 2, 4, 8, 16]), "zero_stage": rng.randint(0, 3),
+               "recompute": rng.choice(["none", "selective", "full"]),
+               "zero_accumulation": rng.choice(["regather", "resident"])} for _ in range(200)]
+    js = _twins_in_node("%s.map(s => { const r = twins.plan(s); return r.cfg ? "
+                        "[r.cfg.tp, r.cfg.pp, r.cfg.dp, r.memory.total, r.bubble, r.comm.tp, "
+                        "r.comm.pp, r.comm.dp, r.step.total] : null; })" % json.dumps(states))
+    fits = 0
+    for state, got in zip(states, js):
+        model = pl.model_of_size(state["params_b"])
+        cluster = pl.Cluster("", state["nodes"], state["gpus_per_node"], state["gpu_mem_gb"])
+        seqs = max(cluster.gpus, cluster.gpus * round(
+            state["batch_m_tokens"] * 1e6 / state["seq_len"] / cluster.gpus))
+        job = pl.Job(seq_len=state["seq_len"], global_batch=seqs, zero_stage=state["zero_stage"],
+                     recompute=state["recompute"], zero_accumulation=state["zero_accumulation"])
+        try:
+            cfg = pl.reference_choose_degrees(model, cluster, job)
+        except ValueError:
+            assert got is None, state
+            continue
+        fits += 1
+        comm = pl.comm_bytes_per_step(model, cfg)
+        want = [cfg.tp, cfg.pp, cfg.dp, pl.memory_per_gpu(model, cfg)["total"],
+                pl.bubble_fraction(cfg.pp, cfg.microbatches), comm["tp"], comm["pp"], comm["dp"],
+                pl.step_time(model, cluster, cfg)["total"]]
+        assert got == pytest.approx(want, rel=1e-9), state
+    assert 50 < fits < 190          # the draw covers layouts that fit and ones that do not
