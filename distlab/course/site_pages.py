@@ -84,7 +84,8 @@ def starts_processes(nb: nbformat.NotebookNode) -> bool:
     return any(c.cell_type == "code" and LAUNCHES_RANKS.search(c.source) for c in nb.cells)
 
 
-def run_box(lab: str, nb: nbformat.NotebookNode, repository: str | None) -> str:
+def run_box(lab: str, nb: nbformat.NotebookNode, repository: str | None,
+            executed: bool = True) -> str:
     """The "run it yourself" box under the title: downloads, repository, set-up, Colab."""
     commands = "\n".join(setup_commands())
     repo = f"[the repository]({repository})" if repository else "the course repository"
@@ -98,7 +99,8 @@ def run_box(lab: str, nb: nbformat.NotebookNode, repository: str | None) -> str:
     else:
         colab = "Colab needs the repository on GitHub; run it on your machine."
     return (f":::{{admonition}} Run it yourself\n:class: distlab-run tip\n"
-            f"Download the {{download}}`executed notebook <{lab}.ipynb>` (what this page shows) "
+            f"Download the {{download}}`{'executed' if executed else 'page'} notebook <{lab}.ipynb>` "
+            f"(what this page shows) "
             f"or the {{download}}`student notebook <{STUDENT_DIR}/{lab}.ipynb>` (exercises as "
             f"stubs, to do yourself). Clone {repo}, then, in its folder:\n\n"
             f"```bash\n{commands}\n```\n\n{colab}\n:::\n")
@@ -162,7 +164,7 @@ def lab_page(nb: nbformat.NotebookNode, pages: list[Page], i: int, repository: s
     if solutions:
         fold_solutions(nb, page.lab)
     twin_or_notice(nb)
-    box = nbformat.v4.new_markdown_cell(run_box(page.lab, nb, repository))
+    box = nbformat.v4.new_markdown_cell(run_box(page.lab, nb, repository, executed=solutions))
     first = next(j for j, c in enumerate(nb.cells) if c.cell_type == "markdown")
     title, _, rest = nb.cells[first].source.partition("\n")   # the box right under the title
     nb.cells[first].source = title

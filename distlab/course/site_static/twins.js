@@ -364,7 +364,9 @@
     }
 
     function redraw() {
-      Object.keys(inputs).forEach(function (n) { inputs[n][1].textContent = n === "params_b" ? fmtG(state[n]) : state[n]; });
+      Object.keys(inputs).forEach(function (n) {
+        if (inputs[n][2][2] !== "select") inputs[n][1].textContent = n === "params_b" ? fmtG(state[n]) : state[n];
+      });
       var r = plan(state), md = r.model, lines = [
         md.name + ": " + md.layers + " layers, hidden " + md.hidden + ", " + md.heads + " heads (" +
           (modelParams(md) / 1e9).toFixed(1) + "B params); batch " + r.seqs + " x " + state.seq_len + " tokens",
@@ -415,10 +417,18 @@
 
   var TWINS = {schedule: scheduleTwin, planner: plannerTwin};
 
+  var SOURCES = {schedule: "distlab/labs/pipeline", planner: "distlab/labs/planning"};
+
   function start() {
     document.querySelectorAll(".distlab-twin[data-twin]").forEach(function (root) {
-      var twin = TWINS[root.getAttribute("data-twin")];
-      if (twin) twin(root);
+      var name = root.getAttribute("data-twin"), twin = TWINS[name];
+      if (!twin) return;
+      twin(root);
+      var note = document.createElement("p");   // say what the reader is moving
+      note.className = "distlab-live";
+      note.textContent = "live in your browser: a JavaScript copy of the lab's Python (" +
+        SOURCES[name] + "), checked against it by the course's tests";
+      root.insertBefore(note, root.firstChild);
     });
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
