@@ -3,8 +3,12 @@
 - JupyterLab on a free local port with a token, in a scratch copy of the course: a student opens
   Lab 1 from the file browser and runs all cells; an instructor runs Lab 5's nbgrader source and
   moves its schedule widget's slider; nbgrader's formgrader lists the labs.
-- The rendered site (the build tests/conftest.py shares): the index and every lab page, their
-  figures, widgets, formulas and links, served over HTTP as a static host would.
+- The rendered site (the build tests/conftest.py shares), served over HTTP as a static host
+  would, at phone (390 px) and desktop width, with every request that would leave the machine
+  aborted in the browser's network stack (and the test failed): the index and every lab page,
+  their figures, formulas, links, line length and sideways scrolling; search; dark mode; and the
+  JavaScript twins of Lab 5's schedule explorer and Lab 7's planner, each control moved and the
+  numbers drawn compared with the Python functions.
 
 Screenshots of every page go to build/artifacts/screenshots/ (git-ignored).
 
