@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from distlab.course.site_assets import SiteError
+from distlab.course.site_assets import ASSETS, SiteError
 
 OWN_STATIC = Path(__file__).with_name("site_static")   # the shared stylesheet and the JS twins
 
@@ -78,3 +78,9 @@ def render(src: Path, out: Path, title: str, repository: str | None, log=print) 
         log(f"sphinx: {line}")
     shutil.rmtree(out / ".doctrees", ignore_errors=True)
     (out / ".buildinfo").unlink(missing_ok=True)
+    for source_map in (out / "_static").rglob("*.map"):   # debugging aids no page loads (2 MB)
+        source_map.unlink()
+    pages = "".join(page.read_text() for page in out.glob("*.html"))
+    for asset in ASSETS:   # a vendored package no page loads (no widget snapshot, no formula)
+        if f"_static/{asset.folder}/" not in pages:
+            shutil.rmtree(out / "_static" / asset.folder, ignore_errors=True)
