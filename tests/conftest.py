@@ -9,7 +9,7 @@ import pytest
 # The site the tests check: Lab 1 (rank output, figures, links), Lab 2 (formulas) and Lab 5 (the
 # schedule widget) cover every kind of content a page has; `make site` builds all seven, and the
 # grading tests run every lab's solution top to bottom.
-SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel")
+SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel", "07_3d_parallelism")
 
 
 @pytest.fixture(scope="session")

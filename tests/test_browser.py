@@ -3,8 +3,12 @@
 - JupyterLab on a free local port with a token, in a scratch copy of the course: a student opens
   Lab 1 from the file browser and runs all cells; an instructor runs Lab 5's nbgrader source and
   moves its schedule widget's slider; nbgrader's formgrader lists the labs.
-- The rendered site (the build tests/conftest.py shares): the index and every lab page, their
-  figures, widgets, formulas and links, served over HTTP as a static host would.
+- The rendered site (the build tests/conftest.py shares), served over HTTP as a static host
+  would, at phone (390 px) and desktop width, with every request that would leave the machine
+  aborted in the browser's network stack (and the test failed): the index and every lab page,
+  their figures, formulas, links, line length and sideways scrolling; search; dark mode; and the
+  JavaScript twins of Lab 5's schedule explorer and Lab 7's planner, each control moved and the
+  numbers drawn compared with the Python functions.
 
 Screenshots of every page go to build/artifacts/screenshots/ (git-ignored).
 
@@ -316,6 +320,36 @@ def site_url(browser, course_site):
     server.shutdown()
 
 
+WIDTHS = {"phone": (390, 844), "desktop": (1280, 800)}
+
+
+@pytest.fixture(params=list(WIDTHS))
+def offline_tab(request, browser, site_url):
+    """A tab at phone or desktop size whose every request that would leave the machine is
+    aborted in the browser's network stack (Playwright's routing: the DevTools protocol's Fetch
+    domain) and recorded; the test fails if the page attempted one."""
+    width, height = WIDTHS[request.param]
+    context = browser.new_context(viewport={"width": width, "height": height})
+    left = []
+
+    def gate(route):
+        url = route.request.url
+        if url.startswith((site_url, "data:", "blob:")):
+            route.continue_()
+        else:
+            left.append(url)
+            route.abort("blockedbyclient")
+    context.route("**/*", gate)
+    tab = context.new_page()
+    tab.width, tab.problems = width, []
+    tab.on("pageerror", lambda e: tab.problems.append(f"page error: {e}"))
+    tab.on("response",
+           lambda r: r.status >= 400 and tab.problems.append(f"{r.url[:120]}: HTTP {r.status}"))
+    yield tab
+    context.close()
+    assert left == [], f"pages tried to reach the network: {sorted(set(left))[:10]}"
+
+
 def local_links_work(tab) -> list[str]:
     """Every link of the page to another page of the site, each fetched: the broken ones."""
     hrefs = tab.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
@@ -324,24 +358,172 @@ def local_links_work(tab) -> list[str]:
     return [h for h in sorted(local) if tab.request.get(h).status != 200]
 
 
-def test_site_index_and_lab_pages_in_a_browser(page, site_url, course_site):
-    _, pages, _ = course_site
-    page.goto(site_url + "index.html")
-    assert local_links_work(page) == []
-    screenshot(page, "site-index", full_page=True)
+def readable(tab) -> dict:
+    """What a reader notices first: sideways overflow of the page, characters per line of the
+    prose, and the rendered width of each output figure."""
+    return tab.evaluate("""() => {
+      const ps = [...document.querySelectorAll('article p')].filter(p => p.textContent.length > 300);
+      const perLine = ps.map(p => {
+        const lines = Math.round(p.getBoundingClientRect().height / parseFloat(getComputedStyle(p).lineHeight));
+        return p.textContent.length / Math.max(lines, 1); });
+      return {overflow: document.documentElement.scrollWidth - window.innerWidth,
+              chars: perLine.length ? Math.max(...perLine) : 0,
+              figures: [...document.querySelectorAll('div.cell_output img')].map(i => [i.width, i.naturalWidth]),
+              pre: [...document.querySelectorAll('div.cell_output pre')].map(p => getComputedStyle(p).whiteSpace)};
+    }""")
+
+
+def test_site_every_page_reads_well_offline(offline_tab, site_url, course_site):
+    tab, (_, pages, _) = offline_tab, course_site
+    tab.goto(site_url + "index.html")
+    assert local_links_work(tab) == []
+    screenshot(tab, f"site-index-{tab.width}", full_page=tab.width > 400)
     for lab in pages:
-        page.goto(site_url + "index.html")
-        page.get_by_role("link", name=lab.title).click()          # as a reader would
-        page.wait_for_url(f"**/{lab.file}")
-        if lab.lab == "05_pipeline_parallel":                     # rendered from its saved state
-            page.locator(".widget-output img").wait_for(timeout=60_000)
+        tab.goto(site_url + "index.html")
+        tab.locator("article").get_by_role("link", name=lab.title).click()   # as a reader would
+        tab.wait_for_url(f"**/{lab.file}")
         if lab.lab == "02_data_parallel":
-            page.locator("mjx-container").first.wait_for(timeout=60_000)
-        widths = images_loaded(page)
+            tab.locator("mjx-container").first.wait_for(timeout=60_000)
+        widths = images_loaded(tab, "article")
         assert widths and all(widths), f"{lab.file}: image widths {widths}"
-        assert local_links_work(page) == [], lab.file
-        screenshot(page, f"site-{lab.lab}")
-    screenshot(page, "site-05_pipeline_parallel-widget", page.locator(".widget-interact").first)
-    page.goto(site_url + "02_data_parallel.html")
-    screenshot(page, "site-02_data_parallel-formula", page.locator("mjx-container").first)
-    assert page.problems == []
+        seen = readable(tab)
+        assert seen["overflow"] <= 1, f"{lab.file} scrolls sideways at {tab.width} px"
+        assert 30 < seen["chars"] <= 95, f"{lab.file}: {seen['chars']:.0f} characters a line"
+        assert set(seen["pre"]) == {"pre"}, "printed tables must scroll, not wrap"
+        if tab.width < 400:   # a phone: figures at a legible size, scrolled sideways
+            assert all(w >= min(n, 600) for w, n in seen["figures"]), seen["figures"]
+        assert tab.locator("nav.bd-links a", has_text=lab.title).count() == 1  # the sidebar's
+        assert local_links_work(tab) == [], lab.file
+        screenshot(tab, f"site-{lab.lab}-{tab.width}")
+    assert tab.problems == []
+
+
+def test_site_search_finds_a_lab_offline(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "search.html?q=bubble")
+    hit = tab.locator("#search-results a", has_text="Pipeline parallelism").first
+    hit.wait_for(timeout=30_000)
+    assert tab.problems == []
+
+
+def test_site_dark_mode_follows_the_system(browser, site_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    tab = context.new_page()
+    tab.goto(site_url + "01_collectives.html")
+    assert tab.evaluate("document.documentElement.dataset.theme") == "dark"
+    background = tab.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert sum(map(int, background[background.index("(") + 1:-1].split(",")[:3])) < 200, background
+    screenshot(tab, "site-01_collectives-dark")
+    context.close()
+
+
+def python_schedule(kind: str, p: int, m: int, ratio: float) -> dict:
+    """What Lab 5's schedule explorer prints for these inputs, from the Python functions."""
+    from distlab.labs.pipeline.schedules import simulate
+    from distlab.labs.pipeline.stages import measured_bubble, peak_in_flight, theoretical_bubble
+
+    events = simulate(kind, p, m, t_fwd=1.0, t_bwd=ratio)
+    mm = 1 if kind == "naive" else m
+    return {"bubble": f"{measured_bubble(events, p):.3f}",
+            "theory": f"{theoretical_bubble(p, mm):.3f}",
+            "in-flight": str(list(peak_in_flight(events).values()))}
+
+
+def test_site_lab_5_schedule_twin_redraws_as_the_python_computes(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "05_pipeline_parallel.html")
+    twin = tab.locator('.distlab-twin[data-twin="schedule"]')
+    twin.locator("svg.distlab-gantt").wait_for()
+
+    def drawn():
+        kind, p, m, ratio = twin.get_attribute("data-state").split(",")
+        shown = {k: twin.locator(f'[data-out="{k}"]').inner_text()
+                 for k in ("bubble", "theory", "in-flight")}
+        bars = twin.locator("svg rect").count()
+        return (kind, int(p), int(m), float(ratio)), shown, bars
+
+    def same_as_python():
+        (kind, p, m, ratio), shown, bars = drawn()
+        assert shown == python_schedule(kind, p, m, ratio), (kind, p, m, ratio)
+        assert bars == p * 2 * (1 if kind == "naive" else m)        # one bar per F and B
+        return kind, p, m, ratio
+
+    assert same_as_python() == ("1f1b", 4, 8, 2.0)                  # the lab's defaults
+    screenshot(tab, f"site-05-twin-start-{tab.width}", twin)
+    for name, presses in (("p", ["ArrowRight", "ArrowRight"]), ("m", ["ArrowLeft"] * 5),
+                          ("ratio", ["ArrowLeft", "ArrowLeft"]), ("m", ["End"]), ("p", ["Home"])):
+        for key in presses:
+            before = drawn()
+            twin.locator(f'input[name="{name}"]').press(key)
+            assert drawn() != before, f"{name}: {key} redrew nothing"
+            same_as_python()
+    for kind in ("gpipe", "naive", "1f1b"):
+        twin.locator('select[name="kind"]').select_option(kind)
+        assert same_as_python()[0] == kind
+    assert drawn()[0] == ("1f1b", 2, 16, 1.0)
+    screenshot(tab, f"site-05-twin-moved-{tab.width}", twin)
+    assert tab.problems == []
+
+
+def python_plan(state: dict) -> dict:
+    """What Lab 7's planner computes for these inputs (its ``show``), from the Python functions:
+    the layout chosen, memory per GPU (GB), bubble, GB sent per axis and the step's seconds."""
+    from distlab.labs import planning as pl
+
+    model = pl.model_of_size(state["params_b"])
+    cluster = pl.Cluster("", state["nodes"], state["gpus_per_node"], state["gpu_mem_gb"])
+    seqs = max(cluster.gpus, cluster.gpus * round(state["batch_m_tokens"] * 1e6 / state["seq_len"]
+                                                  / cluster.gpus))
+    job = pl.Job(seq_len=state["seq_len"], global_batch=seqs, zero_stage=state["zero_stage"],
+                 recompute=state["recompute"], zero_accumulation=state["zero_accumulation"])
+    try:
+        cfg = pl.reference_choose_degrees(model, cluster, job)
+    except ValueError:
+        return {}
+    comm, step = pl.comm_bytes_per_step(model, cfg), pl.step_time(model, cluster, cfg)
+    return {"layout": str(cfg), "memory": pl.memory_per_gpu(model, cfg)["total"] / pl.GB,
+            "bubble": pl.bubble_fraction(cfg.pp, cfg.microbatches),
+            "tp": comm["tp"] / pl.GB, "pp": comm["pp"] / pl.GB, "dp": comm["dp"] / pl.GB,
+            "step": step["total"]}
+
+
+def test_site_lab_7_planner_twin_computes_as_the_python(offline_tab, site_url):
+    tab = offline_tab
+    tab.goto(site_url + "07_3d_parallelism.html")
+    twin = tab.locator('.distlab-twin[data-twin="planner"]')
+    twin.locator("pre.distlab-plan").wait_for()
+
+    def same_as_python() -> dict:
+        state = json.loads(twin.get_attribute("data-state"))
+        drawn, expected = json.loads(twin.get_attribute("data-plan")), python_plan(state)
+        assert drawn.keys() == expected.keys(), (state, drawn, expected)
+        for key, value in expected.items():
+            if key == "layout":
+                assert drawn[key] == value, (state, key)
+            else:   # the page shows the Python's number, rounded to the digits it prints
+                digits = len(drawn[key].split(".")[1])
+                assert abs(float(drawn[key]) - value) <= 0.5 * 10 ** -digits + 1e-9, (state, key)
+        if expected:
+            assert expected["layout"] in twin.locator("pre").inner_text()
+        return state
+
+    start = same_as_python()
+    assert (start["params_b"], start["nodes"], start["gpu_mem_gb"]) == (70, 16, 80)
+    screenshot(tab, f"site-07-planner-start-{tab.width}", twin)
+    sliders = ("params_b", "seq_len", "gpus_per_node", "nodes", "gpu_mem_gb", "batch_m_tokens")
+    for name in sliders:
+        for key in ("ArrowLeft", "ArrowRight", "ArrowLeft"):
+            before = twin.get_attribute("data-state")
+            twin.locator(f'input[name="{name}"]').press(key)
+            assert twin.get_attribute("data-state") != before, f"{name}: {key} changed nothing"
+            same_as_python()
+    for name, options in (("zero_stage", ["3", "0", "2"]), ("recompute", ["full", "none"]),
+                          ("zero_accumulation", ["resident", "regather"])):
+        for option in options:
+            twin.locator(f'select[name="{name}"]').select_option(option)
+            same_as_python()
+    twin.locator('input[name="params_b"]').press("End")           # 1000B: nothing fits
+    assert same_as_python()["params_b"] == 1000
+    assert "No (TP, PP, DP) layout fits" in twin.locator("pre").inner_text()
+    screenshot(tab, f"site-07-planner-moved-{tab.width}", twin)
+    assert tab.problems == []

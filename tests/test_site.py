@@ -4,7 +4,11 @@ like in a browser is tests/test_browser.py's."""
 from __future__ import annotations
 
 import io
+import json
+import random
 import re
+import shutil
+import subprocess
 import tarfile
 
 import nbformat
@@ -12,7 +16,7 @@ import pytest
 
 from distlab.course import notebooks
 
-from distlab.course import site, site_assets
+from distlab.course import site, site_assets, site_pages, site_sphinx
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -27,31 +31,108 @@ def test_index_lists_every_lab_with_summary_and_time(course_site):
         assert page.seconds > 0 and f"{page.seconds:.0f} s" in index
 
 
+def _texts(out, pages):
+    return {p.lab: (out / p.file).read_text() for p in pages}
+
+
 @pytest.mark.slow
-def test_lab_pages_have_outputs_figures_widgets_and_links(course_site):
+def test_lab_pages_have_outputs_figures_and_links(course_site):
     out, pages, _ = course_site
-    text = {p.lab: (out / p.file).read_text() for p in pages}
+    text = _texts(out, pages)
     assert "[rank 0] hello from rank 0 of 4" in text["01_collectives"]
-    assert text["01_collectives"].count('src="data:image/png;base64,') >= 5
-    assert 'href="02_data_parallel.html">Lab 2</a>' in text["01_collectives"]   # "Lab 2" in the text
-    assert "application/vnd.jupyter.widget-state+json" in text["05_pipeline_parallel"]
-    assert "micro m" in text["05_pipeline_parallel"]              # the slider, in the saved state
-    assert "$$" in text["02_data_parallel"]                       # left for MathJax to typeset
+    figures = re.findall(r'<img [^>]*src="(_images/[^"]+\.png)"', text["01_collectives"])
+    assert len(figures) >= 5 and all((out / f).is_file() for f in figures)
+    assert re.search(r'href="02_data_parallel.html"[^>]*><span[^>]*>Lab 2<', text["01_collectives"])
     for i, page in enumerate(pages):
-        nav = site.nav_html(pages, i)
-        assert text[page.lab].count(nav) == 2                     # above and below the lab
-        assert "BEGIN SOLUTION" not in text[page.lab] and "HIDDEN TESTS" not in text[page.lab]
+        html = text[page.lab]
+        assert "BEGIN SOLUTION" not in html and "HIDDEN TESTS" not in html
+        for other in pages:                                        # the sidebar of labs
+            assert f'href="{other.file}"' in html or other is page
+        if i > 0:                                                  # previous / next
+            assert re.search(rf'class="left-prev"[^>]*href="{pages[i - 1].file}"|'
+                             rf'href="{pages[i - 1].file}"[^>]*class="left-prev"', html)
+        assert 'class="page-toc tocsection onthispage"' in html    # in-page contents
+        assert '<link rel="stylesheet" type="text/css" href="_static/distlab.css' in html
+
+
+@pytest.mark.slow
+def test_solutions_are_folded_under_a_link_to_the_student_notebook(course_site):
+    out, pages, _ = course_site
+    for page in pages:
+        html = (out / page.file).read_text()
+        nb = notebooks.reader_notebook(page.lab)
+        solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+        assert solutions
+        folds = re.findall(r'<details class="admonition hide above-input">\s*<summary[^>]*>\s*'
+                           r'<p class="collapsed admonition-title">Show solution</p>', html)
+        dropdowns = html.count('<p class="admonition-title">Show solution</p>')
+        assert len(folds) + dropdowns == len(solutions), page.lab
+        tries = re.findall(r'distlab-try.*?href="(_downloads/[^"]+)"', html, re.S)
+        assert len(tries) == len(solutions)
+        student = (notebooks.NOTEBOOKS / page.lab / f"{page.lab}.ipynb").read_bytes()
+        assert all((out / t).read_bytes() == student for t in tries)
+
+
+@pytest.mark.slow
+def test_each_page_says_how_to_run_it(course_site):
+    out, pages, _ = course_site
+    commands = site_pages.setup_commands()
+    assert commands == ["make lab", "make test"]                  # README's "Two commands"
+    for page in pages:
+        html = (out / page.file).read_text()
+        box = re.search(r'<div class="distlab-run[^"]*">(.*?)</p>\n</div>', html, re.S).group(1)
+        downloads = re.findall(r'href="(_downloads/[^"]+\.ipynb)"', box)
+        executed, student = (nbformat.reads((out / d).read_text(), as_version=4) for d in downloads)
+        assert any(c.get("outputs") for c in executed.cells if c.cell_type == "code")
+        assert not any(c.get("outputs") for c in student.cells if c.cell_type == "code")
+        for command in commands:
+            assert command.replace(" ", '<span class="w"> </span>') in box.replace(
+                '<span class="nb">test</span>', "test")
+        assert "Not on Colab: this lab starts several processes" in box   # every lab here does
+
+
+@pytest.mark.slow
+def test_demo_table_columns_are_apart(course_site):
+    out, _, _ = course_site
+    html = (out / "01_collectives.html").read_text()
+    rows = re.findall(r"rank \d +\[[\d ]+\] +(\[[\d ]+\])(\S*)", html)
+    assert len(rows) >= 8 and all(after == "" for _, after in rows), rows[:4]
+    assert "]all_gather" not in html and "]reduce_scatter" not in html
+
+
+@pytest.mark.slow
+def test_widgets_are_twins_or_marked_snapshots_and_math_loads_only_where_needed(course_site):
+    out, pages, _ = course_site
+    text = _texts(out, pages)
+    lab5 = text["05_pipeline_parallel"]
+    assert 'data-twin="schedule"' in lab5 and "_static/twins.js" in lab5
+    assert "widget-state+json" not in lab5 and "embed-amd.js" not in lab5   # no snapshot left
+    lab7 = text["07_3d_parallelism"]
+    assert 'data-twin="planner"' in lab7 and "widget-state+json" not in lab7
+    assert "$$" in text["02_data_parallel"] or "\\[" in text["02_data_parallel"]
+    assert 'src="_static/mathjax/es5/tex-svg.js' in text["02_data_parallel"]
+    assert "tex-svg.js" not in text["01_collectives"]                  # no formula, no MathJax
+
+
+@pytest.mark.slow
+def test_search_index_covers_the_labs(course_site):
+    out, pages, _ = course_site
+    assert (out / "search.html").is_file()
+    index = (out / "searchindex.js").read_text()
+    for page in pages:
+        assert f'"{page.lab}"' in index
 
 
 @pytest.mark.slow
 def test_pages_load_nothing_from_the_network(course_site):
     out, pages, _ = course_site
-    for name in ["index.html"] + [p.file for p in pages]:
+    for name in ["index.html", "search.html"] + [p.file for p in pages]:
         html = (out / name).read_text()
         # what a page loads (links the reader may follow are fine)
         remote = re.findall(r'<(?:script|img|link|iframe)[^>]*(?:src|href)="(https?://[^"]+)"', html)
+        remote = [u for u in remote if 'rel="' not in u]
         assert remote == [], f"{name} loads {remote}"
-        for local in re.findall(r'src="(_static/[^"]+)"', html):
+        for local in re.findall(r'src="(_static/[^"?]+)', html):
             assert (out / local).is_file(), f"{name} loads {local}, which the site lacks"
 
 
@@ -88,16 +169,36 @@ def test_lab_mentions_become_links_to_other_labs_on_the_site():
     pages = [site.Page("01_collectives", "Lab 1 — C", ""), site.Page("03_tp", "Lab 3 — T", "")]
     text = "Lab 1 and Lab 3's layers; Lab 2 is not here; [Lab 3](x.html) stays; Labs 1–5."
     assert site.link_lab_mentions(text, pages, "03_tp") == (
-        "[Lab 1](01_collectives.html) and Lab 3's layers; Lab 2 is not here; [Lab 3](x.html) "
+        "[Lab 1](01_collectives.ipynb) and Lab 3's layers; Lab 2 is not here; [Lab 3](x.html) "
         "stays; Labs 1–5.")
 
 
-def test_nav_links_previous_index_and_next():
-    pages = [site.Page(f"0{i}_x", f"Lab {i} — X", "") for i in (1, 2, 3)]
-    assert site.nav_html(pages, 0).count("<a ") == 2                  # no previous lab
-    middle = site.nav_html(pages, 1)
-    assert '<a href="01_x.html">← Lab 1 — X</a>' in middle and 'href="index.html"' in middle
-    assert '<a href="03_x.html">Lab 3 — X →</a>' in middle
+def test_solution_cells_fold_and_widgets_become_twins_or_snapshots():
+    nb = _notebook(("answer", "x = 1"), ("plain", "y = 2"))
+    nb.cells[1].metadata["nbgrader"]["solution"] = True
+    for i, call in ((1, "schedule_explorer()"), (2, "other_widget()")):
+        nb.cells[i].source += f"\n{call}"
+        nb.cells[i].outputs = [nbformat.v4.new_output(
+            "display_data", data={site_pages.WIDGET_VIEW: {"model_id": "m"}})]
+    nb.metadata["widgets"] = {"state": {}}
+    site_pages.fold_solutions(nb, "01_collectives")
+    site_pages.twin_or_notice(nb)
+    kinds = [(c.cell_type, c.metadata.get("tags", []), c.source[:30]) for c in nb.cells]
+    assert "distlab-try" in kinds[1][2] and kinds[2][1] == ["hide-input", "remove-output"]
+    assert nb.cells[2].metadata["mystnb"]["code_prompt_show"] == "Show solution"
+    assert 'data-twin="schedule"' in nb.cells[3].source
+    assert "snapshot: run the lab to interact" in nb.cells[5].source
+    assert "widgets" in nb.metadata                   # the snapshot still needs its saved state
+
+
+def test_colab_only_for_labs_that_start_no_processes():
+    single = _notebook(("plain", "print(1 + 1)"))
+    ranks = _notebook(("ranks", "out = run(fn, world_size=4)"))
+    repo = "https://github.com/example/distlab"
+    assert "colab.research.google.com/github/example/distlab/blob/main/notebooks/01_x/01_x.ipynb" \
+        in site_pages.run_box("01_x", single, repo)
+    box = site_pages.run_box("01_x", ranks, repo)
+    assert "colab.research" not in box and "Not on Colab" in box and f"]({repo})" in box
 
 
 def test_reader_notebook_keeps_solutions_and_drops_hidden_tests():
@@ -148,3 +249,71 @@ def test_without_npm_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(site_assets.shutil, "which", lambda name: None)
     with pytest.raises(site.SiteError, match=r"npm is not installed.*apt-get install npm"):
         site_assets.vendored(site_assets.ASSETS[0], tmp_path)
+
+
+def _twins_in_node(calls: str) -> list:
+    """Evaluate ``calls`` (a JavaScript expression over ``twins``, the functions twins.js exports)
+    in Node.js, the JSON it returns."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (it comes with npm: `sudo apt-get install npm`)")
+    twins = site_sphinx.OWN_STATIC / "twins.js"
+    script = ("global.window = {}; global.document = {readyState: 'complete', "
+              "querySelectorAll: () => []};\n"
+              f"require({json.dumps(str(twins))}); const twins = window.distlabTwins;\n"
+              f"console.log(JSON.stringify({calls}));")
+    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_schedule_twin_simulates_as_the_python():
+    from distlab.labs.pipeline.schedules import SCHEDULES, simulate
+    from distlab.labs.pipeline.stages import measured_bubble, peak_in_flight
+
+    cases = [(k, p, m, r) for k in SCHEDULES for p in (2, 3, 5, 8) for m in (1, 4, 7, 16)
+             for r in (0.5, 2.0, 3.0)]
+    js = _twins_in_node("%s.map(([k, p, m, r]) => { const e = twins.simulate(k, p, m, 1.0, r); "
+                        "return [e.length, twins.measuredBubble(e, p), twins.peakInFlight(e, p), "
+                        "Math.max(...e.map(x => x.end))]; })" % json.dumps(cases))
+    for (kind, p, m, r), (count, bubble, inflight, end) in zip(cases, js):
+        events = simulate(kind, p, m, t_fwd=1.0, t_bwd=r)
+        assert count == len(events) and end == max(e.end for e in events)
+        assert bubble == pytest.approx(measured_bubble(events, p), abs=1e-12)
+        assert inflight == list(peak_in_flight(events).values()), (kind, p, m, r)
+
+
+def test_planner_twin_plans_as_the_python_on_random_inputs():
+    from distlab.labs import planning as pl
+
+    rng = random.Random(0)
+    states = [{"params_b": 10 ** (rng.randint(0, 30) / 10),
+               "seq_len": rng.choice([1024, 2048, 4096, 8192, 16384, 32768]),
+               "gpus_per_node": rng.choice([1, 2, 4, 8]), "nodes": 2 ** rng.randint(0, 11),
+               "gpu_mem_gb": rng.choice([16, 24, 40, 48, 80, 96, 141, 192]),
+               "batch_m_tokens": rng.choice([0.5, 1, 2, 4, 8, 16]), "zero_stage": rng.randint(0, 3),
+               "recompute": rng.choice(["none", "selective", "full"]),
+               "zero_accumulation": rng.choice(["regather", "resident"])} for _ in range(200)]
+    js = _twins_in_node("%s.map(s => { const r = twins.plan(s); return r.cfg ? "
+                        "[r.cfg.tp, r.cfg.pp, r.cfg.dp, r.memory.total, r.bubble, r.comm.tp, "
+                        "r.comm.pp, r.comm.dp, r.step.total] : null; })" % json.dumps(states))
+    fits = 0
+    for state, got in zip(states, js):
+        model = pl.model_of_size(state["params_b"])
+        cluster = pl.Cluster("", state["nodes"], state["gpus_per_node"], state["gpu_mem_gb"])
+        seqs = max(cluster.gpus, cluster.gpus * round(
+            state["batch_m_tokens"] * 1e6 / state["seq_len"] / cluster.gpus))
+        job = pl.Job(seq_len=state["seq_len"], global_batch=seqs, zero_stage=state["zero_stage"],
+                     recompute=state["recompute"], zero_accumulation=state["zero_accumulation"])
+        try:
+            cfg = pl.reference_choose_degrees(model, cluster, job)
+        except ValueError:
+            assert got is None, state
+            continue
+        fits += 1
+        comm = pl.comm_bytes_per_step(model, cfg)
+        want = [cfg.tp, cfg.pp, cfg.dp, pl.memory_per_gpu(model, cfg)["total"],
+                pl.bubble_fraction(cfg.pp, cfg.microbatches), comm["tp"], comm["pp"], comm["dp"],
+                pl.step_time(model, cluster, cfg)["total"]]
+        assert got == pytest.approx(want, rel=1e-9), state
+    assert 50 < fits < 190          # the draw covers layouts that fit and ones that do not

@@ -83,7 +83,8 @@ def demo(op: str, world_size: int = 4, show: bool = True):
     """Run ``op`` on ``world_size`` ranks; print each rank's tensor before and after and what it
     sent, and draw who sends what. Returns the ranks' (before, after) pairs."""
     out = distlab.run(_demo_rank, world_size, op, timeout=60)
-    width = max(len(_fmt(b)) for b, _ in out) + 4
+    # both columns: an all-gather's ``after`` is longer than its ``before``
+    width = max(len(_fmt(t)) for pair in out for t in pair) + 4
     print(f"{op} on {world_size} ranks ({out.backend})")
     print(f"  {'':8}{'before':<{width}}{'after':<{width}}call")
     for rank, (before, after) in enumerate(out):
