@@ -305,7 +305,7 @@ plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);
 # %% [markdown]
 # Explore: how large must m be for a bubble under 10% with p = 8? What does a backward twice as
 # slow as the forward change? (The chart redraws from a running kernel; on the rendered course
-# site it stays as it was saved.)
+# site a JavaScript copy of the same simulator redraws it, tested against `simulate`.)
 
 # %% nbgrader={"grade": false, "grade_id": "explorer", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 schedule_explorer()
