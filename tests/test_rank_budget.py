@@ -1,6 +1,6 @@
 """Hung or merely slow: ranks that a busy machine slows down are given time; ranks that wait in a
 collective, use no CPU time, or compute past the CPU-time limit are stopped, and the message says
-which (distlab.runtime.rank_watch.Budget)."""
+which (distlab.runtime.stuck.Budget)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import distlab
-from distlab.runtime import rank_watch
+from distlab.runtime import stuck
 from distlab.runtime.comms import Comm
 from distlab.runtime.diagnosis import RankState
 from distlab.runtime.launch import current_launcher
@@ -33,8 +33,8 @@ def _probe_sequence(monkeypatch, states, cpu_per_probe, timeout=10.0, probes=4):
     """Probe a Budget at its own probe times with CPU clocks that advance as given per probe;
     the verdicts (None: given more time)."""
     clock = {s.pid: 0.0 for s in states}
-    monkeypatch.setattr(rank_watch, "cpu_seconds", lambda pid: clock[pid])
-    budget = rank_watch.Budget(timeout, deadline=100.0 + timeout)
+    monkeypatch.setattr(stuck, "cpu_seconds", lambda pid: clock[pid])
+    budget = stuck.Budget(timeout, deadline=100.0 + timeout)
     verdicts = []
     for _ in range(probes):
         for s in states:
@@ -67,6 +67,26 @@ def test_the_wall_clock_still_bounds_a_starved_rank(monkeypatch):
     verdicts = _probe_sequence(monkeypatch, _states(None,), {0: 0.05}, timeout=1.0, probes=8)
     assert verdicts[:3] == [None, None, None]
     assert any(v and "the machine is too busy to finish it" in v for v in verdicts)
+
+
+def test_ranks_that_cannot_join_are_reported_then_stopped(monkeypatch, capsys):
+    states = _states(None, None)
+    for s in states:
+        s.status = "starting"
+    clock = {s.pid: 1.0 for s in states}
+    monkeypatch.setattr(stuck, "cpu_seconds", lambda pid: clock[pid])
+    joining = stuck.Joining(0.0, "127.0.0.1:1234")
+    assert joining.check(states, 5.0) is None and capsys.readouterr().err == ""
+    assert joining.check(states, 10.0) is None
+    assert "rank(s) 0, 1 still joining the process group after 10 s" in capsys.readouterr().err
+    clock[states[0].pid] += 1.0  # rank 0 computes (imports, on a busy machine): more time
+    assert joining.check(states, 20.0) is None
+    verdict = joining.check(states, 30.0)
+    assert "rank(s) 0, 1 could not join the process group in 30 s" in verdict
+    assert "used no CPU time in the last 10 s" in verdict and "127.0.0.1:1234" in verdict
+    states[0].status = "running"  # joined: nothing to say about the others... until the next one
+    states[1].status = "running"
+    assert joining.check(states, 40.0) is None
 
 
 def _busy(rank, world_size, cpu):
@@ -115,3 +135,19 @@ def test_a_sleeping_rank_is_reported_as_using_no_cpu_time():
         distlab.run(fn, 2, timeout=1)
     assert "did not finish within 1 s: they are stuck" in str(info.value)
     assert "used no CPU time" in str(info.value)
+
+
+def test_a_zygote_that_waits_on_something_fails_within_seconds(tmp_path):
+    from distlab.runtime.outcome import DistributedError
+    from distlab.runtime.zygote_client import ZygoteHandle
+    (tmp_path / "waits_forever.py").write_text("import time\ntime.sleep(600)\n")
+    handle = ZygoteHandle({"DISTLAB_ZYGOTE_PRELOAD": "waits_forever", "PYTHONPATH": str(tmp_path)})
+    start = time.monotonic()
+    try:
+        with pytest.raises(DistributedError, match="used no CPU time in the last 10 s") as info:
+            handle.wait_ready()
+        assert "process state S" in str(info.value)
+        assert time.monotonic() - start < 150  # not the 300 s it used to wait in silence
+    finally:
+        handle.proc.kill()
+        handle.proc.wait()

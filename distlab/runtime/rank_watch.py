@@ -17,72 +17,12 @@ from distlab.runtime.comms import SAME_SHAPE_OPS
 from distlab.runtime.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
                                        find_orphan_wait, hint_for)
 from distlab.runtime.outcome import HangError, RankCrashed, RankError, Results
+from distlab.runtime.stuck import Budget, Joining
 from distlab.runtime.zygote_client import ZygoteHandle
 
 # What a rank's error says when a peer's connection dropped under it (gloo, NCCL).
 PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "Socket closed",
              "connection closed", "Connection refused", "NCCL communicator was aborted")
-
-
-CPU_WINDOW = 2.0   # seconds over which a rank that uses no CPU time counts as stuck
-MIN_WINDOW = 0.5   # the shortest window (the CPU clock ticks in 10 ms)
-SLACK = 10         # the wall-clock deadline, at most, for ranks that keep computing slowly
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """CPU time (user + system, all threads) the process ``pid`` has used; None when unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, TypeError):
-        return None
-
-
-class Budget:
-    """When ranks that have not finished count as hung. Until ``deadline``, never. From then on,
-    every CPU_WINDOW seconds: hung when no rank made progress (each waits inside a collective or
-    used no CPU time in the window), or when one has used ``timeout`` seconds of CPU time; a
-    rank that computes, however slowly the busy machine lets it, gets more time, up to SLACK x
-    ``timeout`` of wall time. The CPU time is sampled CPU_WINDOW before each probe."""
-
-    def __init__(self, timeout: float, deadline: float):
-        self.timeout, self.start, self.deadline = timeout, deadline - timeout, deadline
-        self.probe_at, self.marks, self.marked = max(self.start, deadline - CPU_WINDOW), None, 0.0
-
-    def probe(self, states, now: float) -> str | None:
-        live = [s for s in states if s.status in ("starting", "running") and s.pid]
-        cpu = {s.rank: cpu_seconds(s.pid) for s in live}
-        if self.marks is None:   # the sample CPU_WINDOW before the deadline
-            self.marks, self.marked = cpu, now
-            self.probe_at = max(self.deadline, now + MIN_WINDOW)
-            return None
-        window = now - self.marked
-        stuck, computing = [], []
-        for s in live:
-            call, before, after = s.open_call(), self.marks.get(s.rank), cpu[s.rank]
-            if call is not None:
-                stuck.append(f"rank {s.rank} waits in {call.op} #{call.seq}")
-            elif before is None or after is None:   # no CPU clock to read: as if stuck
-                stuck.append(f"rank {s.rank} is still running")
-            elif after - before >= 0.01 * window:
-                computing.append((after, s.rank))
-            else:
-                stuck.append(f"rank {s.rank} used no CPU time in the last {window:.1f} s")
-        if not live:
-            return "every rank returned, but a process they started still holds their output"
-        if not computing:
-            return ("they are stuck (" + "; ".join(stuck) + "), not merely slowed down by a "
-                    "busy machine")
-        used, rank = max(computing)
-        if used >= self.timeout:
-            return (f"rank {rank} kept computing for {used:.0f} s of CPU time, over the "
-                    f"limit of {self.timeout:g} s (an endless loop, or far too much work)")
-        if now - self.start >= SLACK * self.timeout:
-            return (f"rank {rank} was still computing after {now - self.start:.0f} s "
-                    f"({used:.1f} s of CPU time): the machine is too busy to finish it")
-        self.marks, self.marked, self.probe_at = cpu, now, now + CPU_WINDOW
-        return None
 
 
 class RankWatch:
@@ -92,7 +32,8 @@ class RankWatch:
     that trusts its ranks, ``distlab.runtime.safe_pickle`` for one that runs a student's code."""
 
     def __init__(self, zygote: ZygoteHandle, run_id: int, world_size: int, backend: str,
-                 timeout: float, loads, load_result):
+                 timeout: float, loads, load_result, store: str = "its rendezvous store"):
+        self.store = store
         self.zygote, self.world_size, self.backend, self.timeout = zygote, world_size, backend, timeout
         self.run_id, self.loads, self.load_result = run_id, loads, load_result
         self.states = [RankState(rank) for rank in range(world_size)]
@@ -150,8 +91,12 @@ class RankWatch:
         # that still compute get more time, until one of them has used ``timeout`` seconds of
         # CPU time (an endless loop) or the wall clock passes SLACK x the deadline.
         budget = Budget(self.timeout, deadline)
+        joining = Joining(deadline - self.timeout, self.store)
         while not (all(s.status == "done" for s in self.states) and not open_outs):
             now = time.perf_counter()
+            stuck = joining.check(self.states, now)
+            if stuck is not None:
+                self._fail(HangError, stuck)
             if now >= budget.probe_at:
                 verdict = budget.probe(self.states, now)
                 if verdict is not None:
