@@ -27,6 +27,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--grade-args", default="--backend gloo --rank-timeout 10",
                         help="more `distlab grade` options (default: %(default)s; a hang sample "
                              "costs the rank timeout)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="copy each run's scores CSV here (scores-jobsJ.csv) to compare runs")
     args = parser.parse_args()
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
     with tempfile.TemporaryDirectory(prefix="gs-") as tmp:  # short: sockets live under it
@@ -113,6 +116,9 @@ def main() -> None:
             seconds, out = grade(folder, work, jobs, extra)
             first = first or seconds
             scores.append(verdicts(out))
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, args.keep / f"scores-jobs{jobs}.csv")
             print(f"| {args.students} | {notebooks} | {jobs} | {seconds:.0f} | "
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
