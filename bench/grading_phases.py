@@ -43,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EVENTS_ENV = "DISTLAB_BENCH_PHASES"   # where the worker shim appends its timed events (JSON lines)
 RUN_ALL_ENV = "DISTLAB_BENCH_RUN_ALL"  # set: the worker shim runs the teaching cells too (--run-all)
+RUNS_ENV = "DISTLAB_BENCH_RUNS"        # set: an event per run of the judge's ranks (--runs)
 
 
 # -- inside the worker: time the phases by wrapping the methods that run them ----------------------
@@ -59,6 +60,8 @@ def _wrap(owner, name: str, on_enter, on_exit):
 
 
 def _worker(argv: list[str]) -> int:
+    from distlab.grading.imports import skip_slow_imports
+    skip_slow_imports()  # as the worker does first (the imports below would come before it)
     import psutil
     from nbconvert.exporters import HTMLExporter
     from nbgrader.apps.api import NbGraderAPI
@@ -138,6 +141,11 @@ def _worker(argv: list[str]) -> int:
         return enter, exit_
     _wrap(judge_module.Judge, "_handle", *timed_into("judge"))
     _wrap(Launcher, "run", *timed_into("ranks"))
+    if os.environ.get(RUNS_ENV):  # one event per run of the judge's ranks (--runs)
+        def run_exit(start, self, fn, world_size, *args, **kwargs):
+            emit("rank run", time.perf_counter() - start, cell=current.get("cell"),
+                 world_size=world_size, fn=getattr(fn, "__name__", "?"))
+        _wrap(Launcher, "run", lambda *a: time.perf_counter(), run_exit)
 
     def feedback_enter(*args):
         now = time.perf_counter()
@@ -200,6 +208,8 @@ def grade_one(nb, lab: str, tmp: Path, backend: str) -> tuple[float, list[dict]]
 
 def table(title: str, wall: float, rows: list[dict], per_cell: bool) -> None:
     totals = collections.Counter()
+    runs = [r for r in rows if r["phase"] == "rank run"]
+    rows = [r for r in rows if r["phase"] != "rank run"]
     for r in rows:
         if r["phase"] == "test cell":
             totals["test cells: kernel + sending"] += r["seconds"] - r["judge"]
@@ -220,6 +230,12 @@ def table(title: str, wall: float, rows: list[dict], per_cell: bool) -> None:
     for phase in order:
         share = "" if phase == "feedback HTML: export" else f"{totals[phase] / wall:.0%}"
         print(f"| {phase} | {totals[phase]:.2f} | {share} |")
+    if runs:
+        print("\n| cell | judge's runs | ranks | s | s per run |\n|---:|---|---:|---:|---:|")
+        for key in sorted({(r["cell"], r["fn"], r["world_size"]) for r in runs}):
+            took = [r["seconds"] for r in runs if (r["cell"], r["fn"], r["world_size"]) == key]
+            print(f"| {key[0]} | {len(took)} x {key[1]} | {key[2]} | {sum(took):.2f} | "
+                  f"{sum(took) / len(took):.3f} |")
     if per_cell:
         print("\n| cell | kind | s | judge: ranks | judge: comparing | what |\n"
               "|---:|---|---:|---:|---:|---|")
@@ -236,16 +252,22 @@ def table(title: str, wall: float, rows: list[dict], per_cell: bool) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         sys.exit(_worker(sys.argv[2:]))
+    from distlab.grading.imports import skip_slow_imports
+    skip_slow_imports()  # as `distlab grade` does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="01_collectives")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--cells", action="store_true", help="a row per code cell too")
     parser.add_argument("--run-all", action="store_true",
                         help="run the cells tagged teaching too (the grader before it skipped them)")
+    parser.add_argument("--runs", action="store_true",
+                        help="a row per check function the judge ran on ranks: count and times")
     parser.add_argument("--only", choices=["reference", "untouched"], help="one sample only")
     args = parser.parse_args()
     if args.run_all:
         os.environ[RUN_ALL_ENV] = "1"
+    if args.runs:
+        os.environ[RUNS_ENV] = "1"
     sys.path.insert(0, str(REPO / "tests"))
     import submissions
     for title, nb in (("reference answers", submissions.solved(args.lab)),

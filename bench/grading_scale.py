@@ -15,6 +15,8 @@ directory with ``python -m distlab.cli grade`` (as an instructor would run it) a
     latency s     mean time one notebook spent being graded (the run's records), queueing excluded
     students/min  throughput
     speed-up      wall at the first --jobs value / wall
+    CPU s/nb      CPU time (user + system) of the command and everything it started, per
+                  notebook: what the grading itself costs, whatever else loads the machine
     load          the 1-minute load average when the row finished (other work on the machine
                   inflates the times: compare rows only at similar loads)
 
@@ -27,6 +29,8 @@ import argparse
 import csv
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,18 +63,26 @@ def write_students(folder: Path, students: int, labs: list[str]) -> int:
     return students * len(labs)
 
 
-def grade(folder: Path, work: Path, jobs: int, extra: list[str]) -> tuple[float, Path]:
-    """Wall seconds of one ``distlab grade`` run, and its scores CSV."""
+def grade(folder: Path, work: Path, jobs: int, extra: list[str]) -> tuple[float, float, Path]:
+    """Wall seconds and CPU seconds of one ``distlab grade`` run, and its scores CSV."""
     out = work / "scores.csv"
     command = [sys.executable, "-m", "distlab.cli", "grade", str(folder), "--jobs", str(jobs),
                "--workdir", str(work), "--out", str(out), *extra]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
+    cpu = _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"distlab grade --jobs {jobs} exited with {done.returncode}:\n"
                          f"{done.stderr[-3000:]}")
-    return seconds, out
+    return seconds, cpu, out
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's waited-for descendants: the grade command,
+    its workers, kernels, judges and ranks (each reaped by its parent, up the tree)."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def mean_latency(work: Path) -> float:
@@ -96,6 +108,8 @@ def main() -> None:
     parser.add_argument("--grade-args", default="--backend gloo --rank-timeout 10",
                         help="more `distlab grade` options (default: %(default)s; a hang sample "
                              "costs the rank timeout)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="copy each run's scores CSV here (scores-jobsJ.csv) to compare runs")
     args = parser.parse_args()
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
     with tempfile.TemporaryDirectory(prefix="gs-") as tmp:  # short: sockets live under it
@@ -105,21 +119,24 @@ def main() -> None:
               f"{os.cpu_count()} CPUs; load average before: {os.getloadavg()[0]:.1f}; "
               f"distlab grade {' '.join(args.grade_args.split())}\n")
         print("| students | notebooks | --jobs | wall s | s/notebook | latency s | students/min "
-              "| speed-up | load |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| speed-up | CPU s/nb | load |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         first, scores = None, []
         for jobs in args.jobs:
             work = Path(tmp) / f"j{jobs}"
-            seconds, out = grade(folder, work, jobs, extra)
+            seconds, cpu, out = grade(folder, work, jobs, extra)
             first = first or seconds
             scores.append(verdicts(out))
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, args.keep / f"scores-jobs{jobs}.csv")
             print(f"| {args.students} | {notebooks} | {jobs} | {seconds:.0f} | "
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
-                  f"{os.getloadavg()[0]:.1f} |", flush=True)
+                  f"{cpu / notebooks:.1f} | {os.getloadavg()[0]:.1f} |", flush=True)
             course = seconds / notebooks * COURSE[0] * COURSE[1]
             print(f"|  | {COURSE[0]} x {COURSE[1]} labs, extrapolated |  | "
-                  f"{course:.0f} ({course / 3600:.1f} h) |  |  |  |  |  |", flush=True)
+                  f"{course:.0f} ({course / 3600:.1f} h) |  |  |  |  |  |  |", flush=True)
         print(f"\nload average after: {os.getloadavg()[0]:.1f}; same scores and statuses at every "
               f"--jobs: {'yes' if all(s == scores[0] for s in scores) else 'NO'}")
 

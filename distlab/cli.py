@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"distlab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    from distlab.grading.imports import skip_slow_imports
+    skip_slow_imports()  # seconds of nbformat's import, in every command that reads notebooks
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -50,4 +50,15 @@ class GradingSettings:
         kept out of the hidden folders."""
         from distlab.runtime.launch import LaunchSettings
         return LaunchSettings(distrust=True, cwd=scratch,
-                              confine=(scratch,) if confine else (), hide=self.hide)
+                              confine=(scratch,) if confine else (), hide=self.hide,
+                              preload=rank_modules())
+
+
+def rank_modules() -> tuple[str, ...]:
+    """The course modules every rank of a check imports (the judge's call wrapper, the checks
+    with their references and helpers): the judge's zygote imports them once, so that each of a
+    check's ranks, forked from it, does not import them again (tens of runs per notebook)."""
+    import pkgutil
+    import distlab.checks
+    return ("distlab.grading.judge", *(f"distlab.checks.{m.name}"
+                                       for m in pkgutil.iter_modules(distlab.checks.__path__)))

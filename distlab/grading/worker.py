@@ -21,6 +21,8 @@ from distlab.grading.settings import GradingSettings
 
 def main(argv: list[str]) -> int:
     root, student, settings_json, rows_fd, *labs = argv
+    from distlab.grading.imports import skip_slow_imports
+    skip_slow_imports()
     from distlab.grading import sandbox
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
@@ -37,6 +39,8 @@ def main(argv: list[str]) -> int:
     ranks = settings.launch_settings(str(folders["judge_scratch"]),
                                      confine=landlock.landlock_abi() > 0)
     judge = Judge(folders["judge"], ranks)
+    # Its zygote imports torch and the checks while nbgrader starts and the first cells run.
+    judge.launcher.warm_up()
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
@@ -44,6 +48,9 @@ def main(argv: list[str]) -> int:
     config = load_config()
     config.Execute.timeout = int(settings.timeout)
     config.Execute.timeout_func = budget
+    # Every cell's output is in by then: a graceful shutdown only waits for the kernel's atexit
+    # (seconds); what it leaves behind is killed after the lab like any leftover.
+    config.Execute.shutdown_kernel = "immediate"
     config.GradedExecute.guards = guards
     api = nbgrader_api(root, config=config)
     with watch, os.fdopen(int(rows_fd), "w") as rows_out:

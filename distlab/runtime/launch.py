@@ -57,6 +57,7 @@ class LaunchSettings:
     cwd: str | None = None
     confine: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()   # modules the zygote imports once, not every rank
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets on top of the caller's."""
@@ -68,6 +69,8 @@ class LaunchSettings:
 
     def zygote_env(self) -> dict[str, str]:
         env = self.rank_env()
+        if self.preload:
+            env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),
                        DISTLAB_HIDE=os.pathsep.join(self.hide))
@@ -144,7 +147,8 @@ class Launcher:
                     threads=threads or max(1, (os.cpu_count() or 1) // world_size),
                     plain_results=self.settings.distrust, guard=call_guard.active_guard())
         watch = RankWatch(zygote, next(self.run_ids), world_size, backend, timeout,
-                          self.settings.loads_message, self.settings.load_result)
+                          self.settings.loads_message, self.settings.load_result,
+                          store=f"127.0.0.1:{store.port}")
         return watch.go(pickle.dumps(task))
 
 

@@ -17,6 +17,7 @@ from distlab.runtime.comms import SAME_SHAPE_OPS
 from distlab.runtime.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
                                        find_orphan_wait, hint_for)
 from distlab.runtime.outcome import HangError, RankCrashed, RankError, Results
+from distlab.runtime.stuck import Budget, Joining
 from distlab.runtime.zygote_client import ZygoteHandle
 
 # What a rank's error says when a peer's connection dropped under it (gloo, NCCL).
@@ -31,7 +32,8 @@ class RankWatch:
     that trusts its ranks, ``distlab.runtime.safe_pickle`` for one that runs a student's code."""
 
     def __init__(self, zygote: ZygoteHandle, run_id: int, world_size: int, backend: str,
-                 timeout: float, loads, load_result):
+                 timeout: float, loads, load_result, store: str = "its rendezvous store"):
+        self.store = store
         self.zygote, self.world_size, self.backend, self.timeout = zygote, world_size, backend, timeout
         self.run_id, self.loads, self.load_result = run_id, loads, load_result
         self.states = [RankState(rank) for rank in range(world_size)]
@@ -85,11 +87,23 @@ class RankWatch:
 
     def _watch(self, deadline: float) -> None:
         open_outs = set(range(self.world_size))
+        # A busy machine slows ranks down without them being stuck: past the deadline, ranks
+        # that still compute get more time, until one of them has used ``timeout`` seconds of
+        # CPU time (an endless loop) or the wall clock passes SLACK x the deadline.
+        budget = Budget(self.timeout, deadline)
+        joining = Joining(deadline - self.timeout, self.store)
         while not (all(s.status == "done" for s in self.states) and not open_outs):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                self._fail(HangError, f"the ranks did not finish within {self.timeout:g} s")
-            for key, _ in self.selector.select(timeout=min(left, 1.0)):
+            now = time.perf_counter()
+            stuck = joining.check(self.states, now)
+            if stuck is not None:
+                self._fail(HangError, stuck)
+            if now >= budget.probe_at:
+                verdict = budget.probe(self.states, now)
+                if verdict is not None:
+                    self._fail(HangError, f"the ranks did not finish within {self.timeout:g} s: "
+                                          f"{verdict}")
+            left = budget.probe_at - time.perf_counter()
+            for key, _ in self.selector.select(timeout=min(max(left, 0.0), 1.0)):
                 kind, rank = key.data
                 if kind == "out":
                     if not self._read_output(rank):

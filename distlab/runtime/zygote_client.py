@@ -8,9 +8,24 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 from distlab.runtime import zygote as _zygote
 from distlab.runtime.outcome import DistributedError
+
+STARTUP_NOTICE = 10.0   # seconds between reports on a zygote that is still starting
+
+
+def _waiting_on(pid: int) -> str:
+    """What the process is blocked in, as /proc tells it (its state and kernel wait channel)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip() or "?"
+    except OSError:
+        return "its state is unknown"
+    return f"process state {state}, waiting in {wchan}"
 
 
 class ZygoteHandle:
@@ -35,9 +50,28 @@ class ZygoteHandle:
         return self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 300) -> None:
+        """Wait until the zygote has imported torch. A line on stderr every STARTUP_NOTICE
+        seconds says it is still starting; a zygote that used no CPU time over such an interval
+        is stuck (a lock, a full disk, a filesystem that does not answer) and fails at once."""
         if self.ready:
             return
-        message = self._recv(timeout)
+        from distlab.runtime.stuck import cpu_seconds
+        start, used = time.monotonic(), cpu_seconds(self.proc.pid)
+        while True:
+            left = timeout - (time.monotonic() - start)
+            message = self._recv(min(left, STARTUP_NOTICE))
+            if message is not None or not self.alive() or left <= STARTUP_NOTICE:
+                break
+            now = cpu_seconds(self.proc.pid)
+            waited = time.monotonic() - start
+            if used is not None and now is not None and now - used < 0.005 * STARTUP_NOTICE:
+                raise DistributedError(
+                    f"distlab's rank launcher process (pid {self.proc.pid}) has not started in "
+                    f"{waited:.0f} s and used no CPU time in the last {STARTUP_NOTICE:g} s: it "
+                    f"waits for something ({_waiting_on(self.proc.pid)}). Run `distlab doctor`.")
+            print(f"distlab.run: the rank launcher is still starting (importing torch) after "
+                  f"{waited:.0f} s; the machine is busy", file=sys.stderr, flush=True)
+            used = now
         if message is None or message[0] != "ready":
             self.log.seek(0)
             raise DistributedError("distlab could not start its rank launcher process:\n"

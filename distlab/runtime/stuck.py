@@ -1,0 +1,105 @@
+"""Stuck or merely slow: a busy machine slows processes down without them being stuck, so the
+launcher judges ranks (and its zygote) by the CPU time they use, not by the wall clock alone.
+
+- ``Budget``: when ranks past their timeout count as hung (``distlab.runtime.rank_watch``).
+- ``Joining``: ranks that have not joined the process group within seconds are reported, and
+  stopped when none of them uses CPU time (they wait for a connection that does not come).
+- ``cpu_seconds(pid)``: the CPU time a process has used (Linux: /proc; None elsewhere).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+CPU_WINDOW = 2.0   # seconds over which a rank that uses no CPU time counts as stuck
+MIN_WINDOW = 0.5   # the shortest window (the CPU clock ticks in 10 ms)
+SLACK = 10         # the wall-clock deadline, at most, for ranks that keep computing slowly
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system, all threads) the process ``pid`` has used; None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+class Budget:
+    """When ranks that have not finished count as hung. Until ``deadline``, never. From then on,
+    every CPU_WINDOW seconds: hung when no rank made progress (each waits inside a collective or
+    used no CPU time in the window), or when one has used ``timeout`` seconds of CPU time; a
+    rank that computes, however slowly the busy machine lets it, gets more time, up to SLACK x
+    ``timeout`` of wall time. The CPU time is sampled CPU_WINDOW before each probe."""
+
+    def __init__(self, timeout: float, deadline: float):
+        self.timeout, self.start, self.deadline = timeout, deadline - timeout, deadline
+        self.probe_at, self.marks, self.marked = max(self.start, deadline - CPU_WINDOW), None, 0.0
+
+    def probe(self, states, now: float) -> str | None:
+        live = [s for s in states if s.status in ("starting", "running") and s.pid]
+        cpu = {s.rank: cpu_seconds(s.pid) for s in live}
+        if self.marks is None:   # the sample CPU_WINDOW before the deadline
+            self.marks, self.marked = cpu, now
+            self.probe_at = max(self.deadline, now + MIN_WINDOW)
+            return None
+        window = now - self.marked
+        stuck, computing = [], []
+        for s in live:
+            call, before, after = s.open_call(), self.marks.get(s.rank), cpu[s.rank]
+            if call is not None:
+                stuck.append(f"rank {s.rank} waits in {call.op} #{call.seq}")
+            elif before is None or after is None:   # no CPU clock to read: as if stuck
+                stuck.append(f"rank {s.rank} is still running")
+            elif after - before >= 0.01 * window:
+                computing.append((after, s.rank))
+            else:
+                stuck.append(f"rank {s.rank} used no CPU time in the last {window:.1f} s")
+        if not live:
+            return "every rank returned, but a process they started still holds their output"
+        if not computing:
+            return ("they are stuck (" + "; ".join(stuck) + "), not merely slowed down by a "
+                    "busy machine")
+        used, rank = max(computing)
+        if used >= self.timeout:
+            return (f"rank {rank} kept computing for {used:.0f} s of CPU time, over the "
+                    f"limit of {self.timeout:g} s (an endless loop, or far too much work)")
+        if now - self.start >= SLACK * self.timeout:
+            return (f"rank {rank} was still computing after {now - self.start:.0f} s "
+                    f"({used:.1f} s of CPU time): the machine is too busy to finish it")
+        self.marks, self.marked, self.probe_at = cpu, now, now + CPU_WINDOW
+        return None
+
+
+JOIN_NOTICE = 10.0   # seconds between reports on ranks that have not joined the process group
+
+
+class Joining:
+    """Ranks still joining the process group (rendezvous, gloo's connections), which takes well
+    under a second on an idle machine: every JOIN_NOTICE seconds, one line on stderr says which
+    ranks are still joining; when none of them used CPU time over that interval, the verdict says
+    they are stuck (``check`` returns it)."""
+
+    def __init__(self, start: float, store: str):
+        self.next, self.store, self.start, self.marks = start + JOIN_NOTICE, store, start, None
+
+    def check(self, states, now: float) -> str | None:
+        waiting = [s for s in states if s.status == "starting" and s.pid]
+        if not waiting or now < self.next:
+            return None
+        cpu = {s.rank: cpu_seconds(s.pid) for s in waiting}
+        names = ", ".join(str(s.rank) for s in waiting)
+        if self.marks is not None and all(
+                cpu[r] is not None and self.marks.get(r) is not None
+                and cpu[r] - self.marks[r] < 0.005 * JOIN_NOTICE for r in cpu):
+            return (f"rank(s) {names} could not join the process group in {now - self.start:.0f} s "
+                    f"and used no CPU time in the last {JOIN_NOTICE:g} s: they wait for a "
+                    f"connection that does not come (the rendezvous store at {self.store}, or a "
+                    f"peer's connection). A process left over from an earlier run, or a firewall "
+                    f"on the loopback interface, can cause this; run `distlab doctor`.")
+        print(f"distlab.run: rank(s) {names} still joining the process group after "
+              f"{now - self.start:.0f} s (they are using CPU time: the machine is busy)",
+              file=sys.stderr, flush=True)
+        self.marks, self.next = cpu, now + JOIN_NOTICE
+        return None
