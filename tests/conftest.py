@@ -45,6 +45,9 @@ def course_site(tmp_path_factory):
 # The limits of the shared grading run (the attacks' memory flood is stopped at MEMORY_LIMIT_GB).
 GRADE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
                 "--notebook-timeout", "400"]
+# pytest-timeout's limit for the test that makes graded_samples (it counts the fixture's set-up):
+# the run takes about 10 minutes on an idle 2-core machine and 35 on one loaded 15 deep.
+GRADED_SAMPLES_TIMEOUT = 5400
 
 
 def _digest(path: Path) -> str:
@@ -192,6 +195,11 @@ def pytest_collection_modifyitems(config, items):
         for key in shared[1:]:
             parent[find(key)] = find(shared[0])
     grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
+    for item in items:
+        if "graded_samples" in getattr(item, "fixturenames", ()):
+            # The first test to read it grades every sample within its own time: the limit is
+            # the whole run's, which is bounded by the grader's own limits (GRADE_LIMITS).
+            item.add_marker(pytest.mark.timeout(GRADED_SAMPLES_TIMEOUT), append=False)
     for item, shared in shared_of.items():
         if shared:
             group = find(shared[0])
