@@ -22,6 +22,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT)
 
+# pyproject.toml's addopts spread the tests over two pytest-xdist workers.
 test: setup
 	$(BIN)/python -m pytest -q -rs
 

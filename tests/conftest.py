@@ -1,8 +1,16 @@
-"""Fixtures several test files share."""
+"""Fixtures several test files share, and how the suite spreads over pytest-xdist's workers.
+
+The expensive work is done once per run and read by many tests: every sample submission (each
+lab's solution and untouched version, the special cases, the attacks, the delegations) is graded
+in one ``distlab grade`` run (``graded_samples``), and the site is built once (``course_site``).
+"""
 from __future__ import annotations
 
+import csv
+import hashlib
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +37,184 @@ def course_site(tmp_path_factory):
     start = time.perf_counter()
     pages = site.build_site(list(SITE_LABS), out=out, log=lambda line: None)
     return out, pages, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# The sample submissions, graded once
+
+# The limits of the shared grading run (the attacks' memory flood is stopped at MEMORY_LIMIT_GB).
+GRADE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
+                "--notebook-timeout", "400"]
+# pytest-timeout's limit for the test that makes graded_samples (it counts the fixture's set-up):
+# the run takes about 10 minutes on an idle 2-core machine and 35 on one loaded 15 deep.
+GRADED_SAMPLES_TIMEOUT = 5400
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _folder(student: str, lab: str, labs_of: dict[str, set[str]]) -> str:
+    """The submission folder of a sample: a student with one lab keeps their name; one with
+    several labs (solution, untouched, each delegation route) gets a folder per lab, so that the
+    run's workers (one per student folder) share the work evenly instead of one worker grading
+    every lab's solution in a row."""
+    return student if len(labs_of[student]) == 1 else f"{student}_{lab[:2]}"
+
+
+# What each kind of sample is (a module that reads ``graded_samples`` names the kinds it reads in
+# its SAMPLE_KINDS; a run grades only the kinds its selected tests read):
+# - "labs": every lab's solution (``solution``) and untouched student version (``untouched``);
+# - "special": the special cases of tests/submissions (``special_samples``);
+# - "attacks": Lab 1's attacks beside the honest ``bystander`` (tests/submissions/attacks.py);
+#   the bystander is Lab 1's ``solution`` too (the same notebook, graded once);
+# - "delegation": every delegable lab answered with the course's own code, by each route
+#   (tests/submissions/delegation.py).
+SAMPLE_KINDS = ("labs", "special", "attacks", "delegation")
+
+
+def write_samples(root: Path, kinds=SAMPLE_KINDS) -> dict:
+    """The samples of ``kinds``, written under ``root/submitted`` from student notebooks built
+    fresh from the sources (what they give today, not the committed ones). {"submitted": folder,
+    "folders": {(student, lab): its folder name}, "expected": {(student, lab): what the sample's
+    module expects}, "released": the fresh student notebooks}."""
+    import submissions
+    from distlab.course import notebooks
+    from submissions import attacks, delegation
+
+    released, subs = root / "released", root / "submitted"
+    labs = notebooks.labs()
+    for lab, files in notebooks.build_student_notebooks(labs).items():
+        notebooks.write_student_notebooks(lab, files, out=released)
+    samples, expected = {}, {}
+    with submissions.released_from(released):
+        if "labs" in kinds:
+            for lab in labs:
+                samples[("solution", lab)] = submissions.solved(lab)
+                samples[("untouched", lab)] = submissions.student(lab)
+        if "special" in kinds:
+            for key, (nb, statuses) in submissions.special_samples().items():
+                samples[key], expected[key] = nb, statuses
+        if "attacks" in kinds:
+            for student, (nb, statuses) in attacks.attack_samples().items():
+                samples[(student, attacks.LAB)], expected[(student, attacks.LAB)] = nb, statuses
+        if "delegation" in kinds:
+            for key, (nb, zeroed) in delegation.delegation_samples().items():
+                samples[key], expected[key] = nb, zeroed
+    if ("solution", attacks.LAB) in samples:
+        # Lab 1's solution is the attacks' honest bystander (the attack that writes outside its
+        # folder aims at submitted/bystander/): graded once, under that name.
+        samples[("bystander", attacks.LAB)] = samples.pop(("solution", attacks.LAB))
+    labs_of: dict[str, set[str]] = {}
+    for student, lab in samples:
+        labs_of.setdefault(student, set()).add(lab)
+    folders = {key: _folder(*key, labs_of) for key in samples}
+    for key, nb in samples.items():
+        submissions.write(nb, subs, folders[key], key[1])
+    if ("bystander", attacks.LAB) in folders:
+        folders[("solution", attacks.LAB)] = folders[("bystander", attacks.LAB)]
+    return {"submitted": subs, "folders": folders, "expected": expected, "released": released}
+
+
+def _kinds_read(session) -> tuple[str, ...]:
+    """The sample kinds the selected tests that read ``graded_samples`` need (their modules'
+    SAMPLE_KINDS): `pytest tests/test_grader_attacks.py` grades the attacks only."""
+    kinds = set()
+    for item in session.items:
+        if "graded_samples" in getattr(item, "fixturenames", ()):
+            kinds.update(getattr(item.module, "SAMPLE_KINDS", SAMPLE_KINDS))
+    return tuple(k for k in SAMPLE_KINDS if k in kinds) or SAMPLE_KINDS
+
+
+@pytest.fixture(scope="session")
+def graded_samples(request, tmp_path_factory):
+    """The samples the selected tests read, graded in one ``distlab grade --jobs 2`` run (with
+    the attacks' memory limit), and what the attacks must not change, digested before it.
+    write_samples' keys, plus {"rows": {(student, lab): CSV row}, "work": the work folder,
+    "out": scores.csv, "before": {path: sha256}, "autograded": (student, lab) -> the autograded
+    notebook}."""
+    from distlab.course.references import DATA
+    from distlab.grading import grade
+    from submissions import attacks
+
+    samples = write_samples(tmp_path_factory.mktemp("graded"), _kinds_read(request.session))
+    subs, folders = samples["submitted"], samples["folders"]
+    root, lab1 = subs.parent, attacks.LAB
+    protected = sorted(subs.glob(f"bystander/{lab1}/*.ipynb")) + sorted((DATA / lab1).iterdir())
+    before = {p: _digest(p) for p in protected}
+    out, work = root / "scores.csv", root / "work"
+    try:
+        status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(work),
+                             *GRADE_LIMITS, "--memory-limit", str(attacks.MEMORY_LIMIT_GB)])
+        assert status == 0
+        with open(out) as f:
+            by_folder = {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
+        rows = {key: by_folder[(folder, key[1])] for key, folder in folders.items()}
+
+        def autograded(student: str, lab: str) -> Path:
+            folder = folders[(student, lab)]
+            return work / "students" / folder / "autograded" / folder / lab / f"{lab}.ipynb"
+
+        yield {**samples, "rows": rows, "work": work, "out": out, "before": before,
+               "autograded": autograded}
+    finally:
+        for proc in attacks.orphans():   # never leave them on the machine, even when a test fails
+            proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest-xdist: what shares a fixture runs on one worker
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` (pyproject.toml's addopts), tests that share a module- or
+    session-scoped fixture of this suite go to one worker, each group as a whole: every worker
+    would otherwise make the fixture again (a grading run, a site, a copy of the course). Groups
+    are the connected sets of tests and such fixtures, so a test that reads two of them (the
+    browser's site test: its module's browser and the session's site) joins both groups into one.
+    The other tests are spread one by one."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    shared_of = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = []
+        for name in (info.names_closure if info else ()):
+            for fixturedef in info.name2fixturedefs.get(name, ())[-1:]:
+                # this suite's own (pytest's and plugins' have no base id), made once per module
+                # or session
+                if fixturedef.baseid and fixturedef.scope in ("module", "package", "session"):
+                    shared.append(f"{fixturedef.baseid}::{name}")
+        shared_of[item] = shared
+        for key in shared[1:]:
+            parent[find(key)] = find(shared[0])
+    grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
+    for item in items:
+        if "graded_samples" in getattr(item, "fixturenames", ()):
+            # The first test to read it grades every sample within its own time: the limit is
+            # the whole run's, which is bounded by the grader's own limits (GRADE_LIMITS).
+            item.add_marker(pytest.mark.timeout(GRADED_SAMPLES_TIMEOUT), append=False)
+    for item, shared in shared_of.items():
+        if shared:
+            group = find(shared[0])
+            item.add_marker(pytest.mark.xdist_group(group))
+            if grouping:
+                _join_group(item, group)
+
+
+def _join_group(item, group: str) -> None:
+    """What xdist's worker does for an ``xdist_group`` mark under --dist loadgroup: the group's
+    name after an ``@`` at the end of the test's node id, where the scheduler reads it. xdist
+    3.8.0 writes it to ``item._nodeid``, which pytest 9 no longer reads (it keeps the id in
+    ``item._id``): without this every grouped test would be scheduled on its own, and each
+    worker would make the shared fixtures again."""
+    from _pytest.nodeid import coerce_node_id
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")

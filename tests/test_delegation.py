@@ -2,24 +2,22 @@
 
 Every lab's delegable exercises are answered by the shipped object, by three routes (an alias,
 ``importlib``/``getattr``, a default argument or a base class: ``tests/submissions/delegation.py``);
-all samples are graded in one ``distlab grade`` run. Each delegated test scores zero with
-feedback that names the course object; the exercises the sample answers itself still pass.
+all samples are graded in the suite's shared ``distlab grade`` run (tests/conftest.py). Each
+delegated test scores zero with feedback that names the course object; the exercises the sample
+answers itself still pass.
 """
 from __future__ import annotations
 
-import csv
 import html
 from pathlib import Path
 
 import pytest
 
-import submissions
 from submissions.delegation import DELEGATED, ROUTES, delegation_samples
-from distlab.course import notebooks
 from distlab.course.notebooks import source_notebook
-from distlab.grading import grade
 
 SAMPLES = delegation_samples()
+SAMPLE_KINDS = ("delegation",)     # of the shared grading run's samples (tests/conftest.py)
 
 
 def _points(lab: str) -> dict[str, float]:
@@ -29,22 +27,10 @@ def _points(lab: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("delegation")
-    labs = sorted(DELEGATED)
-    for lab, files in notebooks.build_student_notebooks(labs).items():
-        notebooks.write_student_notebooks(lab, files, out=root / "released")
-    subs = root / "submitted"
-    with submissions.released_from(root / "released"):
-        for (student, lab), (nb, _) in delegation_samples().items():
-            submissions.write(nb, subs, student, lab)
-    out = root / "scores.csv"
-    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
-                         str(root / "work"), "--backend", "gloo", "--rank-timeout", "10",
-                         "--timeout", "120", "--notebook-timeout", "400"])
-    assert status == 0
-    with open(out) as f:
-        return {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
+def graded(graded_samples):
+    """{(student, lab): CSV row} of the samples, graded in the suite's shared grading run
+    (tests/conftest.py)."""
+    return {key: graded_samples["rows"][key] for key in SAMPLES}
 
 
 @pytest.mark.slow

@@ -112,16 +112,21 @@ def resumed(samples):
     """Grade, SIGKILL everything at a random moment after the first or second record (of three),
     grade again; the folders and what each run printed."""
     work = samples.parent / "work"
-    wait_for, delay = random.choice([1, 2]), random.uniform(0, 4)
+    wait_for = random.choice([1, 2])
     with open(samples.parent / "killed.log", "w") as log:
+        started = time.monotonic()
         first = subprocess.Popen(_grade_command(samples, work), stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 400
+        deadline = started + 400
         while len(_recorded(work)) < wait_for and first.poll() is None \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert first.poll() is None, f"the first run ended before it could be killed: " \
                                      f"{(samples.parent / 'killed.log').read_text()[-3000:]}"
+        # A random moment into the next student's grading, early enough that it cannot have
+        # ended: a quarter of the time a student took so far at most (a fixed delay would pass
+        # the end of the last student's grading once grading gets fast).
+        delay = random.uniform(0, min(4.0, (time.monotonic() - started) / wait_for / 4))
         time.sleep(delay)
         _sigkill_everything(first.pid)
         first.wait()

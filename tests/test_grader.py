@@ -1,10 +1,11 @@
 """The grader end to end: `distlab grade` on sample submissions made from the lab sources.
 
-One grading run (``--jobs 2``) covers, for every lab in solutions/, its solution (full marks: this
-is also the test that every lab executes end to end) and its untouched student version (zero on
-every test, the run completes), plus Lab 1's special cases: a partly correct answer (its exact
-partial score), a hang in a collective, a rank that dies, an edited locked test cell. The time
-bound is the grader's own limits (rank, cell and notebook timeouts below) and pytest's timeout.
+The suite's shared grading run (``--jobs 2``, tests/conftest.py's ``graded_samples``) covers, for
+every lab in solutions/, its solution (full marks: this is also the test that every lab executes
+end to end) and its untouched student version (zero on every test, the run completes), plus the
+special cases: a partly correct answer (its exact partial score), a hang in a collective, a rank
+that dies, an edited locked test cell, Lab 2's two mistakes, Lab 5's deadlocked schedule. The time
+bound is the grader's own limits (rank, cell and notebook timeouts there) and pytest's timeout.
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ import submissions  # tests/submissions: the sample submissions, made by code
 from distlab.checks import ranks
 from distlab.grading import grade, intake, nbgrader_plugins
 from distlab.grading import progress as grading_progress
-from distlab.course import notebooks
 from distlab.course.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
 
 LAB1 = "01_collectives"
+SPECIAL = list(submissions.special_samples())
+SAMPLE_KINDS = ("labs", "special")     # of the shared grading run's samples (tests/conftest.py)
 
 
 def _points(lab: str) -> dict[str, float]:
@@ -45,29 +47,15 @@ def _max_score(lab: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Grade every sample once; {(student, lab): CSV row}, plus the run's folders."""
-    root = tmp_path_factory.mktemp("grading")
-    subs = root / "submitted"
-    for lab, files in notebooks.build_student_notebooks(labs()).items():
-        notebooks.write_student_notebooks(lab, files, out=root / "released")
-    submissions.RELEASED["root"] = root / "released"
-    expected = {}
-    for lab in labs():
-        submissions.write(submissions.solved(lab), subs, "solution", lab)
-        submissions.write(submissions.student(lab), subs, "untouched", lab)
-        expected[("solution", lab)] = dict.fromkeys(_points(lab), "pass")
-    for (student, lab), (nb, statuses) in submissions.special_samples().items():
-        submissions.write(nb, subs, student, lab)
-        expected[(student, lab)] = statuses
-    out = root / "scores.csv"
-    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
-                         "--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
-                         "--notebook-timeout", "400"])
-    assert status == 0
-    with open(out) as f:
-        rows = {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
-    return {"rows": rows, "expected": expected, "work": root / "work"}
+def graded(graded_samples):
+    """This module's samples, graded in the suite's shared grading run (tests/conftest.py):
+    {"rows": {(student, lab): CSV row}, "expected": {(student, lab): {test: status}}, "work":
+    the run's work folder, "autograded": (student, lab) -> the autograded notebook}."""
+    expected = {("solution", lab): dict.fromkeys(_points(lab), "pass") for lab in labs()}
+    expected.update({key: graded_samples["expected"][key] for key in SPECIAL})
+    keys = [*((s, lab) for lab in labs() for s in ("solution", "untouched")), *SPECIAL]
+    return {"rows": {key: graded_samples["rows"][key] for key in keys}, "expected": expected,
+            "work": graded_samples["work"], "autograded": graded_samples["autograded"]}
 
 
 @pytest.mark.slow
@@ -90,8 +78,7 @@ def test_teaching_cells_are_not_run_when_grading(graded, lab):
     """The cells tagged teaching were skipped (no output) and the others ran; full marks above
     prove no check needed a skipped cell."""
     from distlab.grading.execution import teaching_ids
-    nb = nbformat.read(graded["work"] / "students" / "solution" / "autograded" / "solution" / lab
-                       / f"{lab}.ipynb", as_version=4)
+    nb = nbformat.read(graded["autograded"]("solution", lab), as_version=4)
     skipped = teaching_ids(source_notebook(lab))
     ran = {c.metadata["nbgrader"]["grade_id"]: bool(c.get("execution_count"))
            for c in nb.cells if c.cell_type == "code" and "nbgrader" in c.metadata
@@ -110,7 +97,7 @@ def test_untouched_student_notebook_gets_zero(graded, lab):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("student,lab", list(submissions.special_samples()))
+@pytest.mark.parametrize("student,lab", SPECIAL)
 def test_special_samples(graded, student, lab):
     row = graded["rows"][(student, lab)]
     expected = graded["expected"][(student, lab)]

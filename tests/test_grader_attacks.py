@@ -1,28 +1,23 @@
 """The grader under attack: submissions that patch the checks, read references, kill their kernel,
 hang, flood memory and output, leave processes behind or write outside their folder
-(tests/submissions/attacks.py). One ``distlab grade --jobs 2`` run grades them all beside an honest
-``bystander``, whose grade must not move.
+(tests/submissions/attacks.py). The suite's one shared ``distlab grade --jobs 2`` run
+(tests/conftest.py's ``graded_samples``) grades them all beside an honest ``bystander``, whose grade
+must not move, and beside the other tests' samples.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import html
 import re
 from pathlib import Path
 
-import psutil
 import pytest
 
-import submissions
-from distlab.grading import grade
-from distlab.course import notebooks
-from distlab.grading import sandbox
 from distlab.runtime import landlock
-from distlab.course.references import DATA
-from submissions.attacks import LAB, MEMORY_LIMIT_GB, ORPHAN_MARK, TESTS, attack_samples
+from submissions.attacks import LAB, MEMORY_LIMIT_GB, TESTS, attack_samples, orphans
 
 SAMPLES = attack_samples()
+SAMPLE_KINDS = ("attacks",)     # of the shared grading run's samples (tests/conftest.py)
 needs_landlock = pytest.mark.skipif(landlock.landlock_abi() == 0,
                                     reason="this kernel has no Landlock: writes are not confined")
 
@@ -31,35 +26,14 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _orphans() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if ORPHAN_MARK in " ".join(proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
-
-
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attacks")
-    subs = root / "submitted"
-    files = notebooks.build_student_notebooks([LAB])[LAB]
-    notebooks.write_student_notebooks(LAB, files, out=root / "released")
-    with submissions.released_from(root / "released"):
-        for student, (nb, _) in attack_samples().items():
-            submissions.write(nb, subs, student, LAB)
-    protected = [subs / "bystander" / LAB / f"{LAB}.ipynb", *sorted((DATA / LAB).iterdir())]
-    before = {p: _digest(p) for p in protected}
-    out = root / "scores.csv"
-    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
-                         "--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
-                         "--notebook-timeout", "400", "--memory-limit", str(MEMORY_LIMIT_GB)])
-    assert status == 0
-    with open(out) as f:
-        rows = {r["student"]: r for r in csv.DictReader(f)}
-    yield {"rows": rows, "before": before, "out": out, "work": root / "work"}
-    for proc in _orphans():  # never leave them on the machine, even when a test fails
-        proc.kill()
+def attacked(graded_samples):
+    """The attacks, graded in the suite's shared grading run (tests/conftest.py: one ``distlab
+    grade --jobs 2`` run with ``--memory-limit`` MEMORY_LIMIT_GB, the bystander's notebook and
+    Lab 1's references digested before it)."""
+    rows = {student: graded_samples["rows"][(student, LAB)] for student in SAMPLES}
+    return {"rows": rows, "before": graded_samples["before"], "out": graded_samples["out"],
+            "work": graded_samples["work"]}
 
 
 def _feedback(row) -> str:
@@ -142,7 +116,7 @@ def test_output_flood_is_cut_and_feedback_stays_small(attacked):
 
 @pytest.mark.slow
 def test_no_process_of_a_student_survives_grading(attacked):
-    assert _orphans() == []
+    assert orphans() == []
 
 
 @pytest.mark.slow

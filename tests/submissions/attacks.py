@@ -7,13 +7,19 @@ every test must get; tests/test_grader_attacks.py grades them all in one run bes
 """
 from __future__ import annotations
 
+import os
+
 import nbformat
+import psutil
 
 from . import replace_cell, solved, student
 
 LAB = "01_collectives"
 TESTS = ("test_all_reduce_rs_ag", "test_ring_all_reduce", "test_bandwidths", "test_alpha_beta")
-ORPHAN_MARK = "distlab-test-orphan-7f3a"    # in the command line of every process it leaves
+# In the command line of every process the sample leaves; this test process's own, so that a
+# second copy of the suite running beside this one (its orphans alive while it grades them) is
+# not taken for this one's.
+ORPHAN_MARK = f"distlab-test-orphan-{os.getpid()}"
 MEMORY_LIMIT_GB = 3                         # the grading run's --memory-limit
 
 
@@ -167,6 +173,15 @@ print("from ranks:", list(distlab.run(_write_from_rank, 2, str(TARGETS["scores"]
 '''
 
 
+def orphans() -> list[psutil.Process]:
+    """The processes the orphans sample left that are still running."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if ORPHAN_MARK in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
 def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
     """{student: (Lab 1 notebook, {test: status it must get})}."""
     ok = _statuses("pass", "pass", "pass", "pass")
@@ -200,4 +215,4 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
     }
 
 
-__all__ = ["attack_samples", "ORPHAN_MARK", "MEMORY_LIMIT_GB", "LAB", "TESTS"]
+__all__ = ["attack_samples", "orphans", "ORPHAN_MARK", "MEMORY_LIMIT_GB", "LAB", "TESTS"]
