@@ -207,6 +207,10 @@ def _wait_free(port: int, timeout: float = 120) -> None:
                 f"serve the site there")
 
 
+# The whole course is run twice (the solutions' site and the students') and one lab once more:
+# nineteen labs in fresh kernels. Its own commands' limits (1800 + 900 + 900 s) are what stop a
+# hang; pytest's default 600 s would cut a healthy build on a loaded 2-core machine.
+@pytest.mark.timeout(3700)
 def test_site_commands(course):
     from distlab import paths
     make_site, serve, student_site, one_lab = SITE
