@@ -144,6 +144,20 @@ def test_a_backward_that_does_not_reverse_the_splits_fails():
         lab09.check_moe_layer(ns["moe_forward"])
 
 
+def test_a_rank_whose_experts_get_no_token_still_joins_the_backward():
+    """The hidden test's starved routing: the solution passes it; a layer that skips experts with
+    no rows leaves that rank out of the backward's all-to-alls, and the other ranks' wait is
+    reported instead of hanging."""
+    starved = dict(tokens=7, hidden=6, ffn=12, experts=4, k=1, starve=True)
+    lab09.check_moe_layer(solution_namespace()["moe_forward"], 4, seed=1, **starved)
+    skipping = solution_namespace(("moe_forward",
+                                   "        out = out.index_copy(0, rows, expert(recv[rows]))",
+                                   "        if len(rows):\n"
+                                   "            out = out.index_copy(0, rows, expert(recv[rows]))"))
+    with pytest.raises(CheckFailed, match=r"a rank's experts get no token.*the ranks failed"):
+        lab09.check_moe_layer(skipping["moe_forward"], 4, seed=1, **starved)
+
+
 # ---------------------------------------------------------------------------------------------
 # The references and the numbers the lab states
 

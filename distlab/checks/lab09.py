@@ -149,12 +149,13 @@ def _layer_on_rank(rank, world_size, moe_forward, ref, experts, k):
 
 
 def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, tokens=12,
-                    hidden=8, ffn=16, experts=4, k=2) -> None:
+                    hidden=8, ffn=16, experts=4, k=2, starve: bool = False) -> None:
     """moe_forward(x, router, local_experts, E, k, group): each rank's output and dL/dx equal the
     plain layer's rows of its tokens; each local expert's gradient equals the plain one; the
     router's gradients summed over ranks equal the plain one. Forward: a count exchange and two
-    token all-to-alls (dispatch, combine); backward: exactly two token all-to-alls."""
-    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    token all-to-alls (dispatch, combine); backward: exactly two token all-to-alls. ``starve``:
+    a routing where some rank's experts get no token (that rank must still join the backward)."""
+    ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k), starve)
     per = experts // world_size
     for backend, out in _run(_layer_on_rank, world_size, f"moe_forward on {case}", moe_forward,
                              ref, experts, k):

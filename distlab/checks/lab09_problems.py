@@ -31,8 +31,25 @@ def moe_problem(seed: int, world_size: int, tokens: int, hidden: int, ffn: int, 
             **dense_run(moe, x, dy)}
 
 
-def moe_case(seed, world_size: int, shape: dict) -> tuple[dict, str]:
-    """(problem, description): the stored set when seed is None, else a fresh one."""
+def starved(problem: dict, world_size: int, experts: int) -> bool:
+    """Whether some rank's experts receive no token at all."""
+    owners = set((problem["idx"] // (experts // world_size)).flatten().tolist())
+    return len(owners) < world_size
+
+
+def moe_case(seed, world_size: int, shape: dict, starve: bool = False) -> tuple[dict, str]:
+    """(problem, description): the stored set when seed is None, else a fresh one; with
+    ``starve``, the first seed from ``seed`` on whose routing leaves some rank's experts without a
+    token (a rank that must still join the backward's all-to-alls)."""
+    if starve:
+        for candidate in range(seed, seed + 10_000):
+            problem = moe_problem(candidate, world_size, **shape)
+            if starved(problem, world_size, shape["experts"]):
+                s = shape
+                return problem, (f"fresh inputs (seed {candidate}, {world_size} ranks, "
+                                 f"T={s['tokens']} tokens per rank, h={s['hidden']}, "
+                                 f"E={s['experts']}, k={s['k']}; a rank's experts get no token)")
+        raise ValueError(f"no seed from {seed} starves a rank of {world_size} with {shape}")
     if seed is None:
         if world_size != 2 or shape != SHAPE:
             raise CheckFailed("the stored references are for 2 ranks and the default sizes; "

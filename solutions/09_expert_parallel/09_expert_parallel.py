@@ -159,6 +159,12 @@ check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ff
 # gradients and every expert's gradient with the plain layer on all p·T tokens, and the router's
 # gradients summed over the ranks (each rank's router sees only its own tokens; in training a DP
 # all-reduce sums them, section 5).
+#
+# **A rank whose experts get no tokens** must still take part in both all-to-alls of the
+# backward, or every other rank waits in them forever. Autograd calls `AllToAll.backward` only
+# for outputs that lie in the graph, so run every local expert even on zero rows
+# (`expert(recv[rows])` with `rows` empty): its empty output keeps the combine in the graph.
+# A hidden test routes so that this happens.
 
 # %% nbgrader={"grade": false, "grade_id": "moe_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class AllToAll(torch.autograd.Function):
@@ -192,10 +198,9 @@ def moe_forward(x, router, experts, num_experts, k, group=None):
     plan = plan_dispatch(idx, num_experts, group)
     recv = AllToAll.apply(x[plan.order // k], plan.recv_splits, plan.send_splits, group)  # (n_recv, h)
     out = recv.new_zeros(recv.shape)
-    for e, expert in enumerate(experts):
+    for e, expert in enumerate(experts):        # every expert, even on no rows (see the text)
         rows = (plan.recv_expert == e).nonzero().squeeze(1)
-        if len(rows):
-            out = out.index_copy(0, rows, expert(recv[rows]))
+        out = out.index_copy(0, rows, expert(recv[rows]))
     back = AllToAll.apply(out, plan.send_splits, plan.recv_splits, group)              # (T*k, h)
     per_slot = back.new_zeros(tokens * k, h).index_copy(0, plan.order, back)           # (T*k, h)
     return (per_slot.view(tokens, k, h) * gates.unsqueeze(-1)).sum(1)                  # (T, h)
@@ -207,7 +212,8 @@ check_moe_layer(moe_forward)
 print("moe_forward: outputs and gradients equal the plain layer; two token all-to-alls each way")
 ### BEGIN HIDDEN TESTS
 check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
-check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6, ffn=12, experts=4, k=1)
+check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6, ffn=12, experts=4, k=1,
+                starve=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]

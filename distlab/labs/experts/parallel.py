@@ -73,11 +73,13 @@ class AllToAll(torch.autograd.Function):
 
 def run_local_experts(recv: torch.Tensor, recv_expert: torch.Tensor, experts) -> torch.Tensor:
     """Each received row through its local expert; (n_recv, h) in the received order."""
+    # Every expert runs, even on no rows: a rank whose experts got no tokens must still join both
+    # reverse all-to-alls of the backward, and an empty expert output is what keeps its combine
+    # in the autograd graph (skip it and that rank's backward sends nothing: the others hang).
     out = recv.new_zeros(recv.shape)
     for e, expert in enumerate(experts):
         rows = (recv_expert == e).nonzero().squeeze(1)
-        if len(rows):
-            out = out.index_copy(0, rows, expert(recv[rows]))
+        out = out.index_copy(0, rows, expert(recv[rows]))
     return out
 
 
