@@ -8,8 +8,11 @@ Every lab cell that touches several ranks goes through here::
 How: a *zygote* process (``distlab.runtime.zygote``) imports torch once and forks the ranks of every run
 in milliseconds. ``fn`` travels by cloudpickle, so a function defined in a notebook cell, a lambda
 or a closure all work, and because the zygote is a fresh interpreter, a lab exported to a script
-with no ``__main__`` guard works too. The launcher hosts the rendezvous store on a port the OS
-picks, so two runs, or two notebooks, never collide.
+with no ``__main__`` guard works too. The ranks meet through a file of the run's own
+(``torch.distributed.FileStore``), so two runs, or two notebooks, never collide. Not a TCPStore:
+each of its connections formats the peer's address with a reverse DNS lookup of
+``::ffff:127.0.0.1``, which on a machine with an unreachable name server stalls for the
+resolver's 5 s timeout, here once in about 25 connections.
 
 Failures never hang the caller: an exception on any rank stops all ranks and is raised here as
 ``RankError`` naming the rank and carrying its traceback; a rank that dies raises ``RankCrashed``;
@@ -31,10 +34,11 @@ import functools
 import itertools
 import os
 import pickle
+import shutil
 import sys
+import tempfile
 
 import cloudpickle
-import torch
 
 from distlab.runtime import call_guard
 from distlab.runtime.devices import pick_backend
@@ -98,6 +102,17 @@ class Launcher:
         self.settings = settings
         self.zygote: ZygoteHandle | None = None
         self.run_ids = itertools.count(1)
+        self.scratch: str | None = None   # this launcher's own folder for rendezvous files
+
+    def rendezvous_file(self, run_id: int) -> str:
+        """A fresh path for one run's FileStore, in a folder its ranks may write: the ranks' own
+        folder where the settings name one (a judge's confined scratch), else a private one."""
+        folder = self.settings.cwd
+        if folder is None:
+            if self.scratch is None:
+                self.scratch = tempfile.mkdtemp(prefix="distlab-rendezvous-")
+            folder = self.scratch
+        return os.path.join(folder, f".distlab-rendezvous-{os.getpid()}-{id(self):x}-{run_id}")
 
     def warm_up(self) -> ZygoteHandle:
         """Start the zygote now (in the background) so the first ``run`` does not wait for torch."""
@@ -113,6 +128,9 @@ class Launcher:
         if self.zygote is not None:
             self.zygote.close()
             self.zygote = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
     @contextlib.contextmanager
     def active(self):
@@ -133,23 +151,27 @@ class Launcher:
         zygote.wait_ready()
         zygote.drain()
         zygote.exits.clear()  # notices of earlier runs' ranks are of no further use
-        store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True,
-                                           wait_for_workers=False)
+        run_id = next(self.run_ids)
+        store_path = self.rendezvous_file(run_id)
         try:
             call = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:
             raise DistributedError(
                 f"distlab.run could not send your function or its arguments to the ranks: {exc}. "
                 f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
-        task = Task(call=call, world_size=world_size, backend=backend, store_host="127.0.0.1",
-                    store_port=store.port, timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
+        task = Task(call=call, world_size=world_size, backend=backend, store_path=store_path,
+                    timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
                     path=list(sys.path), env=dict(os.environ, **self.settings.rank_env()),
                     threads=threads or max(1, (os.cpu_count() or 1) // world_size),
                     plain_results=self.settings.distrust, guard=call_guard.active_guard())
-        watch = RankWatch(zygote, next(self.run_ids), world_size, backend, timeout,
+        watch = RankWatch(zygote, run_id, world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result,
-                          store=f"127.0.0.1:{store.port}")
-        return watch.go(pickle.dumps(task))
+                          store=f"file {store_path}")
+        try:
+            return watch.go(pickle.dumps(task))
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(store_path)
 
 
 # The launcher ``distlab.run`` uses inside ``Launcher.active()`` (a context variable: each thread

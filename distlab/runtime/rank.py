@@ -28,8 +28,7 @@ class Task:
     call: bytes
     world_size: int
     backend: str
-    store_host: str
-    store_port: int
+    store_path: str   # the run's rendezvous: a torch.distributed.FileStore (see Launcher.run)
     timeout: float
     cwd: str
     path: list
@@ -73,8 +72,7 @@ def _setup(rank: int, task: Task) -> None:
     sys.path[:] = task.path
     os.environ.update(task.env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(task.world_size),
-                      LOCAL_WORLD_SIZE=str(task.world_size), MASTER_ADDR=task.store_host,
-                      MASTER_PORT=str(task.store_port), DISTLAB_RANK="1")
+                      LOCAL_WORLD_SIZE=str(task.world_size), DISTLAB_RANK="1")
     import torch
     # Ranks share the machine's cores; more threads than cores would only thrash.
     torch.set_num_threads(task.threads)
@@ -83,8 +81,8 @@ def _setup(rank: int, task: Task) -> None:
 def _init_group(rank: int, task: Task) -> None:
     import torch
     import torch.distributed as dist
-    store = dist.TCPStore(task.store_host, task.store_port, task.world_size, is_master=False,
-                          timeout=timedelta(seconds=task.timeout + 30))
+    store = dist.FileStore(task.store_path, task.world_size)
+    store.set_timeout(timedelta(seconds=task.timeout + 30))
     kwargs = {}
     if task.backend == "nccl":
         torch.cuda.set_device(rank)

@@ -95,7 +95,7 @@ class Joining:
                 and cpu[r] - self.marks[r] < 0.005 * JOIN_NOTICE for r in cpu):
             return (f"rank(s) {names} could not join the process group in {now - self.start:.0f} s "
                     f"and used no CPU time in the last {JOIN_NOTICE:g} s: they wait for a "
-                    f"connection that does not come (the rendezvous store at {self.store}, or a "
+                    f"connection that does not come (the rendezvous store, {self.store}, or a "
                     f"peer's connection). A process left over from an earlier run, or a firewall "
                     f"on the loopback interface, can cause this; run `distlab doctor`.")
         print(f"distlab.run: rank(s) {names} still joining the process group after "
