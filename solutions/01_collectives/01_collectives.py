@@ -403,7 +403,7 @@ plot_fit(sizes, times, alpha, bandwidth, predict=predict_time, unseen=3 * 2**20)
 # this machine 4 ranks share 2 cores, so α also holds waiting for a core: the numbers are this
 # machine's, the shape (linear against logarithmic) is the lesson.
 
-# %% nbgrader={"grade": false, "grade_id": "ring_fit_measured", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "ring_fit_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 ring_rows = ring_sweep(ring_all_reduce, world_sizes=(2, 4))
 ring_n = torch.tensor([r["world_size"] for r in ring_rows], dtype=torch.float64)
 ring_alpha, ring_bandwidth = fit_ring_model(ring_n, *timings(ring_rows, "ring_all_reduce"))

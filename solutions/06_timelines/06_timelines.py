@@ -68,7 +68,7 @@ from distlab.labs.timelines.runs import (closing_note, link_model, predicted_vs_
 # is done — **including the time spent waiting for the slower peer**. On GPUs the same role is
 # played by NCCL's kernels (`ncclDevKernel_AllReduce...`) on a CUDA stream.
 
-# %% nbgrader={"grade": false, "grade_id": "profile_runs", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "profile_runs", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 runs = profile_all(world_size=2)
 
 # %% [markdown]
@@ -292,11 +292,16 @@ def classify(timeline) -> str:
 
 # %% nbgrader={"grade": true, "grade_id": "test_classify", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 check_classify(classify)
-print("classify: right on the four stored runs;",
-      {name: classify(profile.timeline.unlabelled()) for name, profile in runs.items()})
+print("classify: right on the four stored runs")
 ### BEGIN HIDDEN TESTS
 check_classify(classify, seed=fresh_seed())
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# And on the four runs you recorded in section 1, their names hidden from it:
+
+# %% nbgrader={"grade": false, "grade_id": "classify_own_runs", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+{name: classify(profile.timeline.unlabelled()) for name, profile in runs.items()}
 
 # %% [markdown]
 # ## 6. Exercise 4 — how much did overlapping buy? (2 points)
