@@ -422,3 +422,39 @@ def _solution_of(grade_id: str) -> str:
     cell = next(c for c in submissions.solved(LAB1).cells
                 if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
     return cell.source
+
+
+def test_a_template_is_made_once_for_what_it_is_made_from(tmp_path, monkeypatch):
+    from distlab.grading import course_dir, intake
+    made = []
+
+    def generate(labs, root):
+        made.append(list(labs))
+        (root / "gradebook.db").write_text(f"made {len(made)}")
+    monkeypatch.setattr(course_dir, "generate", generate)
+    monkeypatch.setattr(intake.paths, "build", lambda: tmp_path / "build")
+    keys = iter(["k1", "k1", "k1", "k2"])
+    monkeypatch.setattr(intake, "template_key", lambda labs: next(keys))
+    first = intake.prepare_template(tmp_path / "one", ["01_collectives"])     # made
+    other = intake.prepare_template(tmp_path / "two", ["01_collectives"])     # copied
+    again = intake.prepare_template(tmp_path / "two", ["01_collectives"])     # the workdir's own
+    assert made == [["01_collectives"]]
+    assert (first / "gradebook.db").read_text() == (other / "gradebook.db").read_text() == "made 1"
+    assert again == other
+    changed = intake.prepare_template(tmp_path / "two", ["01_collectives"])   # its labs changed
+    assert len(made) == 2 and (changed / "gradebook.db").read_text() == "made 2"
+
+
+def test_the_template_key_follows_the_lab_s_source_folder(tmp_path, monkeypatch):
+    from distlab.grading import intake
+    source = tmp_path / "01_collectives" / "01_collectives.py"
+    source.parent.mkdir()
+    source.write_text("# %% a cell\n")
+    monkeypatch.setattr(intake.paths, "lab_source", lambda lab: source)
+    keys = [intake.template_key(["01_collectives"])]
+    source.write_text("# %% a cell, edited\n")
+    keys.append(intake.template_key(["01_collectives"]))
+    (source.parent / "figure.png").write_bytes(b"companion")
+    keys.append(intake.template_key(["01_collectives"]))
+    keys.append(intake.template_key(["01_collectives"]))
+    assert len(set(keys[:3])) == 3 and keys[3] == keys[2]

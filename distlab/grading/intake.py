@@ -2,8 +2,13 @@
 against, and the locked cells a student edited or deleted."""
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import tempfile
 from pathlib import Path
+
+from distlab import paths
 
 
 def discover(folder: Path, known: list[str], selected: list[str] | None = None
@@ -29,14 +34,85 @@ def discover(folder: Path, known: list[str], selected: list[str] | None = None
     return found, warnings
 
 
+STAMP = ".distlab-template"   # a template's file holding the key it was made for
+KEEP_TEMPLATES = 3            # templates kept in the build folder (other versions of the labs)
+
+
 def prepare_template(workdir: Path, labs: list[str]) -> Path:
-    """A course directory with every lab's source, release and gradebook entries."""
-    from distlab.grading.course_dir import generate
+    """A course directory with every lab's source, release and gradebook entries.
+
+    ``nbgrader generate_assignment`` costs seconds per lab, so a template is made once for what
+    it is made from (``template_key``) and then copied: from the workdir's own (a resumed run, a
+    regrade) or from the course's build folder (another workdir), which holds the same source
+    notebooks as ``build/source``."""
+    key = template_key(labs)
     template = workdir / "template"
+    if _stamp(template) == key:
+        return template
+    cache = paths.build() / "grading-templates"
+    made = cache / key
+    if _stamp(made) != key:
+        _generate(made, labs, key)
     shutil.rmtree(template, ignore_errors=True)
-    template.mkdir(parents=True)
-    generate(labs, template)
+    shutil.copytree(made, template)
+    _prune(cache, keep=made)
     return template
+
+
+def template_key(labs: list[str]) -> str:
+    """What a template is made from: the labs' source folders, nbgrader's, jupytext's and
+    nbformat's versions, and the code that makes it."""
+    import jupytext
+    import nbformat
+    import nbgrader
+    from distlab.grading import course_dir
+    digest = hashlib.sha256()
+    for part in (nbgrader.__version__, jupytext.__version__, nbformat.__version__):
+        digest.update(f"{part}\0".encode())
+    for code in (course_dir.__file__, __file__):
+        digest.update(Path(code).read_bytes())
+    for lab in labs:
+        folder = paths.lab_source(lab).parent
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not {"__pycache__", ".ipynb_checkpoints"} & set(path.parts):
+                digest.update(f"{lab}/{path.relative_to(folder).as_posix()}\0".encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def _stamp(template: Path) -> str | None:
+    try:
+        return (template / STAMP).read_text()
+    except OSError:
+        return None
+
+
+def _generate(dest: Path, labs: list[str], key: str) -> None:
+    """Make the template in a folder beside ``dest`` and move it in whole: two grading runs at
+    once each make one, and the one that moves first is kept."""
+    from distlab.grading.course_dir import generate
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
+    try:
+        generate(labs, tmp)
+        (tmp / STAMP).write_text(key)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.rename(tmp, dest)
+    except OSError:
+        if _stamp(dest) != key:
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prune(cache: Path, keep: Path) -> None:
+    """Keep the KEEP_TEMPLATES most recently used templates (``keep`` among them)."""
+    keep.touch()
+    made = sorted((p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in made[KEEP_TEMPLATES:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def locked_cell_flags(release_nb: Path, submitted_nb: Path) -> list[str]:
