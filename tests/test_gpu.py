@@ -8,6 +8,7 @@ Every test here skips, with the reason, on a machine without CUDA.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -282,7 +283,9 @@ def test_doctor_names_the_gpus(capsys):
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(GPUS))
     assert f"{'GPUs':<22} {GPUS} ({names})" in text
     assert "nccl" in next(line for line in text.splitlines() if "backends" in line)
-    assert ("2-rank NCCL all-reduce" in text) == (GPUS >= 2)
+    # NCCL is smoke-tested on as many ranks as there are GPUs, up to 2: with one GPU, "auto" runs
+    # every 1-rank call on NCCL, so the doctor checks that much.
+    assert re.search(rf"{min(GPUS, 2)}-rank NCCL all-reduce\s+ok", text), text
     assert "OK: ready for the labs." in text
 
 
