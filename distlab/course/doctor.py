@@ -1,5 +1,6 @@
 """``distlab doctor``: is this machine ready for the labs? Prints what it finds, runs a 2-rank
-all-reduce on gloo (and on NCCL where two GPUs exist), exits non-zero with what to fix."""
+all-reduce on gloo (and on NCCL where there are GPUs: 2 ranks on two GPUs, 1 rank on one, since
+"auto" runs 1-rank work on NCCL then), exits non-zero with what to fix."""
 from __future__ import annotations
 
 import os
@@ -12,21 +13,22 @@ def _line(name: str, value: str) -> None:
     print(f"  {name:<22} {value}")
 
 
-def _smoke(backend: str) -> str | None:
-    """None when a 2-rank all-reduce gives the right sum, else what went wrong."""
+def _smoke(backend: str, world_size: int = 2) -> str | None:
+    """None when all-reducing rank r's r + 1 gives their sum on every rank, else what went wrong."""
     import distlab
     try:
-        out = distlab.run(_all_reduce_ranks, 2, backend=backend, timeout=60)
+        out = distlab.run(_all_reduce_ranks, world_size, backend=backend, timeout=60)
     except Exception as exc:  # doctor reports every failure, whatever it is
         return f"{type(exc).__name__}: {exc}"
-    return None if out == [1.0, 1.0] else f"wrong all-reduce result {out} (expected [1.0, 1.0])"
+    expected = [float(sum(range(1, world_size + 1)))] * world_size
+    return None if out == expected else f"wrong all-reduce result {out} (expected {expected})"
 
 
 def _all_reduce_ranks(rank: int, world_size: int) -> float:
     import torch
     import torch.distributed as dist
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([float(rank)], device=device)
+    t = torch.tensor([float(rank + 1)], device=device)  # not 0: a no-op would pass on one rank
     dist.all_reduce(t)
     return t.item()
 
@@ -63,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                    f"exists (`ip addr`)." if ifname else
                    " Check that this machine can open TCP connections to 127.0.0.1.")
             problems.append(f"the gloo smoke test failed.{fix}\n    {error.splitlines()[0]}")
-    if gpus >= 2 and "nccl" in backends:
-        error = _smoke("nccl")
-        _line("2-rank NCCL all-reduce", "ok" if error is None else "FAILED")
+    if gpus >= 1 and "nccl" in backends:
+        ranks = min(gpus, 2)  # NCCL needs a GPU per rank
+        error = _smoke("nccl", ranks)
+        _line(f"{ranks}-rank NCCL all-reduce", "ok" if error is None else "FAILED")
         if error:
             problems.append(f"the NCCL smoke test failed: {error}. Check the driver (nvidia-smi) "
                             f"and try NCCL_DEBUG=INFO; the labs still run on gloo.")

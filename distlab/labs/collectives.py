@@ -24,18 +24,19 @@ COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA
 def _demo_rank(rank: int, world_size: int, op: str):
     """Rank body of ``demo``: (what this rank held before, what it holds after) for ``op``."""
     n = world_size
-    x = torch.arange(n, dtype=torch.float32) + 10 * rank  # (n,): element j of rank r is 10r + j
+    # On the rank's GPU under NCCL, which has no CPU path (results come back on the CPU).
+    x = torch.arange(n, dtype=torch.float32, device=rank_device()) + 10 * rank  # (n,): 10r + j
     before = x.clone()
     if op == "broadcast":
         dist.broadcast(x, src=0)
         after = x
     elif op == "scatter":
-        after = torch.empty(1)
+        after = x.new_empty(1)
         dist.scatter(after, list(x.chunk(n)) if rank == 0 else None, src=0)
         before = before if rank == 0 else None
     elif op == "gather":
         before = x[:1].clone()  # each rank contributes one value, 10r
-        bucket = [torch.empty(1) for _ in range(n)] if rank == 0 else None
+        bucket = [x.new_empty(1) for _ in range(n)] if rank == 0 else None
         dist.gather(before, bucket, dst=0)
         after = torch.cat(bucket) if rank == 0 else None
     elif op == "reduce":
@@ -43,19 +44,19 @@ def _demo_rank(rank: int, world_size: int, op: str):
         after = x if rank == 0 else None  # other ranks' buffers hold partial sums: undefined
     elif op == "all_gather":
         before = x[:1].clone()
-        after = torch.empty(n)
+        after = x.new_empty(n)
         dist.all_gather_single(after, before)
     elif op == "reduce_scatter":
-        after = torch.empty(1)
+        after = x.new_empty(1)
         dist.reduce_scatter_single(after, x)
     elif op == "all_reduce":
         dist.all_reduce(x)
         after = x
     elif op == "all_to_all":
-        after = torch.empty(n)
+        after = x.new_empty(n)
         dist.all_to_all_single(after, x)  # chunk j of rank r lands as chunk r of rank j
     elif op == "send_recv":
-        after = torch.empty(n)
+        after = x.new_empty(n)
         work = dist.isend(x, (rank + 1) % n)  # to the right neighbour; receive from the left
         dist.recv(after, (rank - 1) % n)
         work.wait()

@@ -117,7 +117,7 @@ def _timing_rank(rank, world_size, hand_cls, shape, steps):
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        worst = torch.tensor([statistics.median(times[2:])], dtype=torch.float64)
+        worst = torch.tensor([statistics.median(times[2:])], dtype=torch.float64, device=dev)
         if world_size > 1:
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)   # a step ends when the slowest rank does
         result[name] = worst.item()
