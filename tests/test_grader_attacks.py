@@ -130,3 +130,8 @@ def test_writes_outside_the_folder_are_refused(attacked):
            "'grader folder', 'own gradebook (sql)']" in text
     assert "from ranks: ['refused', 'refused']" in text
     assert "unreadable: ['another submission', \"the grader's template\"]" in text
+
+
+def test_the_course_s_own_solution_is_out_of_a_submission_s_reach(attacked):
+    # Its lab source, the git history and the grader's source notebooks all hold the answers.
+    assert "copied from: []" in _feedback(attacked["rows"]["copies_solution"])

@@ -90,11 +90,19 @@ def _record(student: str, future, workdir: Path, run) -> bool:
 
 def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ...]:
     """What a student's code may not read: the grading folders (every student's), the
-    submissions, the scores (its own folders inside them stay open to it), unless one of them
-    holds the course or the interpreter, which the code needs."""
-    needed = (paths.root(), Path(sys.prefix).resolve())
-    return tuple(str(p) for p in (workdir.resolve(), submissions.resolve(), out.resolve())
-                 if not any(p == q or p in q.parents for q in needed))
+    submissions, the scores (its own folders inside them stay open to it), and the instructor's
+    part of the course: every folder of the course root but the package and the reference data
+    (the solutions, the grader's configuration, build/, tests/, .git/), since code that copies a
+    lab's solution at grading time would be graded as the student's own. A folder that holds
+    the package, the data or the interpreter, which the code needs, stays open."""
+    import distlab
+    needed = (Path(distlab.__file__).resolve().parent, paths.data().resolve(),
+              Path(sys.prefix).resolve())
+    course = paths.root().resolve()
+    instructors = [p for p in course.iterdir() if p.is_dir() and not p.is_symlink()]
+    return tuple(str(p) for p in (workdir.resolve(), submissions.resolve(), out.resolve(),
+                                  *instructors)
+                 if not any(p == q or p in q.parents for q in (*needed, course)))
 
 
 def grade_student(student: str, labs: list[str], submissions: Path, workdir: Path,

@@ -172,6 +172,40 @@ def _write_from_rank(rank, world_size, path):
 print("from ranks:", list(distlab.run(_write_from_rank, 2, str(TARGETS["scores"]))))
 '''
 
+# 9. Copy the lab's own solution out of the instructor's course at grading time (the solutions,
+# the git history, the grader's source notebooks): it would be graded as the student's code.
+COPIES_SOLUTION = '''\
+import ast, json, subprocess
+from distlab import paths
+
+def _answer_from(text):
+    tree = ast.parse(text)
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "all_reduce_rs_ag"]
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "copied", "exec"), globals())
+    return bool(keep)
+
+def _notebook_code(path):
+    cells = json.loads(path.read_text())["cells"]
+    return "\\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+SOURCES = {
+    "the lab's source": lambda: paths.lab_source("01_collectives").read_text(),
+    "the git history": lambda: subprocess.run(
+        ["git", "-C", str(paths.root()), "show", "HEAD:solutions/01_collectives/01_collectives.py"],
+        capture_output=True, text=True, check=True).stdout,
+    "the grader's source notebook": lambda: _notebook_code(
+        paths.root() / "build" / "source" / "01_collectives" / "01_collectives.ipynb"),
+}
+copied = []
+for where, read in SOURCES.items():
+    try:
+        if _answer_from(read()):
+            copied.append(where)
+    except Exception:
+        pass
+print("copied from:", copied)
+'''
+
 
 def orphans() -> list[psutil.Process]:
     """The processes the orphans sample left that are still running."""
@@ -212,6 +246,8 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
         "orphans": (_append(solved(LAB), "bandwidths", ORPHANS), ok),
         "writes_outside": (_append(student(LAB), "bandwidths", WRITES),
                            _statuses("not-done", "not-done", "not-done", "not-done")),
+        "copies_solution": (_append(student(LAB), "all_reduce_rs_ag", COPIES_SOLUTION),
+                            _statuses("not-done", "not-done", "not-done", "not-done")),
     }
 
 
