@@ -110,7 +110,7 @@ def test_bytes_per_param_are_the_zero_papers_figure_1():
 def test_bytes_per_param_table_shows_every_term_of_every_row():
     rows = bytes_per_param(world_sizes=(4, 64))
     header, rule, *lines = table_cells(format_bytes_per_param(rows))
-    assert header == ["convention", "W", "stage", "weights", "grads", "optim.", "total"]
+    assert header == ["convention", "W", "stage", "weights", "gradients", "optimizer", "total"]
     assert lines == [[r["convention"], str(r["world_size"]), str(r["stage"])]
                      + [f"{r[k]:.3f}" for k in ("weights", "gradients", "optimizer", "total")]
                      for r in rows]

@@ -65,10 +65,9 @@ def bytes_per_param(world_sizes=(4, 64)) -> list[dict]:
 
 def format_bytes_per_param(rows: list[dict]) -> str:
     """``bytes_per_param``'s rows as a table: bytes per parameter of each term on one rank."""
+    terms = ("weights", "gradients", "optimizer", "total")
     return format_table([{"convention": r["convention"], "W": r["world_size"], "stage": r["stage"],
-                          "weights": f"{r['weights']:.3f}", "grads": f"{r['gradients']:.3f}",
-                          "optim.": f"{r['optimizer']:.3f}", "total": f"{r['total']:.3f}"}
-                         for r in rows])
+                          **{k: f"{r[k]:.3f}" for k in terms}} for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------
