@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab.checks import lab08
+from distlab.checks import lab08, lab08_patterns
 from distlab.checks.assertions import CheckFailed
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
                                   block_profile, free_storage, padded_flat, saved_bytes,
@@ -95,6 +95,30 @@ def test_block_profile_predicts_the_measured_stack():
         predicted = sum(b["checkpointed_bytes"] if c else b["saved_bytes"]
                         for b, c in zip(profile, choice))
         assert saved_bytes(problem, choice) == predicted
+
+
+def _record(*calls) -> list:
+    """A rank's collective record made by hand: (op, bytes) per call, float64, rank 0."""
+    from distlab.runtime.comms import Comm
+    return [Comm(rank=0, seq=i, op=op, group=(0, 1), shapes=[(n // 8,)], dtype="float64", bytes=n)
+            for i, (op, n) in enumerate(calls)]
+
+
+def test_zero2_pattern_says_what_else_was_called_and_what_was_too_small():
+    right = [("reduce_scatter_single", 800), ("all_gather_single", 800)] * 3   # 1 bucket, 3 steps
+    lab08_patterns.check_zero2_pattern(_record(*right), 0, [100], 3)
+    with pytest.raises(CheckFailed, match=r"rank 0, in 3 steps: it also called 3 × broadcast of "
+                                          r"\[100\] \(800 bytes\); a ZeRO-2 step needs only"):
+        lab08_patterns.check_zero2_pattern(_record(*right, *[("broadcast", 800)] * 3), 0, [100], 3)
+    with pytest.raises(CheckFailed, match=r"all_gather_single #5 on \[50\] float64 moved 400 "
+                                          r"bytes; less than a whole bucket \(800 bytes\)"):
+        lab08_patterns.check_zero2_pattern(_record(*right[:5], ("all_gather_single", 400)), 0,
+                                           [100], 3)
+    with pytest.raises(CheckFailed, match=r"2 calls of all-gather \(2 × all_gather_single of \[100\] "
+                                          r"\(800 bytes\)\), expected 3\. ZeRO-2 makes one per "
+                                          r"bucket \(1 buckets\) per step.*All it issued: 3 × "
+                                          r"reduce_scatter_single"):
+        lab08_patterns.check_zero2_pattern(_record(*right[:5]), 0, [100], 3)
 
 
 def test_bytes_per_param_are_the_zero_papers_figure_1():
