@@ -162,23 +162,26 @@ def test_replicated_optimizer_state_fails_the_memory_check():
         lab02.check_sharded_adamw(Replicated, world_size=2, seed=10)
 
 
-def test_all_reduce_then_slice_fails_the_zero1_pattern_check():
-    # Values are right, but every rank received the whole gradient sum: twice ZeRO-1's traffic.
-    ns = solution_namespace((
-        "dist.reduce_scatter_single(grad_shard, grads)",
-        "dist.all_reduce(grads); grad_shard.copy_(grads[self.rank * self.shard_numel:"
-        "(self.rank + 1) * self.shard_numel])"))
-    with pytest.raises(CheckFailed, match="all_reduce.*reduce-scatter"):
-        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=11)
+# Values right, communication wrong: each must fail the ZeRO-1 pattern check, saying why.
+ZERO1_PATTERN_MISTAKES = {
+    # every rank receives the whole gradient sum: twice ZeRO-1's traffic
+    "all_reduce_then_slice": (
+        ("dist.reduce_scatter_single(grad_shard, grads)",
+         "dist.all_reduce(grads); grad_shard.copy_(grads[self.rank * self.shard_numel:"
+         "(self.rank + 1) * self.shard_numel])"), 11, "all_reduce.*reduce-scatter"),
+    "two_gathers_per_step": (
+        ("dist.all_gather_single(full, self.shard.detach())",
+         "dist.all_gather_single(full, self.shard.detach()); "
+         "dist.all_gather_single(full, self.shard.detach())"), 12, "one all-gather"),
+}
 
 
-def test_two_gathers_per_step_fail_the_zero1_pattern_check():
-    ns = solution_namespace((
-        "dist.all_gather_single(full, self.shard.detach())",
-        "dist.all_gather_single(full, self.shard.detach()); "
-        "dist.all_gather_single(full, self.shard.detach())"))
-    with pytest.raises(CheckFailed, match="one all-gather"):
-        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=12)
+@pytest.mark.parametrize("mistake", list(ZERO1_PATTERN_MISTAKES))
+def test_zero1_pattern_check_fails_each_communication_mistake(mistake):
+    edit, seed, message = ZERO1_PATTERN_MISTAKES[mistake]
+    ns = solution_namespace(edit)
+    with pytest.raises(CheckFailed, match=message):
+        lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=seed)
 
 
 def test_cpu_overlap_figure_is_shown_beside_the_gpu_trace():

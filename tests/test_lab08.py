@@ -7,19 +7,22 @@ notebook), so they stay in step with the lab.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from distlab.checks import lab08
+from distlab.checks import lab08, lab08_patterns
 from distlab.checks.assertions import CheckFailed
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
                                   block_profile, free_storage, padded_flat, saved_bytes,
                                   storage_bytes)
-from distlab.labs.sharded.accounting import (bytes_per_param, computed_stage_bytes,
-                                             measure_stages, stage_table, volume_rows)
-from distlab.labs.sharded.figures import checkpointing_measured
+from distlab.labs.sharded.accounting import (STAGE_NAMES, bytes_per_param, computed_stage_bytes,
+                                             format_bytes_per_param, format_stage_memory,
+                                             format_volume, measure_stages, stage_table,
+                                             volume_rows)
+from distlab.labs.sharded.figures import checkpointing_measured, format_checkpointing
 
 SOURCE = Path(__file__).resolve().parents[1] / \
     "solutions/08_sharded_data_parallel/08_sharded_data_parallel.py"
@@ -47,6 +50,11 @@ def solution_namespace(edits: list[tuple[str, str, str]] = ()) -> dict:
             exec(compile(code, str(SOURCE), "exec"), ns)
     assert not pending, f"edits that did not apply (the solution changed): {pending}"
     return ns
+
+
+def table_cells(text: str) -> list[list[str]]:
+    """The cells of each line of a printed table (columns stand two or more spaces apart)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
 
 
 def failing_exercises(ns: dict) -> dict[str, str]:
@@ -89,6 +97,30 @@ def test_block_profile_predicts_the_measured_stack():
         assert saved_bytes(problem, choice) == predicted
 
 
+def _record(*calls) -> list:
+    """A rank's collective record made by hand: (op, bytes) per call, float64, rank 0."""
+    from distlab.runtime.comms import Comm
+    return [Comm(rank=0, seq=i, op=op, group=(0, 1), shapes=[(n // 8,)], dtype="float64", bytes=n)
+            for i, (op, n) in enumerate(calls)]
+
+
+def test_zero2_pattern_says_what_else_was_called_and_what_was_too_small():
+    right = [("reduce_scatter_single", 800), ("all_gather_single", 800)] * 3   # 1 bucket, 3 steps
+    lab08_patterns.check_zero2_pattern(_record(*right), 0, [100], 3)
+    with pytest.raises(CheckFailed, match=r"rank 0, in 3 steps: it also called 3 × broadcast of "
+                                          r"\[100\] \(800 bytes\); a ZeRO-2 step needs only"):
+        lab08_patterns.check_zero2_pattern(_record(*right, *[("broadcast", 800)] * 3), 0, [100], 3)
+    with pytest.raises(CheckFailed, match=r"all_gather_single #5 on \[50\] float64 moved 400 "
+                                          r"bytes; less than a whole bucket \(800 bytes\)"):
+        lab08_patterns.check_zero2_pattern(_record(*right[:5], ("all_gather_single", 400)), 0,
+                                           [100], 3)
+    with pytest.raises(CheckFailed, match=r"2 calls of all-gather \(2 × all_gather_single of \[100\] "
+                                          r"\(800 bytes\)\), expected 3\. ZeRO-2 makes one per "
+                                          r"bucket \(1 buckets\) per step.*All it issued: 3 × "
+                                          r"reduce_scatter_single"):
+        lab08_patterns.check_zero2_pattern(_record(*right[:5]), 0, [100], 3)
+
+
 def test_bytes_per_param_are_the_zero_papers_figure_1():
     # ZeRO (arXiv:1910.02054) Figure 1: Psi = 7.5B, N_d = 64, K = 12 -> 120, 31.4, 16.6, 1.88 GB.
     rows = {(r["convention"], r["world_size"], r["stage"]): r["total"]
@@ -97,6 +129,15 @@ def test_bytes_per_param_are_the_zero_papers_figure_1():
     gb = [round(7.5e9 * rows[(paper, 64, s)] / 1e9, 1) for s in range(4)]
     assert gb == [120.0, 31.4, 16.6, 1.9]
     assert rows[("course notes (fp32 gradients)", 64, 0)] == 18
+
+
+def test_bytes_per_param_table_shows_every_term_of_every_row():
+    rows = bytes_per_param(world_sizes=(4, 64))
+    header, rule, *lines = table_cells(format_bytes_per_param(rows))
+    assert header == ["convention", "W", "stage", "weights", "gradients", "optimizer", "total"]
+    assert lines == [[r["convention"], str(r["world_size"]), str(r["stage"])]
+                     + [f"{r[k]:.3f}" for k in ("weights", "gradients", "optimizer", "total")]
+                     for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +154,18 @@ def test_memory_and_volume_measured_match_the_computed(solution):
             assert 0 <= row["measured"][term] - computed <= 12 * 4, (row["stage"], term)
     assert computed_stage_bytes(3, 100, 4)["weights"] == 100
     assert [r["psi"] for r in volume_rows(stages)] == [2.0, 2.0, 2.0, 3.0]
+    caption, header, rule, *lines = table_cells(format_stage_memory(stages))
+    assert header == ["stage", "weights", "gradients", "optimizer", "activations"]
+    assert lines == [[STAGE_NAMES[r["stage"]]]
+                     + [f"{r['computed'][k]:,.0f} / {r['measured'][k]:,}"
+                        for k in ("weights", "gradients", "optimizer")]
+                     + [f"{r['activations']:,}"] for r in stage_table(stages)]
+    header, rule, *lines = table_cells(format_volume(stages))
+    assert header == ["scheme", "collectives per step", "bytes moved", "measured", "paper"]
+    assert [line[0] for line in lines] == ["DP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    assert [line[3:] for line in lines] == [["2.00Ψ", "2Ψ"], ["2.00Ψ", "2Ψ"], ["2.00Ψ", "2Ψ"],
+                                             ["3.00Ψ", "3Ψ"]]
+    assert all(re.fullmatch(r"\d+ \w+(, \d+ \w+)*", line[1]) for line in lines), lines
 
 
 def test_checkpointing_measurement_shows_the_quadratic_term():
@@ -120,10 +173,15 @@ def test_checkpointing_measurement_shows_the_quadratic_term():
     assert long["saved"] > 2.2 * short["saved"]                       # s^2 scores
     assert long["saved_checkpointed"] == 2 * short["saved_checkpointed"]  # the input only
     assert short["saved_checkpointed"] < short["saved"] / 10
+    header, rule, *lines, growth, rule_of_thumb = table_cells(format_checkpointing([short, long]))
+    assert header == ["seq", "saved", "checkpointed", "ms/step", "ckpt ms", "saved / states"]
+    assert [line[:3] for line in lines] == [[str(r["seq_len"]), f"{r['saved']:,}",
+                                              f"{r['saved_checkpointed']:,}"] for r in (short, long)]
+    assert growth[0].startswith("x2 sequence: saved x") and "1.25 rule" in rule_of_thumb[0]
 
 
 def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
-    from distlab.labs.sharded.fsdp import compare_with_fsdp
+    from distlab.labs.sharded.fsdp import compare_with_fsdp, format_fsdp_comparison
     rows = {r["variant"]: r for r in compare_with_fsdp(solution["Zero3Block"], world_size=2)}
     assert all(r["max_diff"] < 1e-12 for r in rows.values()), rows
     ours, block, keep, whole = rows.values()
@@ -133,16 +191,25 @@ def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
     assert ours["bytes"] == block["bytes"]                 # the same traffic, gathers and scatters
     assert block["peak_param_bytes"] <= 2 * block_bytes < keep["peak_param_bytes"]
     assert whole["peak_param_bytes"] == 4 * block_bytes
+    header, rule, *lines = table_cells(format_fsdp_comparison(list(rows.values())))
+    assert header == ["variant", "gathers/step", "bytes/step", "peak gathered", "ms/step",
+                      "max |Δ| vs 1 process"]
+    assert [line[:4] + line[5:] for line in lines] == [
+        [r["variant"], str(r["gathers"]), f"{r['bytes']:,}", f"{r['peak_param_bytes']:,}",
+         f"{r['max_diff']:.1e}"] for r in rows.values()]
 
 
 def test_tp_within_fsdp_equals_one_process_and_runs_each_collective_on_its_axis():
-    from distlab.labs.sharded.tp_fsdp import tp_within_fsdp
+    from distlab.labs.sharded.tp_fsdp import format_tp_fsdp, tp_within_fsdp
     result = tp_within_fsdp()
     assert result["max_diff"] < 1e-12
     assert result["tp_group"] == (0, 1) and result["dp_group"] == (0, 2)
     assert result["counts"] == {("all_gather_single", "dp"): 8, ("reduce_scatter_single", "dp"): 4,
                                 ("all_reduce (functional)", "tp"): 7}
     assert result["local_shapes"][0] == (24 // 2 // 2, 16)   # Linear(16, 24): tp, then dp
+    groups, diff, header, rule, *lines = table_cells(format_tp_fsdp(result))
+    assert header == ["collective (rank 0, one step)", "axis", "count"]
+    assert sorted(lines) == sorted([op, axis, str(n)] for (op, axis), n in result["counts"].items())
 
 
 # ---- the checks on real ranks ------------------------------------------------------------

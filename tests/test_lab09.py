@@ -122,6 +122,26 @@ def test_each_mistake_loses_exactly_its_own_test(name, cell, old, new, loses):
         assert failed == {loses}, (name, world_size, results)
 
 
+def test_dispatch_pattern_names_a_wrong_size_and_a_missing_count_exchange():
+    from distlab.runtime.comms import Comm
+
+    def record(*calls) -> list:  # (dtype, bytes) of each all_to_all_single rank 1 called
+        return [Comm(rank=1, seq=i, op="all_to_all_single", group=(0, 1), shapes=[(n // 8,)],
+                     dtype=dt, bytes=n) for i, (dt, n) in enumerate(calls)]
+    kinds = [lab09.NO_TOKEN_GATHER, lab09._count_exchange(4, 2),
+             lab09._token_all_to_alls(1, "Send the T·k rows in one.", 384)]
+    lab09.expect_collectives(record(("int64", 32), ("float32", 384)), "dispatch, rank 1", kinds)
+    with pytest.raises(CheckFailed, match=r"dispatch, rank 1: all_to_all_single #0 on \[40\] int64 "
+                                          r"moved 320 bytes; more than p·E = 8 integers"):
+        lab09.expect_collectives(record(("int64", 320), ("float32", 384)), "dispatch, rank 1", kinds)
+    with pytest.raises(CheckFailed, match=r"moved 192 bytes; expected 384\. Send the T·k rows"):
+        lab09.expect_collectives(record(("int64", 32), ("float32", 192)), "dispatch, rank 1", kinds)
+    with pytest.raises(CheckFailed, match=r"0 calls of integers \(the count exchange\), expected 1\. "
+                                          r"Exchange the per-expert counts once.*All it issued: "
+                                          r"all_to_all_single of \[48\] \(384 bytes\)"):
+        lab09.expect_collectives(record(("float32", 384)), "dispatch, rank 1", kinds)
+
+
 def test_all_gather_dispatch_is_told_why():
     ns = solution_namespace(MISTAKES[0][1:4])
     with pytest.raises(CheckFailed, match=r"all_gather .*Gathering the tokens gives every rank "

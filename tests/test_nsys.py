@@ -91,7 +91,11 @@ def test_summary_uses_the_lab_measures(sample):
         comm = [(s.start, s.end) for s in sample.of(r["rank"], "comm")]
         assert math.isclose(r["comm_ms"], lab06.length(comm) * 1e3)
         assert 0 < r["comm_share"] < 1 and r["nccl_kernels"] == len(comm)
-    assert "NCCL share" in nsys.format_summary(rows)
+    header, rule, *lines = (line.split() for line in nsys.format_summary(rows).splitlines())
+    assert " ".join(header) == "rank kernels NCCL window ms compute ms NCCL ms NCCL share"
+    assert lines == [[str(r["rank"]), str(r["kernels"]), str(r["nccl_kernels"]),
+                      f"{r['window_ms']:.1f}", f"{r['compute_ms']:.1f}", f"{r['comm_ms']:.1f}",
+                      f"{r['comm_share']:.1%}"] for r in rows]
 
 
 @needs_sample

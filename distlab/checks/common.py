@@ -1,6 +1,10 @@
 """Pieces the graded checks of several labs share."""
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+from typing import Callable, Sequence
+
 import torch
 import torch.nn as nn
 
@@ -36,6 +40,65 @@ def split_phases(comms, count: int, what: str, rank: int) -> list[list]:
     return phases
 
 
+def _describe(c) -> str:
+    return f"{c.op} of {list(c.shapes[0]) if c.shapes else '?'} ({c.bytes} bytes)"
+
+
 def describe_comms(comms) -> str:
-    return ", ".join(f"{c.op} of {list(c.shapes[0]) if c.shapes else '?'} ({c.bytes} bytes)"
-                     for c in comms) or "no collective"
+    return ", ".join(_describe(c) for c in comms) or "no collective"
+
+
+def tally_comms(comms) -> str:
+    """``describe_comms`` with repeated calls counted once: "3 × all_reduce of [8] (64 bytes)"."""
+    seen = Counter(_describe(c) for c in comms)
+    return ", ".join(d if n == 1 else f"{n} × {d}" for d, n in seen.items()) or "no collective"
+
+
+# ---------------------------------------------------------------------------------------------
+# "Exactly these collectives": the pattern checks of Labs 2, 8 and 9
+
+GATHER_OPS = frozenset({"all_gather", "all_gather_into_tensor", "all_gather_single"})
+REDUCE_SCATTER_OPS = frozenset({"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"})
+
+
+def op_in(ops) -> Callable:
+    """A ``Collectives.match`` for calls of any of ``ops`` (names of torch.distributed functions)."""
+    return lambda c: c.op in ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Collectives:
+    """One kind of collective a record must hold exactly ``count`` of (0: a kind it must not
+    issue): which calls are of the kind (``match``), what the rule is and what to do when the
+    count is wrong (``why``), and optionally which sizes each call may move (``size_ok(bytes)``,
+    explained by ``size_why``)."""
+    name: str                       # as the student reads it: "all-gather in forward"
+    match: Callable                 # Comm -> bool
+    count: int
+    why: str
+    size_ok: Callable | None = None
+    size_why: str = ""
+
+
+def expect_collectives(comms, where: str, kinds: Sequence[Collectives], only: str = "") -> None:
+    """Check that ``comms`` (a rank's record, or one phase or step of it; barriers are the
+    checks' own and are ignored) holds exactly ``kind.count`` calls of each kind, in the order the
+    kinds are given (so a forbidden kind listed first is said first), each of a size
+    ``kind.size_ok`` accepts; with ``only`` (what the pattern needs), also no call of another
+    kind. ``where`` names the rank (and step or phase); a failure says it, what the rank issued,
+    and the kind's ``why``."""
+    comms = [c for c in comms if c.op != "barrier"]
+    for kind in kinds:
+        calls = [c for c in comms if kind.match(c)]
+        if len(calls) != kind.count:
+            issued = f" ({tally_comms(calls)})" if calls else ""
+            rest = f" All it issued: {tally_comms(comms)}." if calls != comms else ""
+            raise CheckFailed(f"{where}: {len(calls)} {'call' if len(calls) == 1 else 'calls'} of "
+                              f"{kind.name}{issued}, expected {kind.count}. {kind.why}{rest}")
+        wrong = [c for c in calls if kind.size_ok is not None and not kind.size_ok(c.bytes)]
+        if wrong:
+            raise CheckFailed(f"{where}: {wrong[0].describe()} moved {wrong[0].bytes} bytes; "
+                              f"{kind.size_why}")
+    others = [c for c in comms if not any(kind.match(c) for kind in kinds)]
+    if only and others:
+        raise CheckFailed(f"{where}: it also called {tally_comms(others)}; {only}")

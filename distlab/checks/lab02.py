@@ -26,14 +26,14 @@ import math
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.common import (GATHER_OPS, REDUCE_SCATTER_OPS, Collectives,
+                                   expect_collectives, op_in)
 from distlab.labs.data_parallel import (Setup, device, final_state, flat, optimizer_state_bytes,
                                    param_bytes, rank_problem, reference_training, shard_bounds,
                                    train_steps)
 
 LAB = "02_data_parallel"
 STEPS = 3
-GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single"}
-REDUCE_SCATTERS = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"}
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
 PARAM_TOL = dict(atol=1e-9, rtol=1e-9)
 
@@ -275,32 +275,23 @@ def _zero_rank(rank: int, world_size: int, cls, setup: Setup, steps: int) -> dic
 def _check_zero1_pattern(comms: list, rank: int, numel: int) -> None:
     """ZeRO-1's communication per step: one reduce-scatter of the whole (padded) gradient, one
     all-gather of the parameters, no all-reduce (Rajbhandari et al. 2020, sec. 5.1 and 7.1)."""
-    reduces = [c for c in comms if c.op == "all_reduce"]
-    if reduces:
-        raise CheckFailed(
-            f"rank {rank} called all_reduce {len(reduces)} times in {STEPS} steps; ZeRO-1 uses a "
-            f"reduce-scatter instead: each rank needs the summed gradient of its own shard only. "
-            f"An all-reduce followed by slicing gives the right values but delivers every rank "
-            f"the whole sum, W times the gradient bytes that rank needs, and the all-gather then "
-            f"adds a second full volume: use dist.reduce_scatter_single.")
-    scatters = [c for c in comms if c.op in REDUCE_SCATTERS]
-    gathers = [c for c in comms if c.op in GATHERS]
-    for name, calls, what in (("reduce-scatter", scatters, "of the gradients"),
-                              ("all-gather", gathers, "of the updated parameter shards")):
-        if len(calls) != STEPS:
-            raise CheckFailed(
-                f"rank {rank} made {len(calls)} {name} calls in {STEPS} steps; ZeRO-1 makes exactly "
-                f"one {name} {what} per step (flatten everything into one buffer first).")
-    others = sorted({c.op for c in comms} - REDUCE_SCATTERS - GATHERS)
-    if others:
-        raise CheckFailed(f"rank {rank} also called {others}; a ZeRO-1 step needs only one "
-                          f"reduce-scatter and one all-gather.")
-    for c in scatters + gathers:
-        if c.bytes < numel * 8:  # float64 parameters, the whole flattened (padded) vector
-            raise CheckFailed(
-                f"rank {rank}'s {c.describe()} moved {c.bytes} bytes, less than the {numel * 8} "
-                f"bytes of all the parameters: reduce-scatter (and all-gather) the whole "
-                f"flattened vector, padded to W x ceil(P / W) elements.")
+    whole = numel * 8  # float64 parameters, the whole flattened (padded) vector
+    kinds = [Collectives("all_reduce", op_in({"all_reduce"}), 0,
+                         "ZeRO-1 uses a reduce-scatter instead: each rank needs the summed "
+                         "gradient of its own shard only. An all-reduce followed by slicing gives "
+                         "the right values but delivers every rank the whole sum, W times the "
+                         "gradient bytes that rank needs, and the all-gather then adds a second "
+                         "full volume: use dist.reduce_scatter_single.")]
+    kinds += [Collectives(name, op_in(ops), STEPS,
+                          f"ZeRO-1 makes exactly one {name} {what} per step (flatten everything "
+                          f"into one buffer first).", lambda b: b >= whole,
+                          f"less than the {whole} bytes of all the parameters: reduce-scatter (and "
+                          f"all-gather) the whole flattened vector, padded to W x ceil(P / W) "
+                          f"elements.")
+              for name, ops, what in (("reduce-scatter", REDUCE_SCATTER_OPS, "of the gradients"),
+                                      ("all-gather", GATHER_OPS, "of the updated parameter shards"))]
+    expect_collectives(comms, f"rank {rank}, in {STEPS} steps", kinds,
+                       only="a ZeRO-1 step needs only one reduce-scatter and one all-gather.")
 
 
 def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,

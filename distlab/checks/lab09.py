@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import describe_comms, rank_device, split_phases
+from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
 from distlab.checks.lab09_problems import (LAB, SHAPE, expected_dispatch, mine, moe_case,  # noqa: F401
                                            moe_problem, moe_shape)
 from distlab.checks.ranks import run_each_backend
@@ -32,6 +32,7 @@ SEED = 9
 ATOL = RTOL = 1e-4
 GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
            "gather", "broadcast", "all_reduce"}
+TOKEN_OPS = {"all_to_all_single", "all_to_all"}
 SPLITS_HINT = ("The token all-to-all failed: the sizes one rank sends must be the sizes its peer "
                "expects. Rank r's output_split_sizes are the counts every *source* rank sends "
                "it (what the count exchange returned), its input_split_sizes its own counts "
@@ -56,30 +57,31 @@ def _run(fn, world_size: int, what: str, *args):
         raise CheckFailed(f"{what}: the ranks failed.\n{err}{hint}") from None
 
 
-def _is_tokens(c) -> bool:
-    return c.op in ("all_to_all_single", "all_to_all") and c.dtype.startswith(("float", "bfloat"))
+def _is_float(c) -> bool:
+    return c.dtype.startswith(("float", "bfloat"))
 
 
-def _token_comms(comms, what: str, rank: int, case: str) -> list:
-    """A rank's token all-to-alls; fails, saying why, on a gather or broadcast of tokens."""
-    for c in comms:
-        if c.op in GATHERS and c.dtype.startswith(("float", "bfloat")):
-            raise CheckFailed(
-                f"{what} on {case}: rank {rank} issued {c.op} of {c.bytes} bytes. Gathering the "
-                f"tokens gives every rank all p·T tokens, p times the traffic of an all-to-all "
-                f"and memory that grows with the world size; expert parallelism sends each token "
-                f"only to the rank that holds its expert: one all_to_all_single with uneven "
-                f"splits. Issued: {describe_comms(comms)}.")
-    return [c for c in comms if _is_tokens(c)]
+NO_TOKEN_GATHER = Collectives(
+    "gather or broadcast of tokens", lambda c: c.op in GATHERS and _is_float(c), 0,
+    "Gathering the tokens gives every rank all p·T tokens, p times the traffic of an all-to-all "
+    "and memory that grows with the world size; expert parallelism sends each token only to the "
+    "rank that holds its expert: one all_to_all_single with uneven splits.")
 
 
-def _expect_counts(comms, what: str, rank: int, case: str, experts: int, world_size: int) -> None:
-    ints = [c for c in comms if not c.dtype.startswith(("float", "bfloat")) and c.op != "barrier"]
-    if len(ints) != 1 or ints[0].bytes > world_size * experts * 8:
-        raise CheckFailed(
-            f"{what} on {case}: rank {rank} should exchange its per-expert counts once (one "
-            f"all_to_all_single of E={experts} integers) before the tokens; it issued "
-            f"{describe_comms(ints)}.")
+def _count_exchange(experts: int, world_size: int) -> Collectives:
+    """One collective of integers (the per-expert counts) before the tokens: at most p·E of them."""
+    why = (f"Exchange the per-expert counts once, before the tokens: one all_to_all_single of "
+           f"E={experts} integers.")
+    return Collectives("integers (the count exchange)", lambda c: not _is_float(c), 1, why,
+                       lambda b: b <= world_size * experts * 8,
+                       f"more than p·E = {world_size * experts} integers. {why}")
+
+
+def _token_all_to_alls(count: int, why: str, sent: int | None = None) -> Collectives:
+    """``count`` all-to-alls of tokens (floating point), of ``sent`` bytes each where given."""
+    return Collectives("all-to-all of tokens", lambda c: _is_float(c) and c.op in TOKEN_OPS,
+                       count, why, None if sent is None else (lambda b: b == sent),
+                       f"expected {sent}. {why}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +108,11 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             want = expected_dispatch(ref["idx"], ref["x"], experts, world_size, rank)
-            tokens_comms = _token_comms(out.comms[rank], "dispatch", rank, where)
+            sent = k * tokens * hidden * 4
+            expect_collectives(out.comms[rank], f"dispatch on {where}, rank {rank}", [
+                NO_TOKEN_GATHER, _count_exchange(experts, world_size),
+                _token_all_to_alls(1, f"Send this rank's T·k = {k * tokens} rows in exactly one "
+                                      f"all_to_all_single ({sent} bytes).", sent)])
             for key in ("send_splits", "recv_splits"):
                 _close(res[key], want[key], f"dispatch: plan.{key} on {where}", rank,
                        "send_splits[d]: rows this rank sends to rank d; recv_splits[s]: rows "
@@ -116,13 +122,6 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
                    "t·k+j: sort each rank's assignments by expert (stable) before sending.")
             _close(res["recv_expert"], want["recv_expert"], f"dispatch: plan.recv_expert on {where}",
                    rank, "The local expert (0..E/p-1) of each received row, from the counts.")
-            _expect_counts(out.comms[rank], "dispatch", rank, where, experts, world_size)
-            sent = k * tokens * hidden * 4
-            if [c.bytes for c in tokens_comms] != [sent]:
-                raise CheckFailed(
-                    f"dispatch on {where}: rank {rank} should send its T·k = {k * tokens} rows "
-                    f"in exactly one all_to_all_single ({sent} bytes); it issued "
-                    f"{describe_comms(tokens_comms)}.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,15 +165,14 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
                          "its (t, j) slot and weight it by the gate that chose it.")
         for rank, res in enumerate(out):
             fwd, bwd = split_phases(out.comms[rank], 2, "moe_forward", rank)
-            _expect_counts(fwd, "moe_forward", rank, where, experts, world_size)
-            for phase, comms in (("forward", fwd), ("backward", bwd)):
-                found = _token_comms(comms, "moe_forward", rank, where)
-                if len(found) != 2:
-                    raise CheckFailed(
-                        f"moe_forward on {where}: rank {rank}'s {phase} should issue exactly two "
-                        f"token all-to-alls (dispatch and combine{', reversed' if phase == 'backward' else ''}); "
-                        f"it issued {describe_comms(comms)}. The backward of an all-to-all is the "
-                        f"all-to-all with the splits swapped: write it in AllToAll.backward.")
+            for phase, comms, counts in (("forward", fwd, [_count_exchange(experts, world_size)]),
+                                         ("backward", bwd, [])):
+                expect_collectives(comms, f"moe_forward on {where}, rank {rank}'s {phase}", [
+                    NO_TOKEN_GATHER, *counts, _token_all_to_alls(2, (
+                        f"The {phase} issues exactly two token all-to-alls (dispatch and combine"
+                        f"{', reversed' if phase == 'backward' else ''}). The backward of an "
+                        f"all-to-all is the all-to-all with the splits swapped: write it in "
+                        f"AllToAll.backward."))])
             _close(res["dx"], mine(ref["dx"], rank, world_size), f"moe_forward input gradient on {where}",
                    rank, "A token's gradient comes back from its experts' ranks by the reverse "
                          "all-to-all, plus the router's part.")

@@ -1,14 +1,33 @@
 """Plain-text tables of the labs' measurements (a list of dicts with the same keys)."""
 from __future__ import annotations
 
+import re
+
+# A number as the labs print one: sign, digits with thousands commas, decimals, exponent, and a
+# unit sign that is not a letter ("%", "Ψ").
+_NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?[^\sA-Za-z0-9]{0,2}")
+
+
+def _is_number(text: str) -> bool:
+    """A cell of numbers ("12", "-3.5e-07", "2.00Ψ", "49,380 / 49,380"): aligned right; a cell
+    with words in it ("4 all_reduce") is text."""
+    parts = text.split()
+    return bool(parts) and all(p == "/" or _NUMBER.fullmatch(p) for p in parts)
+
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table of dicts (same keys), columns right-aligned for numbers."""
+    """A plain-text table of dicts (same keys; the keys are the header). Cells are ``str()`` of
+    the values, so a caller formats numbers (digits, units) before; cells that read as numbers
+    are right-aligned, and so is the header of a column whose cells all do."""
     if not rows:
         return "(nothing)"
     keys = list(rows[0])
     cells = [[str(r.get(k, "")) for k in keys] for r in rows]
     width = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    line = lambda vals: "  ".join(v.rjust(w) if v[:1].isdigit() else v.ljust(w)  # noqa: E731
-                                  for v, w in zip(vals, width))
-    return "\n".join([line(keys), line(["-" * w for w in width])] + [line(c) for c in cells])
+    numeric = [all(_is_number(c[i]) for c in cells if c[i]) for i in range(len(keys))]
+
+    def line(vals, header=False) -> str:
+        return "  ".join((v.rjust(w) if (num if header else _is_number(v)) else v.ljust(w))
+                         for v, w, num in zip(vals, width, numeric)).rstrip()
+    return "\n".join([line(keys, header=True), line(["-" * w for w in width])]
+                     + [line(c) for c in cells])

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from distlab.labs.baseline import full_batch_training
 from distlab.labs.losses import loss_fn
 from distlab.runtime.devices import device
 
@@ -91,14 +92,7 @@ def reference_training(setup: Setup, steps: int) -> dict:
     """
     model = setup.model()
     optimizer = setup.optimizer(model.parameters())
-    x, y = setup.data()
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = full_batch_training(model, optimizer, *setup.data(), steps)
     params = list(model.parameters())
     return {"params": [p.detach().clone() for p in params],
             "grads": [p.grad.clone() for p in params],

@@ -32,6 +32,7 @@ from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.flat import storage_bytes
 from distlab.labs.sharded.harness import grad_bytes
 from distlab.labs.sharded.problem import ShardSetup, padded_flat, rank_batch
+from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
 
 CONVENTIONS = {"ZeRO paper (fp16 gradients)": (2, 2, 12), "course notes (fp32 gradients)": (2, 4, 12)}
@@ -63,11 +64,10 @@ def bytes_per_param(world_sizes=(4, 64)) -> list[dict]:
 
 
 def format_bytes_per_param(rows: list[dict]) -> str:
-    lines = [f"{'convention':<30} {'W':>3} {'stage':>5} {'weights':>8} {'grads':>6} "
-             f"{'optim.':>7} {'total':>7}"]
-    lines += [f"{r['convention']:<30} {r['world_size']:>3} {r['stage']:>5} {r['weights']:>8.3f} "
-              f"{r['gradients']:>6.3f} {r['optimizer']:>7.3f} {r['total']:>7.3f}" for r in rows]
-    return "\n".join(lines)
+    """``bytes_per_param``'s rows as a table: bytes per parameter of each term on one rank."""
+    terms = ("weights", "gradients", "optimizer", "total")
+    return format_table([{"convention": r["convention"], "W": r["world_size"], "stage": r["stage"],
+                          **{k: f"{r[k]:.3f}" for k in terms}} for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,14 +209,13 @@ def stage_table(stages: dict) -> list[dict]:
 
 
 def format_stage_memory(stages: dict) -> str:
-    lines = [f"W = {stages['world_size']}, {stages['numel']:,} float32 parameters; bytes on rank 0 "
-             f"(computed / measured)",
-             f"{'stage':<22} {'weights':>19} {'gradients':>19} {'optimizer':>19} {'activations':>12}"]
-    for r in stage_table(stages):
-        cells = [f"{r['computed'][k]:>9,.0f}/{r['measured'][k]:<9,}" for k in
-                 ("weights", "gradients", "optimizer")]
-        lines.append(f"{STAGE_NAMES[r['stage']]:<22} {' '.join(cells)} {r['activations']:>12,}")
-    return "\n".join(lines)
+    """``stage_table`` as text: per stage, computed / measured bytes of each term on rank 0."""
+    rows = [{"stage": STAGE_NAMES[r["stage"]],
+             **{k: f"{r['computed'][k]:,.0f} / {r['measured'][k]:,}"
+                for k in ("weights", "gradients", "optimizer")},
+             "activations": f"{r['activations']:,}"} for r in stage_table(stages)]
+    return (f"W = {stages['world_size']}, {stages['numel']:,} float32 parameters; bytes on rank 0 "
+            f"(computed / measured)\n" + format_table(rows))
 
 
 def volume_rows(stages: dict) -> list[dict]:
@@ -234,10 +233,10 @@ def volume_rows(stages: dict) -> list[dict]:
 
 
 def format_volume(stages: dict) -> str:
-    lines = [f"{'scheme':<7} {'collectives per step':<45} {'bytes moved':>12} {'measured':>9} "
-             f"{'paper':>6}"]
-    for r in volume_rows(stages):
-        ops = ", ".join(f"{n} {op}" for op, n in sorted(r["ops"].items()))
-        lines.append(f"{r['scheme']:<7} {ops:<45} {r['bytes']:>12,} {r['psi']:>8.2f}Ψ "
-                     f"{r['paper']:>5}Ψ")
-    return "\n".join(lines)
+    """``volume_rows`` as text: the step's collectives and bytes on rank 0, measured and the
+    paper's volume in units of Psi."""
+    return format_table([{"scheme": r["scheme"],
+                          "collectives per step": ", ".join(f"{n} {op}"
+                                                            for op, n in sorted(r["ops"].items())),
+                          "bytes moved": f"{r['bytes']:,}", "measured": f"{r['psi']:.2f}Ψ",
+                          "paper": f"{r['paper']}Ψ"} for r in volume_rows(stages)])

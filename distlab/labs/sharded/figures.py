@@ -15,6 +15,7 @@ from distlab.labs.sharded.accounting import PHASES, STAGE_NAMES
 from distlab.labs.sharded.checkpointing import one_thread
 from distlab.labs.sharded.harness import wrap_blocks, wrap_model, zero3_training
 from distlab.labs.sharded.problem import ShardSetup
+from distlab.labs.tables import format_table
 
 GATHER_OPS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 
@@ -151,10 +152,12 @@ def _rows(blocks, seq_lens, batch, h, layers, seed) -> list[dict]:
 
 
 def format_checkpointing(rows: list[dict]) -> str:
-    lines = [f"{'seq':>5} {'saved':>10} {'checkpointed':>13} {'ms/step':>8} {'ckpt ms':>8} "
-             f"{'saved / states':>15}"]
-    lines += [f"{r['seq_len']:>5} {r['saved']:>10,} {r['saved_checkpointed']:>13,} {r['ms']:>8.2f} "
-              f"{r['ms_checkpointed']:>8.2f} {r['saved'] / r['states']:>15.2f}" for r in rows]
+    """``checkpointing_measured``'s rows as a table, and how the saved bytes grew with the
+    sequence (the s^2 attention scores) with and without checkpointing."""
+    lines = [format_table([{"seq": r["seq_len"], "saved": f"{r['saved']:,}",
+                            "checkpointed": f"{r['saved_checkpointed']:,}",
+                            "ms/step": f"{r['ms']:.2f}", "ckpt ms": f"{r['ms_checkpointed']:.2f}",
+                            "saved / states": f"{r['saved'] / r['states']:.2f}"} for r in rows])]
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         lines.append(f"x{b['seq_len'] / a['seq_len']:g} sequence: saved x{b['saved'] / a['saved']:.2f} "

@@ -27,6 +27,7 @@ from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.flat import storage_bytes
 from distlab.labs.sharded.harness import wrap_blocks, zero3_training
 from distlab.labs.sharded.problem import ShardSetup, rank_batch, reference_sharded_training
+from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
 
 GATHER_OPS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -120,11 +121,11 @@ def compare_with_fsdp(zero3_cls, world_size: int = 2, steps: int = 3,
 
 
 def format_fsdp_comparison(rows: list[dict]) -> str:
-    lines = [f"{'variant':<28} {'gathers/step':>12} {'bytes/step':>11} {'peak gathered':>14} "
-             f"{'ms/step':>8} {'max |Δ| vs 1 process':>21}"]
-    lines += [f"{r['variant']:<28} {r['gathers']:>12} {r['bytes']:>11,} {r['peak_param_bytes']:>14,} "
-              f"{r['ms']:>8.2f} {r['max_diff']:>21.1e}" for r in rows]
-    return "\n".join(lines)
+    """``compare_with_fsdp``'s rows as a table (rank 0, one step)."""
+    return format_table([{"variant": r["variant"], "gathers/step": r["gathers"],
+                          "bytes/step": f"{r['bytes']:,}",
+                          "peak gathered": f"{r['peak_param_bytes']:,}", "ms/step": f"{r['ms']:.2f}",
+                          "max |Δ| vs 1 process": f"{r['max_diff']:.1e}"} for r in rows])
 
 
 def plot_fsdp_comparison(rows: list[dict]):

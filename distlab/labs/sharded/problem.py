@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from distlab.labs.losses import loss_fn
+from distlab.labs.baseline import full_batch_training
 
 
 class MLPBlock(nn.Module):
@@ -89,14 +89,6 @@ def reference_sharded_training(setup: ShardSetup, steps: int) -> dict:
     ``params`` (each block's flat parameters after the last step) and ``grads`` (each block's flat
     gradient of the last step)."""
     model = setup.model()
-    optimizer = setup.optimizer(model.parameters())
-    x, y = setup.data()
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        grads = block_flats(model, grads=True)
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "params": block_flats(model), "grads": grads}
+    losses = full_batch_training(model, setup.optimizer(model.parameters()), *setup.data(), steps)
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "params": block_flats(model),
+            "grads": block_flats(model, grads=True)}

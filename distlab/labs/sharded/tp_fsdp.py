@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.problem import ShardSetup, rank_batch, reference_sharded_training
+from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
 
 
@@ -99,9 +100,10 @@ def tp_within_fsdp(setup: ShardSetup = ShardSetup()) -> dict:
 
 
 def format_tp_fsdp(result: dict) -> str:
-    lines = [f"rank 0: tp group {list(result['tp_group'])}, dp group {list(result['dp_group'])}; "
-             f"block 0's local parameter shapes {result['local_shapes']}",
-             f"max |2-D mesh - single process| after one step: {result['max_diff']:.1e}",
-             f"{'collective (rank 0, one step)':<40} {'axis':>5} {'count':>6}"]
-    lines += [f"{op:<40} {axis:>5} {n:>6}" for (op, axis), n in sorted(result["counts"].items())]
-    return "\n".join(lines)
+    """``tp_within_fsdp``'s result as text: the groups, the difference, the collectives per axis."""
+    counts = [{"collective (rank 0, one step)": op, "axis": axis, "count": n}
+              for (op, axis), n in sorted(result["counts"].items())]
+    return (f"rank 0: tp group {list(result['tp_group'])}, dp group {list(result['dp_group'])}; "
+            f"block 0's local parameter shapes {result['local_shapes']}\n"
+            f"max |2-D mesh - single process| after one step: {result['max_diff']:.1e}\n"
+            + format_table(counts))

@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 from distlab import paths
+from distlab.labs.tables import format_table
 from distlab.labs.timelines.trace import Span, Timeline, _nccl_kernel_op
 
 # A real 2-GPU export shipped with the course (trimmed; notice in data/traces/NOTICE.md).
@@ -175,11 +176,11 @@ def kernel_summary(timeline: Timeline) -> list[dict]:
 
 
 def format_summary(rows: list[dict]) -> str:
-    lines = [f"{'rank':>4} {'kernels':>8} {'NCCL':>6} {'window ms':>10} {'compute ms':>11} "
-             f"{'NCCL ms':>8} {'NCCL share':>11}"]
-    lines += [f"{r['rank']:>4} {r['kernels']:>8} {r['nccl_kernels']:>6} {r['window_ms']:>10.1f} "
-              f"{r['compute_ms']:>11.1f} {r['comm_ms']:>8.1f} {r['comm_share']:>11.1%}" for r in rows]
-    return "\n".join(lines)
+    """``kernel_summary``'s rows as a table: per rank, kernels and GPU milliseconds."""
+    return format_table([{"rank": r["rank"], "kernels": r["kernels"], "NCCL": r["nccl_kernels"],
+                          "window ms": f"{r['window_ms']:.1f}", "compute ms": f"{r['compute_ms']:.1f}",
+                          "NCCL ms": f"{r['comm_ms']:.1f}", "NCCL share": f"{r['comm_share']:.1%}"}
+                         for r in rows])
 
 
 def timeline_for_lab(run: str = "tp", nproc: int = 2, folder=None) -> Timeline | None:
