@@ -53,8 +53,10 @@ TP = "distlab.labs.tensor_parallel"
 ATT = "distlab.labs.attention"
 LAB1_SHIPPED = (names("distlab.labs.collectives", "reference_fit", "plain_fit", "reference_ring_fit")
                 + names("distlab.checks.lab01", "reference_bandwidths", "reference_bus_factor"))
+BASELINE = names("distlab.labs.baseline", "full_batch_training")
 LAB2_SHIPPED = (names("distlab.labs.data_parallel.problem", "reference_training",
                       "gradient_average_demo")
+                + BASELINE
                 + names("distlab.labs.data_parallel.ddp", "ddp_model", "ddp_training")
                 + names("distlab.checks.lab02", "_reference")
                 + names("distlab.labs.sharded.accounting", "CourseZero1"))
@@ -88,6 +90,7 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                 + names("distlab.labs.mesh", "megatron_plan")
                 + names(f"{TP}.dtensor", "dtensor_plan"))
 LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_training")
+                + BASELINE
                 + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")
                 + names("distlab.labs.sharded.accounting", "CourseZero1")
                 + names("distlab.checks.lab08", "_reference"))

@@ -11,13 +11,13 @@ share of assignments each expert got (before capacity) and the fraction dropped 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
 
 from distlab.labs.experts.moe import (combine_reference, make_moe, reference_aux_loss,
                                       reference_keep)
+from distlab.labs.threads import one_thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,22 +51,9 @@ def _batch(task: ToyTask, data, g: torch.Generator):
     return x, target
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Tensors this small gain nothing from intra-op threads, and on a busy 2-core machine the
-    threads spin against each other: one run measured 70 s with 2 threads, 7.6 s with 1 (load
-    average 15-20)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train(task: ToyTask = ToyTask(), aux_weight: float = 0.0, aux_loss=reference_aux_loss) -> dict:
     """Train the block; returns per step ``load`` (steps, E), ``dropped`` (steps,), ``loss``."""
-    with _one_thread():
+    with one_thread():
         return _train(task, aux_weight, aux_loss)
 
 

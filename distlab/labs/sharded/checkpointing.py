@@ -11,7 +11,6 @@ sum of its blocks': the per-block profile predicts the measurement exactly.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 
@@ -21,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from distlab.labs.activation_memory import ActivationMeter
 from distlab.labs.sharded.problem import MLPBlock
+from distlab.labs.threads import one_thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,18 +42,6 @@ class CheckpointProblem:
     def data(self) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed + 1)
         return torch.randn(self.batch, self.d, generator=g).requires_grad_()  # (B, d)
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run tiny-tensor measurements on one intra-op thread (restored after): on a shared 2-core
-    machine several threads on matrices this small spend their time contending."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_stack(model: nn.Sequential, x: torch.Tensor, choice) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from distlab.labs.activation_memory import ActivationMeter
 from distlab.labs.sharded.accounting import PHASES, STAGE_NAMES
-from distlab.labs.sharded.checkpointing import one_thread
+from distlab.labs.threads import one_thread
 from distlab.labs.sharded.harness import wrap_blocks, wrap_model, zero3_training
 from distlab.labs.sharded.problem import ShardSetup
 from distlab.labs.tables import format_table
