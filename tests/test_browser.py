@@ -23,6 +23,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -45,6 +46,9 @@ SHOTS = REPO / "build" / "artifacts" / "screenshots"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+# distlab's notices that the machine is busy (the rank launcher still importing torch, ranks still
+# joining their group) are progress on a loaded machine, not trouble in the lab.
+BUSY = re.compile(r"distlab\.run: .*the machine is busy\)?")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -253,6 +257,13 @@ def run_all_cells(tab, server: JupyterLab, path: str, panel, limit: float = 300)
     wait_until(finished, f"Run All Cells of {path} finished", limit, tab)
 
 
+def trouble(panel) -> list[str]:
+    """The text of every stderr output in the notebook but distlab's busy-machine notices (text
+    content, not inner text: JupyterLab leaves cells outside the viewport unrendered)."""
+    return [text for text in panel.locator(STDERR).all_text_contents()
+            if not all(BUSY.fullmatch(line) for line in text.splitlines() if line.strip())]
+
+
 def test_student_runs_lab_1_until_the_first_exercise(page, jupyterlab):
     path = "notebooks/01_collectives/01_collectives.ipynb"
     panel = open_from_file_browser(page, jupyterlab, path)
@@ -263,9 +274,9 @@ def test_student_runs_lab_1_until_the_first_exercise(page, jupyterlab):
                panel.locator(".jp-CodeCell", has_text="[rank 0] hello from rank 0 of 4"))
     widths = images_loaded(page, ".jp-NotebookPanel:not(.lm-mod-hidden)")
     assert len(widths) >= 9 and all(widths), f"figures of the demos: widths {widths}"
-    errors = panel.locator(STDERR)
-    assert errors.count() == 1, errors.all_inner_texts()     # the run stopped at the first stub
-    assert "NotImplementedError" in errors.first.text_content()
+    errors = trouble(panel)
+    assert len(errors) == 1, errors     # the run stopped at the first stub
+    assert "NotImplementedError" in errors[0]
     screenshot(page, "jupyterlab-01-student-first-exercise",
                panel.locator(".jp-CodeCell", has=page.locator(STDERR)))
 
@@ -274,7 +285,7 @@ def test_instructor_runs_lab_5_clean_and_its_schedule_widget_redraws(page, jupyt
     path = "build/source/05_pipeline_parallel/05_pipeline_parallel.ipynb"
     panel = open_from_file_browser(page, jupyterlab, path)
     run_all_cells(page, jupyterlab, path, panel)
-    assert panel.locator(STDERR).count() == 0, panel.locator(STDERR).all_inner_texts()
+    assert trouble(panel) == []
     widths = images_loaded(page, ".jp-NotebookPanel:not(.lm-mod-hidden)")
     assert len(widths) >= 3 and all(widths), f"figures: widths {widths}"
 

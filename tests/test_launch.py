@@ -450,3 +450,24 @@ def test_two_launchers_with_different_settings_in_one_process(tmp_path):
         assert callable(distlab.run(lambda rank, world_size: where, 1)[0])
     finally:
         judge.close()
+
+
+def _sum_of_ranks(rank, world_size):
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return float(t)
+
+
+def test_ranks_meet_through_a_file_of_their_run_removed_after_it(tmp_path):
+    # Not a TCPStore: its connections look up ::ffff:127.0.0.1 in the DNS, 5 s each time the name
+    # server does not answer. A file a killed process left under the next run's name is ignored.
+    from distlab.runtime.launch import Launcher, LaunchSettings
+    launcher = Launcher(LaunchSettings(cwd=str(tmp_path)))
+    stale = tmp_path / f".distlab-rendezvous-{os.getpid()}-{id(launcher):x}-1"
+    stale.write_bytes(b"\x00\x00\x00\x07leftover" * 8)
+    try:
+        assert launcher.run(_sum_of_ranks, 2, backend="gloo") == [3.0, 3.0]
+        assert launcher.run(_sum_of_ranks, 3, backend="gloo") == [6.0, 6.0, 6.0]
+    finally:
+        launcher.close()
+    assert not list(tmp_path.glob(".distlab-rendezvous-*"))

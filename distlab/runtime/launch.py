@@ -112,7 +112,10 @@ class Launcher:
             if self.scratch is None:
                 self.scratch = tempfile.mkdtemp(prefix="distlab-rendezvous-")
             folder = self.scratch
-        return os.path.join(folder, f".distlab-rendezvous-{os.getpid()}-{id(self):x}-{run_id}")
+        path = os.path.join(folder, f".distlab-rendezvous-{os.getpid()}-{id(self):x}-{run_id}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)   # one a killed process left: its keys would mislead this run
+        return path
 
     def warm_up(self) -> ZygoteHandle:
         """Start the zygote now (in the background) so the first ``run`` does not wait for torch."""
