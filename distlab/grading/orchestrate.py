@@ -95,9 +95,7 @@ def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ..
     (the solutions, the grader's configuration, build/, tests/, .git/), since code that copies a
     lab's solution at grading time would be graded as the student's own. A folder that holds
     the package, the data or the interpreter, which the code needs, stays open."""
-    import distlab
-    needed = (Path(distlab.__file__).resolve().parent, paths.data().resolve(),
-              Path(sys.prefix).resolve())
+    needed = (paths.PACKAGE, paths.data().resolve(), Path(sys.prefix).resolve())
     course = paths.root().resolve()
     instructors = [p for p in course.iterdir() if p.is_dir() and not p.is_symlink()]
     return tuple(str(p) for p in (workdir.resolve(), submissions.resolve(), out.resolve(),
