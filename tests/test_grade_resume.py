@@ -2,9 +2,10 @@
 outputs (scores.csv, the combined nbgrader gradebook) stay complete and agree, and sharded runs
 (the Slurm array of grader/slurm/, run here as local processes) merge into what one run gives.
 
-Grading is the expensive part (about 8 s per Lab 1 notebook on 2 cores, more under load), so the samples are Lab 1's
-solution, untouched and partial notebooks, graded one at a time: the resumed run is the baseline
-the merged shards are compared with, and the regrade test reuses its work directory.
+Grading is the expensive part (about 8 s per Lab 1 notebook on 2 cores, more under load), so the
+samples are Lab 1's solution, untouched and partial notebooks, graded one at a time: the resumed
+run is the baseline the merged shards are compared with, and the regrade test reuses its work
+directory.
 """
 from __future__ import annotations
 
