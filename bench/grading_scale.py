@@ -109,7 +109,8 @@ def main() -> None:
                         help="more `distlab grade` options (default: %(default)s; a hang sample "
                              "costs the rank timeout)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="copy each run's scores CSV here (scores-jobsJ.csv) to compare runs")
+                        help="copy each run's scores CSV (scores-jobsJ.csv) and feedback "
+                             "(feedback-jobsJ/) here, to compare runs and read why a grade differed")
     args = parser.parse_args()
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
     with tempfile.TemporaryDirectory(prefix="gs-") as tmp:  # short: sockets live under it
@@ -130,6 +131,8 @@ def main() -> None:
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.copy(out, args.keep / f"scores-jobs{jobs}.csv")
+                shutil.copytree(work / "feedback", args.keep / f"feedback-jobs{jobs}",
+                                dirs_exist_ok=True)
             print(f"| {args.students} | {notebooks} | {jobs} | {seconds:.0f} | "
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
