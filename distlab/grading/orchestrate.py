@@ -93,11 +93,17 @@ def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ..
     submissions, the scores (its own folders inside them stay open to it), and the instructor's
     part of the course: every folder of the course root but the package and the reference data
     (the solutions, the grader's configuration, build/, tests/, .git/), since code that copies a
-    lab's solution at grading time would be graded as the student's own. A folder that holds
-    the package, the data or the interpreter, which the code needs, stays open."""
+    lab's solution at grading time would be graded as the student's own (a checkout's course;
+    an installed one is inside the package). A folder that holds the package, the data or the
+    interpreter, which the code needs, stays open."""
     needed = (paths.PACKAGE, paths.data().resolve(), Path(sys.prefix).resolve())
     course = paths.root().resolve()
     instructors = [p for p in course.iterdir() if p.is_dir() and not p.is_symlink()]
+    if any(q == course or q in course.parents for q in needed):
+        # An installed course lives inside the package (site-packages/distlab/course_files):
+        # hiding its folders would leave the folders above them unlistable, and Python lists
+        # the folders it imports from. Its solutions stay readable; grade from a checkout.
+        instructors = []
     return tuple(str(p) for p in (workdir.resolve(), submissions.resolve(), out.resolve(),
                                   *instructors)
                  if not any(p == q or p in q.parents for q in (*needed, course)))
