@@ -21,6 +21,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")
 
 # In a notebook, start the rank launcher while the student reads: the first run is then fast.
+# The grader's kernels do not (DISTLAB_WARM_UP=0): a graded notebook's checks run on the judge's
+# ranks, and a launcher started for nothing costs the grading machine seconds of CPU time.
 if "ipykernel" in _sys.modules and not _os.environ.get("DISTLAB_ZYGOTE") \
-        and not _os.environ.get("RANK"):
+        and not _os.environ.get("RANK") and _os.environ.get("DISTLAB_WARM_UP") != "0":
     __getattr__("warm_up")()

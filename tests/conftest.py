@@ -54,14 +54,6 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _folder(student: str, lab: str, labs_of: dict[str, set[str]]) -> str:
-    """The submission folder of a sample: a student with one lab keeps their name; one with
-    several labs (solution, untouched, each delegation route) gets a folder per lab, so that the
-    run's workers (one per student folder) share the work evenly instead of one worker grading
-    every lab's solution in a row."""
-    return student if len(labs_of[student]) == 1 else f"{student}_{lab[:2]}"
-
-
 # What each kind of sample is (a module that reads ``graded_samples`` names the kinds it reads in
 # its SAMPLE_KINDS; a run grades only the kinds its selected tests read):
 # - "labs": every lab's solution (``solution``) and untouched student version (``untouched``);
@@ -70,11 +62,13 @@ def _folder(student: str, lab: str, labs_of: dict[str, set[str]]) -> str:
 #   the bystander is Lab 1's ``solution`` too (the same notebook, graded once);
 # - "delegation": every delegable lab answered with the course's own code, by each route
 #   (tests/submissions/delegation.py).
+# A module may add samples of its own: its ``own_graded_samples()`` returns {(student, lab):
+# notebook} (a lab's planted mistakes), graded in the same run.
 SAMPLE_KINDS = ("labs", "special", "attacks", "delegation")
 
 
-def write_samples(root: Path, kinds=SAMPLE_KINDS) -> dict:
-    """The samples of ``kinds``, written under ``root/submitted`` from student notebooks built
+def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
+    """The samples of ``kinds`` and of the modules' ``own`` makers, written under ``root/submitted`` from student notebooks built
     fresh from the sources (what they give today, not the committed ones). {"submitted": folder,
     "folders": {(student, lab): its folder name}, "expected": {(student, lab): what the sample's
     module expects}, "released": the fresh student notebooks}."""
@@ -101,14 +95,15 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS) -> dict:
         if "delegation" in kinds:
             for key, (nb, zeroed) in delegation.delegation_samples().items():
                 samples[key], expected[key] = nb, zeroed
+        for make in own:
+            samples.update(make())
     if ("solution", attacks.LAB) in samples:
         # Lab 1's solution is the attacks' honest bystander (the attack that writes outside its
         # folder aims at submitted/bystander/): graded once, under that name.
         samples[("bystander", attacks.LAB)] = samples.pop(("solution", attacks.LAB))
-    labs_of: dict[str, set[str]] = {}
-    for student, lab in samples:
-        labs_of.setdefault(student, set()).add(lab)
-    folders = {key: _folder(*key, labs_of) for key in samples}
+    # A student's folder holds all their labs, as a real student's: one worker grades them (one
+    # worker start, one judge), and the run starts the students with the most labs first.
+    folders = {key: key[0] for key in samples}
     for key, nb in samples.items():
         submissions.write(nb, subs, folders[key], key[1])
     if ("bystander", attacks.LAB) in folders:
@@ -116,14 +111,17 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS) -> dict:
     return {"submitted": subs, "folders": folders, "expected": expected, "released": released}
 
 
-def _kinds_read(session) -> tuple[str, ...]:
+def _samples_read(session) -> tuple[tuple[str, ...], list]:
     """The sample kinds the selected tests that read ``graded_samples`` need (their modules'
-    SAMPLE_KINDS): `pytest tests/test_grader_attacks.py` grades the attacks only."""
-    kinds = set()
+    SAMPLE_KINDS; all of them for a module that names none), and the modules' own sample makers
+    (``own_graded_samples``): `pytest tests/test_grader_attacks.py` grades the attacks only."""
+    kinds, own = set(), {}
     for item in session.items:
         if "graded_samples" in getattr(item, "fixturenames", ()):
             kinds.update(getattr(item.module, "SAMPLE_KINDS", SAMPLE_KINDS))
-    return tuple(k for k in SAMPLE_KINDS if k in kinds) or SAMPLE_KINDS
+            if hasattr(item.module, "own_graded_samples"):
+                own[item.module.__name__] = item.module.own_graded_samples
+    return tuple(k for k in SAMPLE_KINDS if k in kinds), list(own.values())
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +135,8 @@ def graded_samples(request, tmp_path_factory):
     from distlab.grading import grade
     from submissions import attacks
 
-    samples = write_samples(tmp_path_factory.mktemp("graded"), _kinds_read(request.session))
+    kinds, own = _samples_read(request.session)
+    samples = write_samples(tmp_path_factory.mktemp("graded"), kinds, own)
     subs, folders = samples["submitted"], samples["folders"]
     root, lab1 = subs.parent, attacks.LAB
     protected = sorted(subs.glob(f"bystander/{lab1}/*.ipynb")) + sorted((DATA / lab1).iterdir())

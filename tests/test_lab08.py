@@ -292,29 +292,23 @@ def _with_edits(edits):
     return nb
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    import csv
+# Of the suite's shared grading run (tests/conftest.py): this lab's solution and untouched
+# version, and each mistake, graded beside every other sample.
+SAMPLE_KINDS = ()
 
+
+def own_graded_samples() -> dict:
+    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
     import submissions
-    from distlab.course import notebooks
-    from distlab.grading import grade
-    root = tmp_path_factory.mktemp("grading08")
-    for lab, files in notebooks.build_student_notebooks([LAB]).items():
-        notebooks.write_student_notebooks(lab, files, out=root / "released")
-    subs = root / "submitted"
-    with submissions.released_from(root / "released"):
-        submissions.write(submissions.solved(LAB), subs, "solution", LAB)
-        submissions.write(submissions.student(LAB), subs, "untouched", LAB)
-        for exercise, (edits, _) in MISTAKES.items():
-            submissions.write(_with_edits(edits), subs, f"mistake_{exercise}", LAB)
-    out = root / "scores.csv"
-    status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(root / "work"),
-                         "--backend", "gloo", "--rank-timeout", "30", "--timeout", "120",
-                         "--notebook-timeout", "400"])
-    assert status == 0
-    with open(out) as f:
-        return {r["student"]: r for r in csv.DictReader(f)}
+    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
+            **{(f"mistake_{exercise}", LAB): _with_edits(edits)
+               for exercise, (edits, _) in MISTAKES.items()}}
+
+
+@pytest.fixture(scope="module")
+def graded(graded_samples):
+    """{student: CSV row} of this lab's samples."""
+    return {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
 
 
 @pytest.mark.slow

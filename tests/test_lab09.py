@@ -7,7 +7,6 @@ notebook), so they stay in step with the lab.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
@@ -255,31 +254,28 @@ def test_timeline_shows_both_all_to_alls_and_the_experts_on_every_rank():
 # ---------------------------------------------------------------------------------------------
 # Through the grader: solution full marks, student version zero, each mistake its own test
 
+# Of the suite's shared grading run (tests/conftest.py): this lab's solution and untouched
+# version, and each mistake, graded beside every other sample.
+SAMPLE_KINDS = ()
+GRADED_TESTS = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"]
+
+
+def own_graded_samples() -> dict:
+    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
+    import submissions
+    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
+            **{(name, LAB): submissions.edited(LAB, cell, old, new)
+               for name, cell, old, new, _ in MISTAKES}}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_grader_scores_lab9(tmp_path):
-    import submissions
-    from distlab.course import notebooks
-    from distlab.grading import grade
-    for lab, files in notebooks.build_student_notebooks([LAB]).items():
-        notebooks.write_student_notebooks(lab, files, out=tmp_path / "released")
-    tests = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"]
-    expected = {"solution": set(), "untouched": set(tests)}
-    subs = tmp_path / "submitted"
-    with submissions.released_from(tmp_path / "released"):
-        submissions.write(submissions.solved(LAB), subs, "solution", LAB)
-        submissions.write(submissions.student(LAB), subs, "untouched", LAB)
-        for name, cell, old, new, loses in MISTAKES:
-            submissions.write(submissions.edited(LAB, cell, old, new), subs, name, LAB)
-            expected[name] = {loses}
-    out = tmp_path / "scores.csv"
-    assert grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
-                       str(tmp_path / "work"), "--backend", "gloo", "--rank-timeout", "20",
-                       "--timeout", "300", "--notebook-timeout", "400"]) == 0
-    with open(out) as f:
-        rows = {r["student"]: r for r in csv.DictReader(f)}
+def test_grader_scores_lab9(graded_samples):
+    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+    expected = {"solution": set(), "untouched": set(GRADED_TESTS),
+                **{name: {loses} for name, _, _, _, loses in MISTAKES}}
     for student, lost in expected.items():
         row = rows[student]
-        assert {t for t in tests if row[t] != "pass"} == lost, (student, row)
+        assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
     assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 11
     assert float(rows["untouched"]["score"]) == 0

@@ -29,12 +29,13 @@ def _states(*open_calls):
     return states
 
 
-def _probe_sequence(monkeypatch, states, cpu_per_probe, timeout=10.0, probes=4):
+def _probe_sequence(monkeypatch, states, cpu_per_probe, timeout=10.0, probes=4,
+                    cpu_in_calls=True):
     """Probe a Budget at its own probe times with CPU clocks that advance as given per probe;
     the verdicts (None: given more time)."""
     clock = {s.pid: 0.0 for s in states}
     monkeypatch.setattr(stuck, "cpu_seconds", lambda pid: clock[pid])
-    budget = stuck.Budget(timeout, deadline=100.0 + timeout)
+    budget = stuck.Budget(timeout, deadline=100.0 + timeout, cpu_in_calls=cpu_in_calls)
     verdicts = []
     for _ in range(probes):
         for s in states:
@@ -55,6 +56,47 @@ def test_ranks_that_use_no_cpu_time_are_stuck(monkeypatch):
     assert "stuck" in verdicts[1] and "not merely slowed down by a busy machine" in verdicts[1]
     assert "rank 0 used no CPU time" in verdicts[1]
     assert "rank 1 waits in all_reduce #1" in verdicts[1]
+
+
+def _enter(state, op, seq, peer=None):
+    """The rank leaves its open call and enters ``op`` number ``seq``."""
+    for comm in state.comms:
+        comm.end = comm.end or 1.0
+    state.comms.append(Comm(rank=state.rank, seq=seq, op=op, group=(0, 1), shapes=[[4]],
+                            dtype="torch.float32", bytes=16, peer=peer))
+
+
+def test_ranks_caught_inside_sends_they_then_leave_are_not_stuck(monkeypatch):
+    # A pipeline on a busy machine: at every probe both ranks happen to be inside a send or a
+    # recv, but each time a later one (they use little CPU time between them).
+    states = _states(None, None)
+    _enter(states[0], "send", 1, peer=1)
+    _enter(states[1], "recv", 1, peer=0)
+    clock = {s.pid: 0.0 for s in states}
+    monkeypatch.setattr(stuck, "cpu_seconds", lambda pid: clock[pid])
+    budget = stuck.Budget(10.0, deadline=110.0)
+    verdicts = []
+    for seq in range(2, 6):
+        verdicts.append(budget.probe(states, budget.probe_at))
+        _enter(states[0], "send", seq, peer=1)
+        _enter(states[1], "recv", seq, peer=0)
+    assert verdicts == [None] * 4
+    assert budget.probe(states, budget.probe_at) is None   # they entered #5 in that window
+    # the same calls through a whole window, with no CPU time: now they wait
+    verdict = budget.probe(states, budget.probe_at)
+    assert "rank 0 waits in send #5" in verdict and "rank 1 waits in recv #5" in verdict
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_cpu_time_inside_one_collective_is_progress_on_gloo_only(monkeypatch, backend):
+    # gloo: the ranks' threads reduce the data (a long all_reduce on a busy machine); NCCL: a
+    # rank spins on the CPU while it waits for a collective that never ends.
+    verdicts = _probe_sequence(monkeypatch, _states("all_reduce", "all_reduce"),
+                               {0: 0.5, 1: 0.5}, probes=3, cpu_in_calls=backend == "gloo")
+    if backend == "gloo":
+        assert verdicts == [None, None, None]
+    else:
+        assert verdicts[0] is None and "rank 0 waits in all_reduce #1" in verdicts[1]
 
 
 def test_a_rank_past_its_cpu_time_limit_is_stopped(monkeypatch):

@@ -5,7 +5,8 @@
 - Output is capped: a cell that prints more than ``max_cell_output`` characters has the rest
   dropped and is interrupted; if the cell has not finished ``flood_grace`` seconds later (it
   caught the interrupt, or the interrupt landed inside ipykernel's own printing, which can leave
-  the kernel stuck), its kernel is killed.
+  the kernel stuck), or prints as much again meanwhile (it ignores the interrupt: every second
+  of it is the grading machine's CPU time), its kernel is killed.
 - A kernel that dies (``os._exit``, a segfault, killed for memory) does not end the notebook's
   grading: the cell it died in shows why, the cells after it are marked as not run (so their
   tests score zero), and the tests before it keep their scores.
@@ -94,7 +95,7 @@ class GradedExecute(Execute):
         if self.dead is not None:
             cell.outputs = [_error("NotRun", f"not run: {self.dead}")]
             return cell, resources
-        self.printed, self.flood_timer = 0, None
+        self.printed, self.flood_timer, self.flood_stopped = 0, None, False
         if not is_grade(cell) and _grade_id(cell) in self.guards.teaching:
             cell.outputs = []  # teaching only: no check reads it (tests/test_teaching_cells.py)
             return cell, resources
@@ -143,12 +144,17 @@ class GradedExecute(Execute):
                 f"{self.max_cell_output:,} characters; the cell was interrupted]\n")))
             loop = asyncio.get_event_loop()
             loop.create_task(self.km.interrupt_kernel())
-            self.flood_timer = loop.call_later(self.flood_grace, self._stop_flood)
+            self.flood_timer = loop.call_later(self.flood_grace, self._stop_flood,
+                                               f"{self.flood_grace:g} s after")
+        elif self.printed > 2 * self.max_cell_output and not self.flood_stopped:
+            self.flood_timer.cancel()
+            self._stop_flood(f"when it had printed {self.max_cell_output:,} more characters after")
         return None
 
-    def _stop_flood(self) -> None:
-        self.guards.death_notes.append(f"it printed more than {self.max_cell_output:,} characters and had not "
-                           f"stopped {self.flood_grace:g} s after the grader interrupted it")
+    def _stop_flood(self, when: str) -> None:
+        self.flood_stopped = True
+        self.guards.death_notes.append(f"it printed more than {self.max_cell_output:,} characters "
+                                       f"and had not stopped {when} the grader interrupted it")
         self._kill_kernel()
 
     def _kill_kernel(self) -> None:

@@ -49,8 +49,11 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     failed = []
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
-            futures = {pool.submit(timed, grade_student, s, ls, submissions, workdir,
-                                   settings): s for s, ls in todo.items()}
+            # The students with the most labs first: one started last would keep a worker
+            # busy alone at the end of the run while the others have nothing left to take.
+            order = sorted(todo, key=lambda s: -len(todo[s]))
+            futures = {pool.submit(timed, grade_student, s, todo[s], submissions, workdir,
+                                   settings): s for s in order}
             for future in as_completed(futures):
                 student = futures[future]
                 progress.clear()
@@ -131,6 +134,9 @@ def grade_student(student: str, labs: list[str], submissions: Path, workdir: Pat
         (root / f"flags-{lab}.json").write_text(json.dumps(flags[lab]))
     env = dict(os.environ, **settings.checks().environ())
     env.pop("DISTLAB_RANK", None)
+    # The kernels start no rank launcher on `import distlab` (distlab/__init__.py): a notebook
+    # that calls distlab.run starts one then, and most never do outside the judge.
+    env["DISTLAB_WARM_UP"] = "0"
     rows_r, rows_w = os.pipe()
     command = [sys.executable, "-m", "distlab.grading.worker", str(root), student,
                settings.to_json(), str(rows_w), *labs]

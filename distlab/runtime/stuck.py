@@ -28,31 +28,50 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 class Budget:
     """When ranks that have not finished count as hung. Until ``deadline``, never. From then on,
-    every CPU_WINDOW seconds: hung when no rank made progress (each waits inside a collective or
-    used no CPU time in the window), or when one has used ``timeout`` seconds of CPU time; a
-    rank that computes, however slowly the busy machine lets it, gets more time, up to SLACK x
-    ``timeout`` of wall time. The CPU time is sampled CPU_WINDOW before each probe."""
+    every CPU_WINDOW seconds: hung when no rank made progress over the window, or when one has
+    used ``timeout`` seconds of CPU time; ranks that progress, however slowly the busy machine
+    lets them, get more time, up to SLACK x ``timeout`` of wall time. The state and CPU time are
+    sampled CPU_WINDOW before each probe.
 
-    def __init__(self, timeout: float, deadline: float):
+    A rank made progress when it entered or left a collective in the window, or used CPU time
+    outside one. Inside the same collective at both samples it made progress only when
+    ``cpu_in_calls`` (gloo: the rank's own threads move and reduce the data, and a rank that
+    waits for a peer sleeps) and it used CPU time; NCCL ranks spin while they wait, so there a
+    collective that does not end is a wait. A rank caught inside a call at one instant is not
+    stuck: on a busy machine both ends of a send are often inside it at once."""
+
+    def __init__(self, timeout: float, deadline: float, cpu_in_calls: bool = True):
         self.timeout, self.start, self.deadline = timeout, deadline - timeout, deadline
+        self.cpu_in_calls = cpu_in_calls
         self.probe_at, self.marks, self.marked = max(self.start, deadline - CPU_WINDOW), None, 0.0
+
+    @staticmethod
+    def _sample(states) -> dict:
+        """Per live rank: (CPU seconds, (calls entered, calls returned))."""
+        return {s.rank: (cpu_seconds(s.pid), (len(s.comms), sum(c.end is not None for c in s.comms)))
+                for s in states if s.status in ("starting", "running") and s.pid}
 
     def probe(self, states, now: float) -> str | None:
         live = [s for s in states if s.status in ("starting", "running") and s.pid]
-        cpu = {s.rank: cpu_seconds(s.pid) for s in live}
+        sample = self._sample(states)
         if self.marks is None:   # the sample CPU_WINDOW before the deadline
-            self.marks, self.marked = cpu, now
+            self.marks, self.marked = sample, now
             self.probe_at = max(self.deadline, now + MIN_WINDOW)
             return None
         window = now - self.marked
         stuck, computing = [], []
         for s in live:
-            call, before, after = s.open_call(), self.marks.get(s.rank), cpu[s.rank]
-            if call is not None:
+            (before, calls_before), (after, calls) = self.marks.get(s.rank, (None, None)), sample[s.rank]
+            call = s.open_call()
+            used = None if before is None or after is None else after - before
+            if calls != calls_before:   # entered or left a collective: it moves
+                computing.append((after or 0.0, s.rank))
+            elif used is None:   # no CPU clock to read: as if stuck
+                stuck.append(f"rank {s.rank} is still running" if call is None
+                             else f"rank {s.rank} waits in {call.op} #{call.seq}")
+            elif call is not None and not (self.cpu_in_calls and used >= 0.05 * window):
                 stuck.append(f"rank {s.rank} waits in {call.op} #{call.seq}")
-            elif before is None or after is None:   # no CPU clock to read: as if stuck
-                stuck.append(f"rank {s.rank} is still running")
-            elif after - before >= 0.01 * window:
+            elif used >= 0.01 * window:
                 computing.append((after, s.rank))
             else:
                 stuck.append(f"rank {s.rank} used no CPU time in the last {window:.1f} s")
@@ -68,7 +87,7 @@ class Budget:
         if now - self.start >= SLACK * self.timeout:
             return (f"rank {rank} was still computing after {now - self.start:.0f} s "
                     f"({used:.1f} s of CPU time): the machine is too busy to finish it")
-        self.marks, self.marked, self.probe_at = cpu, now, now + CPU_WINDOW
+        self.marks, self.marked, self.probe_at = sample, now, now + CPU_WINDOW
         return None
 
 
