@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import io
 import json
 import sys
@@ -27,15 +26,12 @@ from pathlib import Path
 import torch
 
 from distlab import paths
+from distlab.checks import checks_module
 from distlab.checks.stored import MANIFEST, load  # noqa: F401 (load: the reader of what this writes)
 
 REPO = paths.root()
 DATA = paths.data()
 
-
-def checks_module(lab: str):
-    """``distlab.checks.lab01`` for lab ``01_collectives``."""
-    return importlib.import_module(f"distlab.checks.lab{lab.split('_', 1)[0]}")
 
 
 def serialize(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -44,21 +44,28 @@ class GradingSettings:
         fields["hide"] = tuple(fields.get("hide", ()))
         return cls(**fields)
 
-    def launch_settings(self, scratch: str, confine: bool):
+    def launch_settings(self, scratch: str, confine: bool, labs: tuple[str, ...] = ()):
         """How the judge's launcher treats ranks that run a student's code: read with
         safe_pickle only, started in ``scratch``, confined to it (where Landlock exists) and
-        kept out of the hidden folders."""
+        kept out of the hidden folders; its zygote imports what ``labs``' checks need."""
         from distlab.runtime.launch import LaunchSettings
         return LaunchSettings(distrust=True, cwd=scratch,
                               confine=(scratch,) if confine else (), hide=self.hide,
-                              preload=rank_modules())
+                              preload=rank_modules(labs))
 
 
-def rank_modules() -> tuple[str, ...]:
+def rank_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The course modules every rank of a check imports (the judge's call wrapper, the checks
-    with their references and helpers): the judge's zygote imports them once, so that each of a
-    check's ranks, forked from it, does not import them again (tens of runs per notebook)."""
+    with their references and helpers), and the PyTorch modules the ``labs``' checks name in
+    ``RANK_IMPORTS`` (all of ``TORCH_EXTRAS`` for a lab that names none): the judge's zygote
+    imports them once, so that each of a check's ranks, forked from it, does not import them
+    again (tens of runs per notebook). A lab whose ranks use none of PyTorch's parallel APIs
+    saves its grading the second they take to import."""
     import pkgutil
     import distlab.checks
+    from distlab.runtime.zygote import TORCH_EXTRAS
+    torch_modules = dict.fromkeys(name for lab in labs for name in getattr(
+        distlab.checks.checks_module(lab), "RANK_IMPORTS", TORCH_EXTRAS))
     return ("distlab.grading.judge", *(f"distlab.checks.{m.name}"
-                                       for m in pkgutil.iter_modules(distlab.checks.__path__)))
+                                       for m in pkgutil.iter_modules(distlab.checks.__path__)),
+            *torch_modules)

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     sandbox.die_with_parent()   # and this worker goes with a grader that is killed outright
     folders = _private_folders(root)
     ranks = settings.launch_settings(str(folders["judge_scratch"]),
-                                     confine=landlock.landlock_abi() > 0)
+                                     confine=landlock.landlock_abi() > 0, labs=tuple(labs))
     judge = Judge(folders["judge"], ranks)
     # Its zygote imports torch and the checks while nbgrader starts and the first cells run.
     judge.launcher.warm_up()

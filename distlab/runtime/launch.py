@@ -61,7 +61,8 @@ class LaunchSettings:
     cwd: str | None = None
     confine: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
-    preload: tuple[str, ...] = ()   # modules the zygote imports once, not every rank
+    # modules the zygote imports once, not every rank (None: zygote.TORCH_EXTRAS)
+    preload: tuple[str, ...] | None = None
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets on top of the caller's."""
@@ -73,7 +74,7 @@ class LaunchSettings:
 
     def zygote_env(self) -> dict[str, str]:
         env = self.rank_env()
-        if self.preload:
+        if self.preload is not None:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),

@@ -22,9 +22,15 @@ import socket
 import sys
 
 MAX_FDS = 512
-# Modules the launcher asks the zygote to import too (os.pathsep-separated): the grader's judge
-# names the checks modules, which every rank of a check would otherwise import afresh.
+# Modules the launcher asks the zygote to import besides torch (os.pathsep-separated): the
+# grader's judge names the checks modules, which every rank of a check would otherwise import
+# afresh, and the PyTorch modules of the labs it grades. Unset: TORCH_EXTRAS.
 PRELOAD_ENV = "DISTLAB_ZYGOTE_PRELOAD"
+# PyTorch's parallel APIs (DTensor, FSDP, pipelining): labs use them on their ranks, and they
+# cost about a second of CPU time to import, which no rank should pay on every launch.
+TORCH_EXTRAS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
+                "torch.distributed.tensor.debug", "torch.distributed.pipelining",
+                "torch.distributed.fsdp")
 
 
 def send(sock: socket.socket, message, fds=()) -> None:
@@ -45,11 +51,9 @@ def _preload() -> None:
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401  (DDP)
     import cloudpickle  # noqa: F401
-    # Labs on DTensor, FSDP and pipelining must not pay these imports on every launch.
-    for name in ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
-                 "torch.distributed.tensor.debug", "torch.distributed.pipelining",
-                 "torch.distributed.fsdp", "numpy", "distlab.runtime.rank",
-                 *filter(None, os.environ.get(PRELOAD_ENV, "").split(os.pathsep))):
+    named = os.environ.get(PRELOAD_ENV)
+    extra = TORCH_EXTRAS if named is None else filter(None, named.split(os.pathsep))
+    for name in ("numpy", "distlab.runtime.rank", *extra):
         try:
             __import__(name)
         except Exception:  # an optional extra: the rank imports it itself if it needs it
