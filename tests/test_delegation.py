@@ -3,8 +3,8 @@
 Every lab's delegable exercises are answered by the shipped object, by three routes (an alias,
 ``importlib``/``getattr``, a default argument or a base class: ``tests/submissions/delegation.py``);
 all samples are graded in the suite's shared ``distlab grade`` run (tests/conftest.py). Each
-delegated test scores zero with feedback that names the course object; the exercises the sample
-answers itself still pass.
+delegated test scores zero with feedback that names the course object, and the sample scores
+no more than its other exercises are worth.
 """
 from __future__ import annotations
 

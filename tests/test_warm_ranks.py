@@ -1,11 +1,16 @@
 """The judge's ranks start warm: its zygote imports the checks once, so that no rank of a check
-imports them again (distlab.grading.settings.rank_modules, DISTLAB_ZYGOTE_PRELOAD)."""
+imports them again, and of PyTorch's parallel APIs only what the graded labs' ranks use
+(distlab.grading.settings.rank_modules, RANK_IMPORTS, DISTLAB_ZYGOTE_PRELOAD)."""
 from __future__ import annotations
 
 import sys
 
+import types
+
+import distlab.checks
 from distlab.grading.settings import GradingSettings, rank_modules
 from distlab.runtime.launch import Launcher, LaunchSettings
+from distlab.runtime.zygote import TORCH_EXTRAS
 
 
 def _imported(rank, world_size, names):
@@ -30,3 +35,27 @@ def test_ranks_of_a_preloading_zygote_find_the_modules_imported(tmp_path):
     finally:
         cold.close()
         warm.close()
+
+
+def test_the_judge_preloads_the_torch_modules_its_labs_name_and_all_for_one_that_names_none(
+        monkeypatch):
+    lab1, lab7 = "01_collectives", "07_3d_parallelism"
+    assert distlab.checks.checks_module(lab1).RANK_IMPORTS == ()
+    torch_part = lambda labs: [m for m in rank_modules(labs) if m.startswith("torch.")]
+    assert torch_part((lab1,)) == []
+    assert torch_part((lab1, lab7)) == list(distlab.checks.checks_module(lab7).RANK_IMPORTS)
+    assert GradingSettings().launch_settings("/tmp", False, (lab1,)).preload == rank_modules((lab1,))
+    undeclared = types.SimpleNamespace()   # a new lab's checks module that names nothing
+    monkeypatch.setattr(distlab.checks, "checks_module", lambda lab: undeclared)
+    assert torch_part(("10_new_lab",)) == list(TORCH_EXTRAS)
+
+
+def test_a_zygote_told_what_to_preload_imports_no_other_torch_extras():
+    lean, default = Launcher(LaunchSettings(preload=())), Launcher(LaunchSettings())
+    try:
+        names = list(TORCH_EXTRAS)
+        assert lean.run(_imported, 1, names, backend="gloo")[0] == [False] * len(names)
+        assert default.run(_imported, 1, names, backend="gloo")[0] == [True] * len(names)
+    finally:
+        lean.close()
+        default.close()

@@ -2,5 +2,13 @@
 
 Each module defines ``check_*`` functions (visible tests use the stored references in ``data/``,
 hidden tests pass a fresh ``seed``) and ``make_references()``, which ``distlab references`` writes
-to ``data/<lab>/``.
+to ``data/<lab>/``. A module may name in ``RANK_IMPORTS`` the PyTorch modules its checks' ranks
+import beyond ``torch.distributed`` (the grader's judge imports those once, before forking ranks);
+one that names none gets them all (``distlab.runtime.zygote.TORCH_EXTRAS``).
 """
+import importlib
+
+
+def checks_module(lab: str):
+    """``distlab.checks.lab01`` for lab ``01_collectives``."""
+    return importlib.import_module(f"distlab.checks.lab{lab.split('_', 1)[0]}")

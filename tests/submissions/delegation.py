@@ -9,10 +9,11 @@ has a reference function) is answered by that implementation, by one route per s
 - ``default``: a function that calls the course's function through a default argument (seen
   only at run time), or a class that subclasses the course's.
 
-Each graded exercise listed scores zero with feedback naming the course object; the others keep
-the solution's own answer. Lab 1's two all-reduce exercises and Lab 2's four, Lab 5's
-schedules and Lab 8's three ZeRO classes have no shipped implementation to delegate to: their
-cells stay solved.
+Each graded exercise listed scores zero with feedback naming the course object. The others
+are left as handed out, so grading stops them at once (a sample costs what an untouched lab
+costs, not a whole solution's run; the solutions' full marks are tests/test_grader.py's, with
+the call guard watching them too). Lab 1's two all-reduce exercises and Lab 2's four, Lab 5's
+schedules and Lab 8's three ZeRO classes have no shipped implementation to delegate to.
 """
 from __future__ import annotations
 
@@ -148,8 +149,9 @@ def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
 
 
 def delegated(lab: str, route: str) -> nbformat.NotebookNode:
-    """The solved notebook of ``lab`` with every delegated exercise rebound by ``route``."""
-    nb = solved(lab)
+    """The notebook of ``lab`` with its delegated exercises answered and then rebound by
+    ``route``; the other exercises are left as handed out (the grader stops them at once)."""
+    nb = solved(lab, only=set(DELEGATED[lab]))
     cells = DELEGATED[lab]
     for cell in nb.cells:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
