@@ -35,8 +35,7 @@ from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
 
 LAB = "01_collectives"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 SEED = 1234
 P2P = {"send", "recv", "isend", "irecv"}

@@ -33,8 +33,7 @@ from distlab.labs.data_parallel import (Setup, device, final_state, flat, optimi
                                    train_steps)
 
 LAB = "02_data_parallel"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp")
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)

@@ -22,8 +22,7 @@ from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.labs.pipeline import PipeSpec, ScheduleRun, partition_layers, reference_step, run_schedules
 
 LAB = "05_pipeline_parallel"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 VISIBLE = PipeSpec(num_layers=6, hidden=32, batch=8, seed=505)
 ATOL, RTOL = 1e-5, 1e-4  # float32 sums taken in another order (per microbatch, then accumulated)

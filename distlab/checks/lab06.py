@@ -31,8 +31,7 @@ from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa:
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
 
 LAB = "06_timelines"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp")
 WORLD_SIZE = 2
 STEPS = 3

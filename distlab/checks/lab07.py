@@ -38,8 +38,7 @@ from distlab.labs.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA
                                    reference_choose_degrees, step_time, why_invalid)
 
 LAB = "07_3d_parallelism"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
                 "torch.distributed.pipelining")
 SEED = 707

@@ -27,8 +27,7 @@ from distlab.labs.sharded import (CheckpointProblem, ShardSetup, best_checkpoint
                                   wrap_blocks, wrap_model, zero2_training, zero3_training)
 
 LAB = "08_sharded_data_parallel"
-# The PyTorch modules this lab's checks' ranks import (measured: grading the solution with a
-# judge that preloads none): the judge's zygote imports them once (distlab/checks/__init__.py).
+# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp")
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)

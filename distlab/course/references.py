@@ -33,7 +33,6 @@ REPO = paths.root()
 DATA = paths.data()
 
 
-
 def serialize(tensors: dict[str, torch.Tensor]) -> bytes:
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, buf)
