@@ -125,8 +125,9 @@ def main() -> None:
                         help="more `distlab grade` options (default: %(default)s; a hang sample "
                              "costs the rank timeout)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
-                        help="copy each run's scores CSV (scores-jobsJ.csv) and feedback "
-                             "(feedback-jobsJ/) here, to compare runs and read why a grade differed")
+                        help="copy each run's scores CSV (scores-jobsJ.csv), feedback "
+                             "(feedback-jobsJ/) and workers' logs (logs-jobsJ/) here, to compare "
+                             "runs and read why a grade differed")
     args = parser.parse_args()
     from distlab.grading.sandbox import become_subreaper
     become_subreaper()   # orphans come back here to be reaped, and counted (_reap_orphans)
@@ -151,6 +152,10 @@ def main() -> None:
                 shutil.copy(out, args.keep / f"scores-jobs{jobs}.csv")
                 shutil.copytree(work / "feedback", args.keep / f"feedback-jobs{jobs}",
                                 dirs_exist_ok=True)
+                for log in (work / "students").glob("*/grading.log"):   # why a grade failed
+                    target = args.keep / f"logs-jobs{jobs}" / f"{log.parent.name}.log"
+                    target.parent.mkdir(exist_ok=True)
+                    shutil.copy(log, target)
             print(f"| {args.students} | {notebooks} | {jobs} | {seconds:.0f} | "
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "

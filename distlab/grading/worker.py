@@ -48,6 +48,12 @@ def main(argv: list[str]) -> int:
     config = load_config()
     config.Execute.timeout = int(settings.timeout)
     config.Execute.timeout_func = budget
+    # How late the kernel itself may be, not the student's code (the budget bounds that): on a
+    # busy machine nbclient's defaults, 4 s for a cell's last messages after its reply and 60 s
+    # to start, fail the whole notebook's autograde, every test "missing" (a Lab 5 answer at
+    # load 16, in bench/grading_scale.py run twice beside a test suite).
+    config.Execute.iopub_timeout = 120
+    config.Execute.startup_timeout = 300
     # Every cell's output is in by then: a graceful shutdown only waits for the kernel's atexit
     # (seconds); what it leaves behind is killed after the lab like any leftover.
     config.Execute.shutdown_kernel = "immediate"
