@@ -2,29 +2,50 @@
 
 The expensive work is done once per run and read by many tests: every sample submission (each
 lab's solution and untouched version, the special cases, the attacks, the delegations) is graded
-in one ``distlab grade`` run (``graded_samples``), and the site is built once (``course_site``).
+in one ``distlab grade`` run (``graded_samples``), and the site is built once, by README.md's
+`make site` in the session's copy of the course (``course_site``).
 """
 from __future__ import annotations
 
 import csv
 import hashlib
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-# The site the tests check: Lab 1 (rank output, figures, links), Lab 2 (formulas) and Lab 5 (the
-# schedule widget) cover every kind of content a page has; `make site` builds all seven, and the
-# grading tests run every lab's solution top to bottom.
+# The site's pages the browser reads one by one at two widths: Lab 1 (rank output, figures, links),
+# Lab 2 (formulas), Lab 5 (the schedule widget) and Lab 7 (the planner) cover every kind of
+# content a page has (tests/test_site.py reads every page's HTML).
 SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel", "07_3d_parallelism")
+# pytest-timeout's limit for a test that makes course_site (its set-up counts): `make site` runs
+# every lab, about 3 minutes on an idle 2-core machine.
+SITE_TIMEOUT = 1900
 
 
 @pytest.fixture(scope="session")
-def course_site(tmp_path_factory):
-    """One site build shared by tests/test_site.py and tests/test_browser.py: (folder, pages,
-    seconds it took)."""
-    from distlab.course import site, site_assets
+def course(tmp_path_factory) -> Path:
+    """One copy of the course for the session, where README.md's commands run
+    (tests/course_copy.py)."""
+    from course_copy import copy_course
+    root = copy_course(tmp_path_factory.mktemp("readme") / "course")
+    if root is None:
+        pytest.fail("run `make setup` first: the README's commands reuse the checkout's .venv, "
+                    "and in a copy with a stale .venv `make` would reinstall it there")
+    return root
+
+
+@pytest.fixture(scope="session")
+def course_site(course, tmp_path_factory):
+    """The site README.md's `make site` builds in the course copy, every lab run once for
+    tests/test_readme.py, tests/test_site.py and tests/test_browser.py, moved aside (the README's
+    later commands build other sites there): (folder, pages, seconds `make site` took); each
+    page's seconds are those its build printed."""
+    from course_copy import MAKE_SITE, sh
+    from distlab.course import notebooks, site, site_assets
 
     if not site_assets.can_vendor():
         message = ("the site fetches its scripts (require.js, the widget manager, MathJax) once with "
@@ -33,10 +54,15 @@ def course_site(tmp_path_factory):
         if os.environ.get("DISTLAB_REQUIRE_BROWSER") == "1":   # CI: mandatory
             pytest.fail(message)
         pytest.skip(f"site tests skipped: {message}")
-    out = tmp_path_factory.mktemp("site") / "site"
     start = time.perf_counter()
-    pages = site.build_site(list(SITE_LABS), out=out, log=lambda line: None)
-    return out, pages, time.perf_counter() - start
+    done = sh(MAKE_SITE, course, timeout=SITE_TIMEOUT - 100)
+    seconds = time.perf_counter() - start
+    ran = dict(re.findall(r"^(\S+): ran in (\S+) s$", done.stdout, re.M))
+    pages = [site.Page(lab, site.title_of(site.lab_notebook(lab, "solutions"), lab),
+                       notebooks.lab_summary(lab), float(ran[lab])) for lab in notebooks.labs()]
+    out = tmp_path_factory.mktemp("site") / "site"
+    shutil.copytree(course / "build" / "site", out)
+    return out, pages, seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,7 +106,7 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
     labs = notebooks.labs()
     for lab, files in notebooks.build_student_notebooks(labs).items():
         notebooks.write_student_notebooks(lab, files, out=released)
-    samples, expected = {}, {}
+    samples, expected, mixed = {}, {}, []
     with submissions.released_from(released):
         if "labs" in kinds:
             for lab in labs:
@@ -89,6 +115,7 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
         if "special" in kinds:
             for key, (nb, statuses) in submissions.special_samples().items():
                 samples[key], expected[key] = nb, statuses
+                mixed.append(key)
         if "attacks" in kinds:
             for student, (nb, statuses) in attacks.attack_samples().items():
                 samples[(student, attacks.LAB)], expected[(student, attacks.LAB)] = nb, statuses
@@ -96,19 +123,39 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
             for key, (nb, zeroed) in delegation.delegation_samples().items():
                 samples[key], expected[key] = nb, zeroed
         for make in own:
-            samples.update(make())
+            for key, nb in make().items():
+                samples[key] = nb
+                if key[0] not in ("solution", "untouched"):
+                    mixed.append(key)
     if ("solution", attacks.LAB) in samples:
         # Lab 1's solution is the attacks' honest bystander (the attack that writes outside its
         # folder aims at submitted/bystander/): graded once, under that name.
         samples[("bystander", attacks.LAB)] = samples.pop(("solution", attacks.LAB))
     # A student's folder holds all their labs, as a real student's: one worker grades them (one
-    # worker start, one judge), and the run starts the students with the most labs first.
+    # worker start, one judge), and the run starts the students with the most labs first. The
+    # special cases and the labs' planted mistakes (each one lab with one thing wrong) share
+    # folders, no lab twice in one: a student with a hang in Lab 1 and a mistake in Lab 8 is
+    # graded as two students would be, for a worker start less (the attacks keep one each).
     folders = {key: key[0] for key in samples}
+    folders.update(_mixed_folders(mixed))
     for key, nb in samples.items():
         submissions.write(nb, subs, folders[key], key[1])
     if ("bystander", attacks.LAB) in folders:
         folders[("solution", attacks.LAB)] = folders[("bystander", attacks.LAB)]
     return {"submitted": subs, "folders": folders, "expected": expected, "released": released}
+
+
+def _mixed_folders(keys: list) -> dict:
+    """{(student, lab): "mixedN"}: ``keys`` in as few folders as hold each lab once."""
+    labs_in: list[set] = []
+    folders = {}
+    for student, lab in keys:
+        n = next((i for i, labs in enumerate(labs_in) if lab not in labs), len(labs_in))
+        if n == len(labs_in):
+            labs_in.append(set())
+        labs_in[n].add(lab)
+        folders[(student, lab)] = f"mixed{n + 1}"
+    return folders
 
 
 def _samples_read(session) -> tuple[tuple[str, ...], list]:
@@ -195,10 +242,15 @@ def pytest_collection_modifyitems(config, items):
             parent[find(key)] = find(shared[0])
     grouping = hasattr(config, "workerinput") and config.getvalue("loadgroup")
     for item in items:
-        if "graded_samples" in getattr(item, "fixturenames", ()):
-            # The first test to read it grades every sample within its own time: the limit is
-            # the whole run's, which is bounded by the grader's own limits (GRADE_LIMITS).
+        # The first test to read a shared run makes it within its own time: the limit is the
+        # run's, which is bounded by its own limits (GRADE_LIMITS, make site's).
+        names = getattr(item, "fixturenames", ())
+        if "graded_samples" in names:
             item.add_marker(pytest.mark.timeout(GRADED_SAMPLES_TIMEOUT), append=False)
+        elif "course_site" in names:
+            own = item.get_closest_marker("timeout")
+            if own is None or own.args[0] < SITE_TIMEOUT:
+                item.add_marker(pytest.mark.timeout(SITE_TIMEOUT), append=False)
     for item, shared in shared_of.items():
         if shared:
             group = find(shared[0])

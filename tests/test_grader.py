@@ -59,6 +59,14 @@ def graded(graded_samples):
 
 
 @pytest.mark.slow
+def test_kernels_talk_over_unix_sockets_not_tcp_ports(graded):
+    """A TCP port jupyter_client picked free can be taken before the kernel binds it, and the
+    whole notebook is lost (distlab/grading/worker.py); ipykernel warns on every TCP start."""
+    log = (graded["work"] / "students" / "solution" / "grading.log").read_text()
+    assert "Kernel is running over TCP" not in log, log[-2000:]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("lab", labs())
 def test_solution_gets_full_marks(graded, lab):

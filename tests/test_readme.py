@@ -5,10 +5,10 @@ changes there fails here until the scenario below that runs it changes with it, 
 added there fails `test_every_readme_command_is_run` until a scenario runs it. `make test` is
 the one exception: it runs this suite, and CI runs it (`.ci/run`).
 
-The copy is the checkout's tracked files in a temporary folder, with the checkout's `.venv`
-linked in and `PYTHONPATH` pointing at the copy's package, so that what the commands write
-(student labs, references, the site, grading folders) never touches the checkout. The Slurm
-scenario starts a real one-node cluster (tests/slurm_cluster.py).
+They run in one copy of the course for the whole session (tests/conftest.py's ``course``, made by
+tests/course_copy.py), so that what they write never touches the checkout. `make site` is run
+by the ``course_site`` fixture, whose site tests/test_site.py and tests/test_browser.py also
+read. The Slurm scenario starts a real one-node cluster (tests/slurm_cluster.py).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ import pytest
 
 import slurm_cluster
 import submissions
+from course_copy import MAKE_SITE, environ, sh
+from conftest import SITE_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -57,7 +59,7 @@ def readme_python_example() -> str:
 
 # Each scenario runs these README commands, in this order.
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
-SITE = ["make site", "python3 -m http.server -d build/site",
+SITE = [MAKE_SITE, "python3 -m http.server -d build/site",
         'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
 RELEASE = ["make release"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
@@ -89,44 +91,6 @@ def test_readme_commands_are_read_from_bash_blocks_only():
     text = "x `make inline`\n```bash\nmake a   # note\n\n# only a comment\n```\n" \
            "  ```bash\n  make b\n  ```\n```python\nprint(1)\n```\n"
     assert readme_commands(text) == ["make a", "make b"]
-
-
-# ---------------------------------------------------------------------------------------------
-# A copy of the course to run them in
-
-@pytest.fixture(scope="module")
-def course(tmp_path_factory) -> Path:
-    """The checkout's tracked files, with its .venv linked in."""
-    venv = REPO / ".venv"
-    stamp = venv / ".installed"
-    if not stamp.exists() or stamp.stat().st_mtime < (REPO / "pyproject.toml").stat().st_mtime:
-        pytest.fail("run `make setup` first: the README's commands reuse the checkout's .venv, "
-                    "and in a copy with a stale .venv `make` would reinstall it there")
-    root = tmp_path_factory.mktemp("readme") / "course"
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        if (REPO / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, root / rel)   # copy2 keeps mtimes: make sees nothing stale
-    (root / ".venv").symlink_to(venv)
-    return root
-
-
-def environ(course: Path, **extra) -> dict[str, str]:
-    # The copy's package, not the checkout's editable install, and no browser to open.
-    env = dict(os.environ, PYTHONPATH=str(course), BROWSER="true", **extra)
-    env.pop("DISTLAB_JUDGE", None)
-    return env
-
-
-def sh(command: str, course: Path, timeout: float, **kw) -> subprocess.CompletedProcess:
-    """Run a README command verbatim with bash in the copy; fail with its output if it fails."""
-    done = subprocess.run(["bash", "-c", command], cwd=course, env=environ(course), text=True,
-                          capture_output=True, timeout=timeout, **kw)
-    assert done.returncode == 0, (f"`{command}` exited {done.returncode}:\n{done.stdout[-3000:]}"
-                                  f"\n{done.stderr[-3000:]}")
-    return done
 
 
 class Server:
@@ -207,21 +171,17 @@ def _wait_free(port: int, timeout: float = 120) -> None:
                 f"serve the site there")
 
 
-# The whole course is run twice (the solutions' site and the students') and one lab once more:
-# nineteen labs in fresh kernels. Its own commands' limits (1800 + 900 + 900 s) are what stop a
-# hang; pytest's default 600 s would cut a healthy build on a loaded 2-core machine.
-@pytest.mark.timeout(3700)
-def test_site_commands(course):
+# `make site` ran every lab (the ``course_site`` fixture runs it, for the site's tests too); here
+# the students' site (rendered, not run) and one lab once more. Their own limits (900 + 900 s, and
+# make site's 1800 s, counted with this test's when it makes the fixture) are what stop a hang.
+@pytest.mark.timeout(SITE_TIMEOUT + 1800)
+def test_site_commands(course, course_site):
     from distlab import paths
-    make_site, serve, student_site, one_lab = SITE
-    if shutil.which("npm") is None and os.environ.get("DISTLAB_REQUIRE_BROWSER") != "1":
-        pytest.skip("the site fetches its scripts with npm, which is not installed "
-                    "(`sudo apt-get install npm`)")
+    _, serve, student_site, one_lab = SITE
     labs = paths.labs()
-    site = course / "build" / "site"
-    sh(make_site, course, timeout=1800)
-    assert all((site / f"{lab}.html").exists() or (site / lab / "index.html").exists()
-               for lab in labs), sorted(p.name for p in site.iterdir())
+    built, pages, _ = course_site
+    assert [p.lab for p in pages] == labs
+    assert all((built / p.file).exists() for p in pages), sorted(p.name for p in built.iterdir())
     _wait_free(8000)
     server = Server(serve, course)
     try:
@@ -232,7 +192,7 @@ def test_site_commands(course):
         server.stop()
     sh(student_site, course, timeout=900)
     sh(one_lab, course, timeout=900)
-    index = (site / "index.html").read_text()
+    index = (course / "build" / "site" / "index.html").read_text()
     assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
 
 

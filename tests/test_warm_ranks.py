@@ -59,3 +59,25 @@ def test_a_zygote_told_what_to_preload_imports_no_other_torch_extras():
     finally:
         lean.close()
         default.close()
+
+
+def _builds_an_optimizer(rank, world_size):
+    import torch
+    warm = "torch._dynamo" in sys.modules
+    torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))])
+    return warm, "torch._dynamo" in sys.modules
+
+
+def test_ranks_that_build_an_optimizer_find_what_it_imports_preloaded():
+    """An optimizer's constructor imports torch._dynamo (most of a second a rank): the labs whose
+    ranks build one name it, so that their judge's zygote imports it once."""
+    for lab in ("02_data_parallel", "06_timelines", "07_3d_parallelism", "08_sharded_data_parallel"):
+        assert "torch._dynamo" in distlab.checks.checks_module(lab).RANK_IMPORTS, lab
+    bare = Launcher(LaunchSettings(preload=()))
+    judge = Launcher(LaunchSettings(preload=rank_modules(("02_data_parallel",))))
+    try:
+        assert bare.run(_builds_an_optimizer, 1, backend="gloo")[0] == (False, True)
+        assert judge.run(_builds_an_optimizer, 1, backend="gloo")[0] == (True, True)
+    finally:
+        bare.close()
+        judge.close()

@@ -35,7 +35,7 @@ from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
 
 LAB = "01_collectives"
-# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
+# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 SEED = 1234
 P2P = {"send", "recv", "isend", "irecv"}

@@ -33,8 +33,9 @@ from distlab.labs.data_parallel import (Setup, device, final_state, flat, optimi
                                    train_steps)
 
 LAB = "02_data_parallel"
-# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
-RANK_IMPORTS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.fsdp")
+# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
+# torch._dynamo (with DTensor and FSDP): an optimizer's constructor imports it, 0.4-0.8 s a rank.
+RANK_IMPORTS = ("torch._dynamo",)
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
 PARAM_TOL = dict(atol=1e-9, rtol=1e-9)

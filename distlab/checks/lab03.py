@@ -34,7 +34,7 @@ from distlab.checks.lab03_comms import expect_phase_comms
 from distlab.checks.lab03_problems import LAB, SHAPE, mlp_case, mlp_problem, mlp_shape  # noqa: F401 (LAB: the lab's name, read from here)
 
 SEED = 3
-# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
+# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-3
 

@@ -33,7 +33,7 @@ from distlab.checks.lab04_problems import (LAB, MAX_OFFSET, SHAPE, VOCAB_SHAPE, 
                                           attention_case, attention_problem, dense_module_of, qkv_layout_of)
 
 SEED = 4
-# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
+# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-3
 

@@ -29,7 +29,7 @@ from distlab.labs.experts.moe import (MoE, reference_aux_loss, reference_capacit
 from distlab.runtime.outcome import DistributedError
 
 SEED = 9
-# What this lab's checks' ranks import of PyTorch's parallel APIs (measured; distlab/checks/__init__.py)
+# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-4
 GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",

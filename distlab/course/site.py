@@ -120,7 +120,7 @@ def run_lab(lab: str, nb: nbformat.NotebookNode, log) -> float:
     log(f"{lab}: running")
     with tempfile.TemporaryDirectory(prefix=f"distlab-site-{lab}-") as tmp:
         seconds = execute(nb, lab, notebooks.write_source(lab, Path(tmp)).parent)
-    log(f"{lab}: ran in {seconds:.1f} s")
+    log(f"{lab}: ran in {seconds:.0f} s")   # as the index shows it
     return seconds
 
 

@@ -57,6 +57,13 @@ def main(argv: list[str]) -> int:
     # Every cell's output is in by then: a graceful shutdown only waits for the kernel's atexit
     # (seconds); what it leaves behind is killed after the lab like any leftover.
     config.Execute.shutdown_kernel = "immediate"
+    # Kernels talk to nbclient over Unix sockets in a folder of this worker's, not on TCP ports:
+    # a port that jupyter_client picked free can be taken by another process before the kernel
+    # binds it ("Address already in use"), and that kernel then hung on its way out while the
+    # notebook waited startup_timeout and lost every test (a Lab 5 answer, two grading runs side
+    # by side in bench/grading_scale.py).
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = str(folders["kernel_sockets"] / "kernel")
     config.GradedExecute.guards = guards
     api = nbgrader_api(root, config=config)
     with watch, os.fdopen(int(rows_fd), "w") as rows_out:
@@ -71,8 +78,11 @@ def main(argv: list[str]) -> int:
             _kill_leftovers(keep=judge.launcher.zygote_pid())
             rows_out.write(json.dumps(row) + "\n")
             rows_out.flush()
-    judge.close()
-    shutil.rmtree(folders["judge"], ignore_errors=True)
+        # Before the last row's pipe closes: the grader kills this worker as soon as it has
+        # every row, which left a folder in /tmp for every student graded.
+        judge.close()
+        for name in ("judge", "kernel_sockets"):
+            shutil.rmtree(folders[name], ignore_errors=True)
     return 0
 
 
@@ -104,11 +114,13 @@ def _kill_leftovers(keep: int | None) -> None:
 
 def _private_folders(root: Path) -> dict[str, Path]:
     """Folders of the worker: the judge's socket and the kernel spec (the student's code may not
-    write there) and the scratch folders the kernel and the judge's ranks may write."""
-    # The judge's socket: a short path of its own (a Unix socket path holds at most 107 bytes,
-    # which a deep work directory or a long student name would pass).
+    write there), the kernel's sockets, and the scratch folders the kernel and the judge's ranks
+    may write."""
+    # The judge's and the kernel's sockets: short paths of their own (a Unix socket path holds at
+    # most 107 bytes, which a deep work directory or a long student name would pass).
     short = "/tmp" if os.path.isdir("/tmp") else None
     folders = {"judge": Path(tempfile.mkdtemp(prefix="distlab-judge-", dir=short)),
+               "kernel_sockets": Path(tempfile.mkdtemp(prefix="distlab-kernel-", dir=short)),
                "jupyter": root / "jupyter", "kernel_scratch": root / "scratch" / "kernel",
                "judge_scratch": root / "scratch" / "judge"}
     for folder in folders.values():
@@ -124,11 +136,13 @@ def _private_folders(root: Path) -> dict[str, Path]:
 def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: str,
                       hide: list[str]) -> None:
     """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
-    lab's folder and its scratch folder, read nothing in ``hide`` (the grading folders, all
-    submissions, the scores) but those, and is told where the judge listens."""
+    lab's folder, its scratch folder and its sockets' folder, read nothing in ``hide`` (the
+    grading folders, all submissions, the scores) but those, and is told where the judge listens."""
     from distlab.checks.messenger import ENV
     scratch = folders["kernel_scratch"]
-    argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(lab_dir), "--write", str(scratch),
+    writable = (lab_dir, scratch, folders["kernel_sockets"])
+    argv = [sys.executable, "-m", "distlab.runtime.landlock",
+            *[arg for folder in writable for arg in ("--write", str(folder))],
             *[arg for folder in hide for arg in ("--hide", folder)],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     env = {ENV: judge_address, "HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
