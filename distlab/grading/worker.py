@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
             rows_out.flush()
         # Before the last row's pipe closes: the grader kills this worker as soon as it has
         # every row, which left a folder in /tmp for every student graded.
-        judge.close()
         for name in ("judge", "kernel_sockets"):
             shutil.rmtree(folders[name], ignore_errors=True)
+    judge.close()   # its zygote's exit: the grader does not wait for it
     return 0
 
 
