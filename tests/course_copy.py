@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAKE_SITE = "make site"   # README.md's command that builds the site (every lab run)
 
 
-def copy_course(root: Path) -> Path:
+def copy_course(root: Path) -> Path | None:
     """The checkout's tracked files in ``root``, with its .venv linked in; None if the .venv is
     missing or older than pyproject.toml (`make` would then reinstall it inside the copy)."""
     venv = REPO / ".venv"
