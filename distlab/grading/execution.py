@@ -29,6 +29,8 @@ from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_grade
 from traitlets import Any, Float, Integer
 
+from distlab.grading.warm_kernels import WarmKernelManager
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Guards:
@@ -82,6 +84,11 @@ class GradedExecute(Execute):
     flood_grace = Float(15.0, help="seconds a flooding cell has to finish after its interrupt "
                                    "before its kernel is killed").tag(config=True)
 
+    def __init__(self, *args, **kwargs):
+        # Kernels forked warm from the worker's WarmKernels (cold without one).
+        kwargs.setdefault("kernel_manager_class", WarmKernelManager)
+        super().__init__(*args, **kwargs)
+
     def preprocess(self, nb, resources=None, km=None):
         self.dead: str | None = None
         if self.guards is None:
@@ -127,7 +134,7 @@ class GradedExecute(Execute):
                 f"interpreter or killed its own process")
 
     def _kernel_process(self):
-        """The kernel's Popen (jupyter_client's local provisioner), or None."""
+        """The kernel's Popen (jupyter_client's local provisioner), or its ForkedKernel, or None."""
         return getattr(getattr(self.km, "provisioner", None), "process", None)
 
     def _kernel_exit_code(self) -> int | None:

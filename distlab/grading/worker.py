@@ -28,19 +28,23 @@ def main(argv: list[str]) -> int:
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
     from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
+    from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
 
     settings = GradingSettings.from_json(settings_json)
     root = Path(root)
     os.set_inheritable(int(rows_fd), False)  # no kernel or rank may write rows of its own
-    sandbox.become_subreaper()  # orphans of the student's code come back here to be killed
+    reaper = sandbox.become_subreaper()  # orphans of the student's code come back here to be killed
     sandbox.die_with_parent()   # and this worker goes with a grader that is killed outright
     folders = _private_folders(root)
     ranks = settings.launch_settings(str(folders["judge_scratch"]),
                                      confine=landlock.landlock_abi() > 0, labs=tuple(labs))
     judge = Judge(folders["judge"], ranks)
-    # Its zygote imports torch and the checks while nbgrader starts and the first cells run.
+    # Its zygote imports torch and the checks while nbgrader starts and the first cells run,
+    # and so does the server of this student's kernels.
     judge.launcher.warm_up()
+    kernels = WarmKernels({**os.environ, **_kernel_env(folders, judge.address)},
+                          cwd=str(folders["jupyter"])) if reaper else None
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
@@ -65,6 +69,7 @@ def main(argv: list[str]) -> int:
     config.KernelManager.transport = "ipc"
     config.KernelManager.ip = str(folders["kernel_sockets"] / "kernel")
     config.GradedExecute.guards = guards
+    config.WarmKernelManager.kernels = kernels
     api = nbgrader_api(root, config=config)
     with watch, os.fdopen(int(rows_fd), "w") as rows_out:
         for lab in labs:
@@ -74,14 +79,16 @@ def main(argv: list[str]) -> int:
             lab_dir = root / "autograded" / student / lab
             _write_kernelspec(folders, lab_dir, judge.address, list(settings.hide))
             row = _grade_lab(api, root, student, lab, judge)
-            # The judge's zygote stays: it costs seconds to start, and its ranks are its own.
-            _kill_leftovers(keep=judge.launcher.zygote_pid())
+            # The judge's zygote and the kernels' server stay: each costs seconds to start.
+            _kill_leftovers(keep={judge.launcher.zygote_pid(), kernels and kernels.pid})
             rows_out.write(json.dumps(row) + "\n")
             rows_out.flush()
         # Before the last row's pipe closes: the grader kills this worker as soon as it has
         # every row, which left a folder in /tmp for every student graded.
         for name in ("judge", "kernel_sockets"):
             shutil.rmtree(folders[name], ignore_errors=True)
+    if kernels is not None:
+        kernels.close()
     judge.close()   # its zygote's exit: the grader does not wait for it
     return 0
 
@@ -103,12 +110,12 @@ def _note_memory_kill(guards, event) -> None:
         f"({event.total / 2**30:.1f} GiB; the largest, {event.command[:80]!r}, was killed)")
 
 
-def _kill_leftovers(keep: int | None) -> None:
+def _kill_leftovers(keep: set) -> None:
     """Kill everything the lab's kernel left behind (orphans were reparented to this worker)."""
     import psutil
     from distlab.grading.sandbox import kill_tree
     for child in psutil.Process().children():
-        if child.pid != keep:
+        if child.pid not in keep:
             kill_tree(child.pid)
 
 
@@ -138,21 +145,28 @@ def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: st
     """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
     lab's folder, its scratch folder and its sockets' folder, read nothing in ``hide`` (the
     grading folders, all submissions, the scores) but those, and is told where the judge listens."""
-    from distlab.checks.messenger import ENV
     scratch = folders["kernel_scratch"]
     writable = (lab_dir, scratch, folders["kernel_sockets"])
     argv = [sys.executable, "-m", "distlab.runtime.landlock",
             *[arg for folder in writable for arg in ("--write", str(folder))],
             *[arg for folder in hide for arg in ("--hide", folder)],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    env = {ENV: judge_address, "HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
-           "MPLCONFIGDIR": str(scratch / "matplotlib"), "IPYTHONDIR": str(scratch / "ipython"),
-           "XDG_CACHE_HOME": str(scratch / "cache")}
+    env = _kernel_env(folders, judge_address)
     spec = folders["jupyter"] / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": argv, "env": env, "display_name": "Python 3 (graded)", "language": "python",
         "interrupt_mode": "signal"}))
+
+
+def _kernel_env(folders: dict[str, Path], judge_address: str) -> dict[str, str]:
+    """What the kernel spec adds to the worker's environment: the judge's address, and every
+    cache and temporary folder in the kernel's scratch folder."""
+    from distlab.checks.messenger import ENV
+    scratch = folders["kernel_scratch"]
+    return {ENV: judge_address, "HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
+            "MPLCONFIGDIR": str(scratch / "matplotlib"), "IPYTHONDIR": str(scratch / "ipython"),
+            "XDG_CACHE_HOME": str(scratch / "cache")}
 
 
 def _grade_lab(api, root: Path, student: str, lab: str, judge) -> dict:

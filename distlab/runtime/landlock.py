@@ -40,15 +40,8 @@ HOME (~/.cache, ~/.config, ~/.nv, ~/.triton), TMPDIR (tempfile, torch inductor),
 naming another thread with pthread_setname_np): harmless. Landlock confines the calling thread
 only, so confine() refuses to run in a process that already has several threads.
 
-Memory: MemoryWatch measures PSS (proportional set size), not RSS: ranks forked from the
-zygote share its torch pages copy-on-write, and RSS would count them once per rank. Reading
-PSS (/proc/PID/smaps_rollup) walks the page tables (~10 ms for a process that imported torch),
-so a poll reads it only when needed: the cheap RSS sum is an upper bound of the PSS sum, and
-over it PSS of each process is re-read every `refresh` seconds (and after a watched process
-ended), estimated in between from its RSS change. The kill itself is always decided on fresh
-PSS. A fast allocator can overshoot the limit by about (allocation rate x interval) before it
-is killed. The kernel's own limit (a cgroup's memory.max) has no overshoot and no polling: use
-it instead where the grader may create cgroups.
+Memory: MemoryWatch (distlab.grading.sandbox) measures PSS, not RSS: ranks forked from the
+zygote share its torch pages copy-on-write, and RSS would count them once per rank.
 """
 from __future__ import annotations
 
@@ -337,7 +330,8 @@ def _size(text: str) -> int:
     return int(text)
 
 
-def _parse(argv: list[str]):
+def parse(argv: list[str]):
+    """(options, command) of ``python -m distlab.runtime.landlock OPTIONS -- COMMAND``."""
     parser = argparse.ArgumentParser(
         prog="python -m distlab.runtime.landlock",
         usage="%(prog)s --write DIR [--write DIR ...] [--home DIR] [--shm-size SIZE] "
@@ -364,27 +358,36 @@ def _parse(argv: list[str]):
     return opts, command
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts, command = _parse(sys.argv[1:] if argv is None else argv)
+def confine_as(opts, single_thread: bool = False) -> bool:
+    """Confine this process as ``python -m distlab.runtime.landlock OPTS -- ...`` would (``opts``
+    from ``parse``), before it runs the command: True when confined, False without Landlock
+    (warned on stderr). Raises OSError when Landlock refuses. The grader's warm kernels
+    (distlab.grading.warm_kernels) call it in a fork, which has one thread."""
     writable = [os.path.abspath(p) for p in opts.write]
     if opts.home:
         os.environ.update(sandbox_env(opts.home))
         writable.append(os.path.abspath(opts.home))
+    if opts.shm_size and not _private_shm(opts.shm_size):
+        print("distlab.runtime.landlock: warning: no private /dev/shm (needs root or CAP_SYS_ADMIN); "
+              "the command shares the machine's.", file=sys.stderr)
+    confined = _confine(writable, drop_capabilities=True, single_thread=single_thread,
+                        hidden=[os.path.abspath(p) for p in opts.hide])
+    if not confined:
+        print("distlab.runtime.landlock: warning: this kernel has no Landlock (needs Linux >= 5.13 with "
+              "landlock in its LSM list); running the command unconfined.", file=sys.stderr)
+    return confined
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, command = parse(sys.argv[1:] if argv is None else argv)
     try:
-        if opts.shm_size and not _private_shm(opts.shm_size):
-            print("distlab.runtime.landlock: warning: no private /dev/shm (needs root or CAP_SYS_ADMIN); "
-                  "the command shares the machine's.", file=sys.stderr)
         # No single-thread check here (nor in _private_shm): whatever threads an import may have
         # started vanish at exec, and only this thread lives on, confined.
-        confined = _confine(writable, drop_capabilities=True, single_thread=False,
-                            hidden=[os.path.abspath(p) for p in opts.hide])
+        confine_as(opts)
     except OSError as exc:
         print(f"distlab.runtime.landlock: could not confine the command, so it was not run: {exc}",
               file=sys.stderr)
         return 126
-    if not confined:
-        print("distlab.runtime.landlock: warning: this kernel has no Landlock (needs Linux >= 5.13 with "
-              "landlock in its LSM list); running the command unconfined.", file=sys.stderr)
     try:
         os.execvp(command[0], command)
     except OSError as exc:

@@ -1,0 +1,271 @@
+"""Graded kernels forked from a process that has already imported what every lab imports.
+
+A kernel started cold is an interpreter that imports ipykernel, torch and matplotlib: about
+1.5 s of CPU per graded notebook, as much as the rest of its grading. A grading worker
+(``distlab.grading.worker``) therefore starts one ``WarmKernels`` beside it, a process that
+imports PRELOAD once in the kernels' environment and then forks a kernel for each lab.
+
+The kernel spec stays the one description of a graded kernel: ``python -m
+distlab.runtime.landlock OPTIONS -- python -m ipykernel_launcher -f FILE``. A fork is what that
+command would have become:
+- confined by the same Landlock options (``landlock.confine_as``), applied in the fork, which
+  has a single thread, before any of the student's code runs;
+- in a session of its own, as jupyter_client starts kernels (an interrupt reaches its group);
+- its working folder the lab's, which is first on ``sys.path``; its environment exactly the one
+  jupyter_client built; random numbers of its own (Python's ``random`` reseeds itself at every
+  fork, numpy's global generator is reseeded if the server had imported it);
+- a child of the worker: the fork is double and the worker is a child subreaper, so the kernel
+  is reparented to it. The worker reaps it (``ForkedKernel`` is its Popen), its memory counts
+  under the worker's MemoryWatch, and what it leaves behind is killed after the lab as before.
+
+A kernel command of another shape, or a server that died or does not answer, starts the kernel
+cold (jupyter_client's own launch), with one line on stderr saying why.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Any
+
+# What (nearly) every lab's first cells import, timed with time.process_time(): torch alone
+# is 1.1 s of CPU, ipykernel 0.15 s, matplotlib's pyplot 0.4 s. The labs' own helpers are not
+# here: each lab imports different ones, once per notebook either way.
+PRELOAD = ("numpy", "torch", "torch.distributed", "torch.nn.functional", "matplotlib.pyplot",
+           "ipykernel.kernelapp", "distlab.checks.assertions")
+# ipykernel sets it unless it is set (kernelapp.init_gui_pylab): matplotlib reads it at import.
+MPLBACKEND = "module://matplotlib_inline.backend_inline"
+REPLY_TIMEOUT = 60.0   # seconds a fork may take on a loaded machine before the kernel starts cold
+
+
+class WarmKernels:
+    """The worker's end: ``fork(cmd, env, cwd)`` -> the kernel's pid, or None (start it cold).
+    The worker hands it to its kernel managers as ``config.WarmKernelManager.kernels``."""
+
+    def __init__(self, env: dict[str, str], cwd: str):
+        """``env``: the kernels' environment but what jupyter_client adds per kernel; ``cwd`` a
+        folder the student's code cannot write (the server's first entry on sys.path)."""
+        mine, theirs = socket.socketpair()
+        env = {**env, "MPLBACKEND": env.get("MPLBACKEND", MPLBACKEND)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "distlab.grading.warm_kernels", str(theirs.fileno())],
+            env=env, cwd=cwd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        mine.settimeout(REPLY_TIMEOUT)
+        self.socket, self.replies = mine, mine.makefile("rb")
+
+    def __deepcopy__(self, memo):
+        return self   # traitlets deep-copies config values: one server, shared
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def fork(self, cmd: list[str], env: dict[str, str], cwd: str) -> int | None:
+        if self.socket is None or kernel_args(cmd) is None:
+            return None
+        try:
+            self.socket.sendall(json.dumps({"cmd": cmd, "env": env, "cwd": str(cwd)}).encode() + b"\n")
+            reply = json.loads(self.replies.readline() or b'{"error": "the server exited"}')
+        except (OSError, ValueError) as exc:   # a timeout, a dead server: it serves no more
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        if "pid" in reply:
+            return reply["pid"]
+        print(f"distlab grading worker: the warm kernel server failed ({reply['error']}); this "
+              f"and later kernels start cold", file=sys.stderr)
+        self.close()
+        return None
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.replies.close()
+            self.socket.close()   # the server exits at end of file
+            self.socket = None
+
+
+def kernel_args(cmd: list[str]) -> tuple[list[str], list[str]] | None:
+    """(landlock options, ipykernel's arguments) of a graded kernel's command, or None when
+    ``cmd`` is not ``python -m distlab.runtime.landlock OPTIONS -- python -m ipykernel_launcher
+    ARGS`` with this interpreter."""
+    head = [sys.executable, "-m", "distlab.runtime.landlock"]
+    if cmd[:3] != head or "--" not in cmd:
+        return None
+    split = cmd.index("--")
+    kernel = cmd[split + 1:]
+    if kernel[:3] != [sys.executable, "-m", "ipykernel_launcher"]:
+        return None
+    return cmd[3:split + 1] + ["true"], kernel[3:]
+
+
+class ForkedKernel:
+    """What jupyter_client's provisioner and GradedExecute use of a kernel's Popen, for a kernel
+    this process reaps without having started it (it was reparented here)."""
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Reaped by someone else here: kill_tree, which only reaps what it killed.
+                self.returncode = -signal.SIGKILL
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class WarmProvisioner(LocalProvisioner):
+    """jupyter_client's local provisioner, but the kernel is forked warm when it can be."""
+
+    async def launch_kernel(self, cmd: list[str], **kwargs):
+        server = self.parent.kernels
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        pid = server.fork(cmd, kwargs.get("env") or dict(os.environ), cwd) if server else None
+        if pid is None:
+            return await super().launch_kernel(cmd, **kwargs)
+        self.process = ForkedKernel(pid)
+        self.pid = self.pgid = pid   # the kernel leads its own session and group
+        self.cwd = cwd
+        return self.connection_info
+
+
+class WarmKernelManager(AsyncKernelManager):
+    """The kernel manager of graded notebooks (``GradedExecute``): a WarmProvisioner's kernels."""
+    kernels = Any(None, allow_none=True, help="the worker's WarmKernels (None: start kernels "
+                                              "cold)").tag(config=True)
+
+    async def _async_pre_start_kernel(self, **kw):
+        if self.provisioner is None:
+            self.kernel_id = self.kernel_id or kw.pop("kernel_id", None) or _new_id()
+            self.provisioner = WarmProvisioner(kernel_id=self.kernel_id,
+                                               kernel_spec=self.kernel_spec, parent=self)
+        return await super()._async_pre_start_kernel(**kw)
+
+
+def _new_id() -> str:
+    import uuid
+    return str(uuid.uuid4())
+
+
+# ---------------------------------------------------------------------------------------------
+# The server: `python -m distlab.grading.warm_kernels FD`
+
+def main(argv: list[str]) -> int:
+    fd = int(argv[0])
+    from distlab.grading.sandbox import die_with_parent
+    die_with_parent()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    with socket.socket(fileno=fd) as sock, sock.makefile("rwb") as stream:
+        for line in stream:
+            request = json.loads(line)
+            try:
+                reply = {"pid": _fork_kernel(request)}
+            except Exception as exc:   # noqa: BLE001 - the worker starts that kernel cold
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            stream.write(json.dumps(reply).encode() + b"\n")
+            stream.flush()
+    return 0
+
+
+def _fork_kernel(request: dict) -> int:
+    """Fork twice; the kernel's pid. The middle process exits at once, so the kernel is
+    reparented to the nearest subreaper: the worker."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read, write = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read)
+            kernel = os.fork()
+            if kernel == 0:
+                _become_kernel(request)
+            os.write(write, str(kernel).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(middle, 0)
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read()
+    if not text:
+        raise RuntimeError("the kernel could not be forked")
+    return int(text)
+
+
+def _become_kernel(request: dict):
+    """Turn this fork into the kernel the request's command describes; never returns."""
+    code = 1
+    try:
+        landlock_opts, kernel_argv = kernel_args(request["cmd"])
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.closerange(3, 1 << 16)   # the server's socket above all: a kernel cannot ask for forks
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from distlab.runtime import landlock
+        try:
+            landlock.confine_as(landlock.parse(landlock_opts)[0], single_thread=True)
+        except OSError as exc:
+            print(f"distlab.runtime.landlock: could not confine the command, so it was not run: "
+                  f"{exc}", file=sys.stderr)
+            code = 126
+            return
+        if "numpy.random" in sys.modules:   # numpy imports it lazily: reseed it if it was
+            sys.modules["numpy.random"].seed()
+        from ipykernel import kernelapp
+        launcher = os.path.join(os.path.dirname(os.path.dirname(kernelapp.__file__)),
+                                "ipykernel_launcher.py")
+        sys.argv = [launcher, *kernel_argv]
+        sys.path[0] = os.getcwd()
+        kernelapp.launch_new_instance(argv=kernel_argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:   # noqa: BLE001 - said on stderr, as a cold kernel's crash would be
+        import traceback
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()   # the kernel's and the student's, as at a cold kernel's exit
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:   # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

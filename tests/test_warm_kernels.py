@@ -1,0 +1,154 @@
+"""distlab.grading.warm_kernels: graded kernels forked from a server that imported torch once.
+
+A forked kernel must be what the kernel spec's command would have started: confined by the same
+Landlock options, in the lab's folder with the environment jupyter_client built, in a session of
+its own, with random numbers of its own, and a child of the worker (a subreaper) that reads its
+exit code and interrupts it. Every kernel of the suite's shared grading run (tests/conftest.py)
+is forked this way, so the attacks of tests/test_grader_attacks.py are graded through it too.
+
+Each test drives a small worker in a fresh interpreter: becoming a subreaper cannot be undone.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distlab.runtime import landlock
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+# A worker in miniature: a subreaper with a WarmKernels and a kernel spec shaped like the
+# grading worker's (distlab.grading.worker._write_kernelspec).
+WORKER = """\
+import asyncio, json, os, sys
+from pathlib import Path
+from distlab.grading import sandbox
+from distlab.grading.warm_kernels import WarmKernelManager, WarmKernels
+
+root = Path(sys.argv[1])
+lab, scratch, secret, outside = (root / n for n in ("lab", "scratch", "secret", "outside"))
+for folder in (lab, scratch, secret, outside, root / "jupyter" / "kernels" / "python3"):
+    folder.mkdir(parents=True, exist_ok=True)
+(secret / "answers").write_text("hidden")
+env = {"HOME": str(scratch), "TMPDIR": str(scratch), "MPLCONFIGDIR": str(scratch / "mpl"),
+       "IPYTHONDIR": str(scratch / "ipython"), "PROBE": "from the spec", "JUPYTER_PATH": ""}
+argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(lab), "--write",
+        str(scratch), "--hide", str(secret), "--", sys.executable, "-m", "ipykernel_launcher",
+        "-f", "{connection_file}"]
+(root / "jupyter" / "kernels" / "python3" / "kernel.json").write_text(json.dumps(
+    {"argv": argv, "env": env, "language": "python", "interrupt_mode": "signal"}))
+os.environ.update(JUPYTER_PATH=str(root / "jupyter"), JUPYTER_RUNTIME_DIR=str(scratch))
+assert sandbox.become_subreaper()
+from traitlets.config import Config
+config = Config()
+config.WarmKernelManager.kernels = WarmKernels({**os.environ, **env}, cwd=str(root / "jupyter"))
+
+PROBE = '''
+import errno, json, os, sys
+warm = "torch" in sys.modules and "matplotlib.pyplot" in sys.modules
+import numpy
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+print(json.dumps({"warm": warm, "cwd": os.getcwd(), "path0": sys.path[0],
+    "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
+    "random": numpy.random.rand(), "write outside": attempt(lambda: open(%r, "w")),
+    "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w"))}))
+''' % (str(outside / "x"), str(secret / "answers"))
+
+async def run(code, interrupt_after=None):
+    km = WarmKernelManager(kernel_name="python3", config=config)
+    await km.start_kernel(cwd=str(lab))
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=120)
+    out = []
+    if interrupt_after is not None:
+        asyncio.get_running_loop().call_later(interrupt_after, lambda: asyncio.ensure_future(km.interrupt_kernel()))
+    process = km.provisioner.process
+    if code.startswith("import os; os._exit"):   # no reply comes: wait for the exit itself
+        kc.execute(code)
+        for _ in range(1200):
+            if process.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        status = None
+    else:
+        reply = await kc.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(m["content"]))
+        status = reply["content"]["status"], reply["content"].get("ename")
+    result = {"status": status, "text": "".join(c.get("text", "") for c in out),
+              "forked": type(process).__name__ == "ForkedKernel", "exit": process.poll()}
+    kc.stop_channels()
+    await km.shutdown_kernel(now=True)
+    return result
+
+async def main():
+    results = {"first": await run(PROBE), "second": await run(PROBE),
+               "exit": await run("import os; os._exit(3)"),
+               "interrupt": await run("import time; time.sleep(60)", interrupt_after=2)}
+    config.WarmKernelManager.kernels.process.kill()
+    config.WarmKernelManager.kernels.process.wait()
+    results["after the server died"] = await run(PROBE)
+    results["worker"] = os.getpid()
+    print(json.dumps(results))
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm")
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(root)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    for name in ("first", "second", "after the server died"):
+        text = results[name]["text"]
+        results[name]["probe"] = json.loads(text) if text.startswith("{") else text
+    return results, root, proc.stderr
+
+
+def test_a_forked_kernel_starts_with_torch_imported_in_its_labs_folder(kernels):
+    results, root, _ = kernels
+    probe = results["first"]["probe"]
+    assert results["first"]["forked"] and probe["warm"], results["first"]
+    assert probe["cwd"] == probe["path0"] == str(root / "lab")
+    assert probe["ppid"] == results["worker"]   # reparented to the worker, which reaps it
+    assert probe["session leader"] and probe["env"] == "from the spec"
+    assert probe["write lab"] == "ok"
+
+
+@pytest.mark.skipif(landlock.landlock_abi() == 0, reason="this kernel has no Landlock")
+def test_a_forked_kernel_is_confined_as_its_spec_says(kernels):
+    probe = kernels[0]["first"]["probe"]
+    assert probe["write outside"] == "EACCES" and probe["read hidden"] == "EACCES", probe
+
+
+def test_two_forked_kernels_draw_different_random_numbers(kernels):
+    results = kernels[0]
+    assert results["second"]["forked"] and results["second"]["probe"]["warm"]
+    assert results["first"]["probe"]["random"] != results["second"]["probe"]["random"]
+
+
+def test_a_forked_kernels_exit_code_and_interrupt_reach_the_worker(kernels):
+    results = kernels[0]
+    assert results["exit"]["forked"] and results["exit"]["exit"] == 3, results["exit"]
+    assert results["interrupt"]["status"] == ["error", "KeyboardInterrupt"], results["interrupt"]
+
+
+def test_without_its_server_a_kernel_starts_cold_and_says_so(kernels):
+    results, _, stderr = kernels
+    after = results["after the server died"]
+    assert not after["forked"] and not after["probe"]["warm"], after
+    assert after["probe"]["random"] not in (results["first"]["probe"]["random"],
+                                            results["second"]["probe"]["random"])
+    assert stderr.count("the warm kernel server failed") == 1, stderr
+    assert "start cold" in stderr
