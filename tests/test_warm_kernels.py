@@ -63,15 +63,17 @@ print(json.dumps({"warm": warm, "cwd": os.getcwd(), "path0": sys.path[0],
     "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w"))}))
 ''' % (str(outside / "x"), str(secret / "answers"))
 
-async def run(code, interrupt_after=None):
+async def run(code, interrupt=False):
     km = WarmKernelManager(kernel_name="python3", config=config)
     await km.start_kernel(cwd=str(lab))
     kc = km.client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=120)
     out = []
-    if interrupt_after is not None:
-        asyncio.get_running_loop().call_later(interrupt_after, lambda: asyncio.ensure_future(km.interrupt_kernel()))
+    def hook(msg):   # interrupted once the cell has started (a busy machine may be slow to get there)
+        out.append(msg["content"])
+        if interrupt and "sleeping" in msg["content"].get("text", ""):
+            asyncio.ensure_future(km.interrupt_kernel())
     process = km.provisioner.process
     if code.startswith("import os; os._exit"):   # no reply comes: wait for the exit itself
         kc.execute(code)
@@ -81,7 +83,7 @@ async def run(code, interrupt_after=None):
             await asyncio.sleep(0.05)
         status = None
     else:
-        reply = await kc.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(m["content"]))
+        reply = await kc.execute_interactive(code, timeout=120, output_hook=hook)
         status = reply["content"]["status"], reply["content"].get("ename")
     result = {"status": status, "text": "".join(c.get("text", "") for c in out),
               "forked": type(process).__name__ == "ForkedKernel", "exit": process.poll()}
@@ -92,7 +94,8 @@ async def run(code, interrupt_after=None):
 async def main():
     results = {"first": await run(PROBE), "second": await run(PROBE),
                "exit": await run("import os; os._exit(3)"),
-               "interrupt": await run("import time; time.sleep(60)", interrupt_after=2)}
+               "interrupt": await run("import time; print('sleeping', flush=True); time.sleep(60)",
+                                        interrupt=True)}
     config.WarmKernelManager.kernels.process.kill()
     config.WarmKernelManager.kernels.process.wait()
     results["after the server died"] = await run(PROBE)
