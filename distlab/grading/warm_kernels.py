@@ -114,23 +114,21 @@ class ForkedKernel:
         self.pid, self.returncode = pid, None
 
     def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        return self._reap(0)
+
+    def _reap(self, flags: int) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, flags)
             except ChildProcessError:
                 # Reaped by someone else here: kill_tree, which only reaps what it killed.
                 self.returncode = -signal.SIGKILL
             else:
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            try:
-                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-            except ChildProcessError:
-                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
@@ -239,8 +237,7 @@ def _become_kernel(request: dict):
         try:
             landlock.confine_as(landlock.parse(landlock_opts)[0], single_thread=True)
         except OSError as exc:
-            print(f"distlab.runtime.landlock: could not confine the command, so it was not run: "
-                  f"{exc}", file=sys.stderr)
+            print(landlock.REFUSED.format(exc), file=sys.stderr)
             code = 126
             return
         if "numpy.random" in sys.modules:   # numpy imports it lazily: reseed it if it was

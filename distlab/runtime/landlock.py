@@ -59,6 +59,7 @@ from pathlib import Path
 # Landlock (linux/landlock.h). Syscall numbers are the same on every architecture but alpha.
 
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+REFUSED = "distlab.runtime.landlock: could not confine the command, so it was not run: {}"
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
 
@@ -385,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         # started vanish at exec, and only this thread lives on, confined.
         confine_as(opts)
     except OSError as exc:
-        print(f"distlab.runtime.landlock: could not confine the command, so it was not run: {exc}",
-              file=sys.stderr)
+        print(REFUSED.format(exc), file=sys.stderr)
         return 126
     try:
         os.execvp(command[0], command)
