@@ -1,6 +1,7 @@
 """distlab.grading.warm_kernels: graded kernels forked from a server that imported torch once.
 
-A forked kernel must be what the kernel spec's command would have started: confined by the same
+The server is itself forked from the worker (distlab.runtime.forked). A forked kernel must be
+what the kernel spec's command would have started: confined by the same
 Landlock options, in the lab's folder with the environment jupyter_client built, in a session of
 its own, with random numbers of its own, and a child of the worker (a subreaper) that reads its
 exit code and interrupts it. Every kernel of the suite's shared grading run (tests/conftest.py)
@@ -86,13 +87,15 @@ async def run(code, interrupt=False):
         reply = await kc.execute_interactive(code, timeout=120, output_hook=hook)
         status = reply["content"]["status"], reply["content"].get("ename")
     result = {"status": status, "text": "".join(c.get("text", "") for c in out),
-              "forked": type(process).__name__ == "ForkedKernel", "exit": process.poll()}
+              "forked": type(process).__name__ == "ForkedProcess", "exit": process.poll()}
     kc.stop_channels()
     await km.shutdown_kernel(now=True)
     return result
 
 async def main():
-    results = {"first": await run(PROBE), "second": await run(PROBE),
+    server = config.WarmKernelManager.kernels.process
+    results = {"server forked": type(server).__name__ == "ForkedProcess" and server.pid != os.getpid(),
+               "first": await run(PROBE), "second": await run(PROBE),
                "exit": await run("import os; os._exit(3)"),
                "interrupt": await run("import time; print('sleeping', flush=True); time.sleep(60)",
                                         interrupt=True)}
@@ -123,6 +126,7 @@ def test_a_forked_kernel_starts_with_torch_imported_in_its_labs_folder(kernels):
     results, root, _ = kernels
     probe = results["first"]["probe"]
     assert results["first"]["forked"] and probe["warm"], results["first"]
+    assert results["server forked"]   # from the worker, not a fresh interpreter
     assert probe["cwd"] == probe["path0"] == str(root / "lab")
     assert probe["ppid"] == results["worker"]   # reparented to the worker, which reaps it
     assert probe["session leader"] and probe["env"] == "from the spec"

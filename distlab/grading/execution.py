@@ -134,7 +134,7 @@ class GradedExecute(Execute):
                 f"interpreter or killed its own process")
 
     def _kernel_process(self):
-        """The kernel's Popen (jupyter_client's local provisioner), or its ForkedKernel, or None."""
+        """The kernel's Popen (jupyter_client's local provisioner), or its ForkedProcess, or None."""
         return getattr(getattr(self.km, "provisioner", None), "process", None)
 
     def _kernel_exit_code(self) -> int | None:

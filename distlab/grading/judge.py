@@ -104,6 +104,11 @@ class Verdict:
     seed: int | None
 
 
+def socket_path(folder) -> str:
+    """Where the judge of ``folder`` listens."""
+    return os.path.join(str(folder), "judge.sock")
+
+
 class Judge:
     """Serves check requests on a Unix socket in ``folder`` (which graded kernels may not write)
     and records a verdict for each, under the test cell set with ``enter``. The checks run their
@@ -115,7 +120,10 @@ class Judge:
         # Checks run here as plain calls: never as messages to this very judge.
         os.environ.pop(ENV, None)
         self.launcher = Launcher(ranks)
-        self.address = os.path.join(str(folder), "judge.sock")
+        # Its zygote imports torch and the checks while nbgrader starts and the first cells run;
+        # started before this judge's thread, so that it can be forked (LaunchSettings.fork_zygote).
+        self.launcher.warm_up()
+        self.address = socket_path(folder)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -47,11 +47,12 @@ class GradingSettings:
     def launch_settings(self, scratch: str, confine: bool, labs: tuple[str, ...] = ()):
         """How the judge's launcher treats ranks that run a student's code: read with
         safe_pickle only, started in ``scratch``, confined to it (where Landlock exists) and
-        kept out of the hidden folders; its zygote imports what ``labs``' checks need."""
+        kept out of the hidden folders; its zygote imports what ``labs``' checks need, forked
+        from the worker, which has imported torch and the checks already."""
         from distlab.runtime.launch import LaunchSettings
         return LaunchSettings(distrust=True, cwd=scratch,
                               confine=(scratch,) if confine else (), hide=self.hide,
-                              preload=rank_modules(labs))
+                              preload=rank_modules(labs), fork_zygote=True)
 
 
 def rank_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 A kernel started cold is an interpreter that imports ipykernel, torch and matplotlib: about
 1.5 s of CPU per graded notebook, as much as the rest of its grading. A grading worker
 (``distlab.grading.worker``) therefore starts one ``WarmKernels`` beside it, a process that
-imports PRELOAD once in the kernels' environment and then forks a kernel for each lab.
+imports PRELOAD once in the kernels' environment and then forks a kernel for each lab. The server
+is itself forked from the worker, which has imported torch already (``distlab.runtime.forked``).
 
 The kernel spec stays the one description of a graded kernel: ``python -m
 distlab.runtime.landlock OPTIONS -- python -m ipykernel_launcher -f FILE``. A fork is what that
@@ -15,7 +16,7 @@ command would have become:
   jupyter_client built; random numbers of its own (Python's ``random`` reseeds itself at every
   fork, numpy's global generator is reseeded if the server had imported it);
 - a child of the worker: the fork is double and the worker is a child subreaper, so the kernel
-  is reparented to it. The worker reaps it (``ForkedKernel`` is its Popen), its memory counts
+  is reparented to it. The worker reaps it (a ``ForkedProcess`` is its Popen), its memory counts
   under the worker's MemoryWatch, and what it leaves behind is killed after the lab as before.
 
 A kernel command of another shape, or a server that died or does not answer, starts the kernel
@@ -27,7 +28,6 @@ import atexit
 import importlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +35,8 @@ import sys
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Any
+
+from distlab.runtime.forked import ForkedProcess, fork_helper
 
 # What (nearly) every lab's first cells import, timed with time.process_time(): torch alone
 # is 1.1 s of CPU, ipykernel 0.15 s, matplotlib's pyplot 0.4 s. The labs' own helpers are not
@@ -55,9 +57,14 @@ class WarmKernels:
         folder the student's code cannot write (the server's first entry on sys.path)."""
         mine, theirs = socket.socketpair()
         env = {**env, "MPLBACKEND": env.get("MPLBACKEND", MPLBACKEND)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "distlab.grading.warm_kernels", str(theirs.fileno())],
-            env=env, cwd=cwd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        fd = theirs.fileno()
+        # Forked from the worker, which has imported torch (a second of CPU a fresh interpreter
+        # pays again), where that is safe; else a fresh one.
+        self.process = fork_helper(lambda: serve_kernels(fd, cwd), keep=(fd,), env=env, cwd=cwd)
+        if self.process is None:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "distlab.grading.warm_kernels", str(fd)],
+                env=env, cwd=cwd, pass_fds=[fd], stdin=subprocess.DEVNULL)
         theirs.close()
         mine.settimeout(REPLY_TIMEOUT)
         self.socket, self.replies = mine, mine.makefile("rb")
@@ -105,43 +112,6 @@ def kernel_args(cmd: list[str]) -> tuple[list[str], list[str]] | None:
     return cmd[3:split + 1] + ["true"], kernel[3:]
 
 
-class ForkedKernel:
-    """What jupyter_client's provisioner and GradedExecute use of a kernel's Popen, for a kernel
-    this process reaps without having started it (it was reparented here)."""
-    stdin = stdout = stderr = None
-
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
-
-    def poll(self) -> int | None:
-        return self._reap(os.WNOHANG)
-
-    def wait(self) -> int:
-        return self._reap(0)
-
-    def _reap(self, flags: int) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, flags)
-            except ChildProcessError:
-                # Reaped by someone else here: kill_tree, which only reaps what it killed.
-                self.returncode = -signal.SIGKILL
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
 class WarmProvisioner(LocalProvisioner):
     """jupyter_client's local provisioner, but the kernel is forked warm when it can be."""
 
@@ -151,7 +121,7 @@ class WarmProvisioner(LocalProvisioner):
         pid = server.fork(cmd, kwargs.get("env") or dict(os.environ), cwd) if server else None
         if pid is None:
             return await super().launch_kernel(cmd, **kwargs)
-        self.process = ForkedKernel(pid)
+        self.process = ForkedProcess(pid)   # reparented here: reaped by this process
         self.pid = self.pgid = pid   # the kernel leads its own session and group
         self.cwd = cwd
         return self.connection_info
@@ -179,9 +149,15 @@ def _new_id() -> str:
 # The server: `python -m distlab.grading.warm_kernels FD`
 
 def main(argv: list[str]) -> int:
-    fd = int(argv[0])
+    return serve_kernels(int(argv[0]), os.getcwd())
+
+
+def serve_kernels(fd: int, cwd: str) -> int:
+    """Import PRELOAD, then fork a kernel for each request on the socket ``fd`` until it closes;
+    ``cwd`` (this process's working folder) is first on sys.path, as for ``python -m``."""
     from distlab.grading.sandbox import die_with_parent
     die_with_parent()
+    sys.path[0] = cwd
     for name in PRELOAD:
         importlib.import_module(name)
     with socket.socket(fileno=fd) as sock, sock.makefile("rwb") as stream:

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     from distlab.grading import sandbox
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
-    from distlab.grading.judge import Judge
+    from distlab.grading.judge import Judge, socket_path
     from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
@@ -39,12 +39,12 @@ def main(argv: list[str]) -> int:
     folders = _private_folders(root)
     ranks = settings.launch_settings(str(folders["judge_scratch"]),
                                      confine=landlock.landlock_abi() > 0, labs=tuple(labs))
-    judge = Judge(folders["judge"], ranks)
-    # Its zygote imports torch and the checks while nbgrader starts and the first cells run,
-    # and so does the server of this student's kernels.
-    judge.launcher.warm_up()
-    kernels = WarmKernels({**os.environ, **_kernel_env(folders, judge.address)},
+    # The server of this student's kernels and the judge's zygote are forked from this process,
+    # which has imported torch and the checks (launch_settings did), before any thread starts
+    # (distlab.runtime.forked); they import the rest while nbgrader starts.
+    kernels = WarmKernels({**os.environ, **_kernel_env(folders, socket_path(folders["judge"]))},
                           cwd=str(folders["jupyter"])) if reaper else None
+    judge = Judge(folders["judge"], ranks)
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))

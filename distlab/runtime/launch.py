@@ -63,6 +63,9 @@ class LaunchSettings:
     hide: tuple[str, ...] = ()
     # modules the zygote imports once, not every rank (None: zygote.TORCH_EXTRAS)
     preload: tuple[str, ...] | None = None
+    # fork the zygote from the launching process where that is safe (ZygoteHandle), not start
+    # a fresh interpreter: for a process that has imported torch and runs no student's script
+    fork_zygote: bool = False
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets on top of the caller's."""
@@ -121,7 +124,8 @@ class Launcher:
     def warm_up(self) -> ZygoteHandle:
         """Start the zygote now (in the background) so the first ``run`` does not wait for torch."""
         if self.zygote is None or not self.zygote.alive():
-            self.zygote = ZygoteHandle(self.settings.zygote_env(), self.settings.loads_message)
+            self.zygote = ZygoteHandle(self.settings.zygote_env(), self.settings.loads_message,
+                                       fork=self.settings.fork_zygote)
         return self.zygote
 
     def zygote_pid(self) -> int | None:

@@ -143,12 +143,12 @@ def _confine_if_asked() -> None:
         confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [])
 
 
-def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
+def main(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
     _confine_if_asked()
     _preload()
     serve(sock)
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]))
