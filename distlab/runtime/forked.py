@@ -60,7 +60,9 @@ def fork_helper(main, *, keep: tuple[int, ...] = (), env: dict[str, str] | None 
             # The parent's temporary folder, cached at its first use: the child's is its own
             # TMPDIR (torch keeps its caches there; a confined child may write nowhere else).
             tempfile.tempdir = None
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        # A fresh interpreter's handlers, not the parent's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         result = main()
         code = result if isinstance(result, int) else 0
