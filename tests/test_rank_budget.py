@@ -111,6 +111,48 @@ def test_the_wall_clock_still_bounds_a_starved_rank(monkeypatch):
     assert any(v and "the machine is too busy to finish it" in v for v in verdicts)
 
 
+def _early_budget(monkeypatch, states, cpu_per_probe, probes):
+    """A Budget of timeout 60 s, told to stop stuck ranks from 10 s on (as under the grader):
+    its first probe time and verdicts, with CPU clocks that advance as given per probe."""
+    clock = {s.pid: 0.0 for s in states}
+    monkeypatch.setattr(stuck, "cpu_seconds", lambda pid: clock[pid])
+    budget = stuck.Budget(60.0, deadline=160.0, stuck_after=10.0)
+    first, verdicts = budget.probe_at, []
+    for _ in range(probes):
+        for s in states:
+            clock[s.pid] += cpu_per_probe.get(s.rank, 0.0)
+        verdicts.append((budget.probe_at, budget.probe(states, budget.probe_at)))
+    return first, verdicts
+
+
+def test_stuck_ranks_are_stopped_at_stuck_after_not_at_a_longer_timeout(monkeypatch):
+    first, verdicts = _early_budget(monkeypatch, _states(None, "all_reduce"), {}, probes=2)
+    assert first == 100.0 + 10.0 - stuck.CPU_WINDOW
+    assert verdicts[0][1] is None
+    at, verdict = verdicts[1]
+    assert at == 110.0 and "stuck" in verdict and "rank 1 waits in all_reduce #1" in verdict
+
+
+def test_ranks_that_progress_keep_their_whole_timeout_under_stuck_after(monkeypatch):
+    # rank 0 uses 30 s of CPU time per window: over the 60 s limit long before the deadline,
+    # which is the only time that limit may stop it
+    _, verdicts = _early_budget(monkeypatch, _states(None, "all_reduce"), {0: 30.0}, probes=30)
+    before = [v for at, v in verdicts if at < 160.0]
+    assert before and before == [None] * len(before)
+    after = [v for at, v in verdicts if at >= 160.0 and v]
+    assert "over the limit of 60 s" in after[0]
+
+
+def test_stuck_after_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(stuck.ENV_STUCK_AFTER, raising=False)
+    assert stuck.stuck_after() is None
+    monkeypatch.setenv(stuck.ENV_STUCK_AFTER, "2.5")
+    assert stuck.stuck_after() == 2.5
+    monkeypatch.setenv(stuck.ENV_STUCK_AFTER, "soon")
+    with pytest.raises(ValueError, match="DISTLAB_STUCK_AFTER='soon' is not a number of seconds"):
+        stuck.stuck_after()
+
+
 def test_ranks_that_cannot_join_are_reported_then_stopped(monkeypatch, capsys):
     states = _states(None, None)
     for s in states:
@@ -177,6 +219,25 @@ def test_a_sleeping_rank_is_reported_as_using_no_cpu_time():
         distlab.run(fn, 2, timeout=1)
     assert "did not finish within 1 s: they are stuck" in str(info.value)
     assert "used no CPU time" in str(info.value)
+
+
+def test_under_stuck_after_a_sleeping_rank_is_stopped_long_before_the_timeout(monkeypatch):
+    def fn(rank, world_size):
+        time.sleep(60)
+
+    monkeypatch.setenv(stuck.ENV_STUCK_AFTER, "1")
+    start = time.perf_counter()
+    with pytest.raises(HangError) as info:
+        distlab.run(fn, 2, timeout=60)
+    assert time.perf_counter() - start < 30   # well short of the run's own 60 s
+    text = str(info.value)
+    assert "stopped making progress, 1 s or more into the run and before its 60 s timeout" in text
+    assert "DISTLAB_STUCK_AFTER=1" in text and "used no CPU time" in text
+
+
+def test_under_stuck_after_ranks_that_compute_longer_still_finish(monkeypatch):
+    monkeypatch.setenv(stuck.ENV_STUCK_AFTER, "0.5")
+    assert list(distlab.run(_busy, 2, 2.0, timeout=60)) == [0, 1]
 
 
 def test_a_zygote_that_waits_on_something_fails_within_seconds(tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from distlab.runtime.stuck import ENV_STUCK_AFTER
+
 ENV_BACKEND, ENV_RANK_TIMEOUT = "DISTLAB_BACKEND", "DISTLAB_RANK_TIMEOUT"
 
 
@@ -22,8 +24,11 @@ class CheckSettings:
                    rank_timeout=float(os.environ.get(ENV_RANK_TIMEOUT, cls.rank_timeout)))
 
     def environ(self) -> dict[str, str]:
-        """The environment variables that hand these settings to another process."""
-        return {ENV_BACKEND: self.backend, ENV_RANK_TIMEOUT: str(self.rank_timeout)}
+        """The environment variables that hand these settings to another process. Ranks that
+        are stuck count as hung after ``rank_timeout`` in every run there, a lab helper's with a
+        longer timeout included (``distlab.runtime.stuck.stuck_after``)."""
+        return {ENV_BACKEND: self.backend, ENV_RANK_TIMEOUT: str(self.rank_timeout),
+                ENV_STUCK_AFTER: str(self.rank_timeout)}
 
 
 def rank_timeout() -> float:

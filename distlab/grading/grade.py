@@ -45,7 +45,9 @@ Checks in test cells read two settings from the environment, which this command 
 kernels it starts: ``DISTLAB_BACKEND`` (``--backend``: gloo, nccl, auto, or both = gloo and, where
 there are enough GPUs, NCCL too, each compared with the same references) and
 ``DISTLAB_RANK_TIMEOUT`` (``--rank-timeout``: the ``distlab.run`` timeout after which hung ranks are
-killed and the test fails with the launcher's diagnosis).
+killed and the test fails with the launcher's diagnosis). ``DISTLAB_STUCK_AFTER``, set to the same,
+stops ranks that are stuck (no progress) that soon in every run of the notebook, also where a lab
+helper asks for a longer timeout; ranks that progress still get the helper's whole timeout.
 
 Two nbgrader rules are softened for distributed code: rank output and library warnings go to
 stderr, and nbgrader scores a test cell zero when it wrote to stderr, so stderr is turned into
@@ -90,7 +92,8 @@ def parse_args(argv):
                    help=f"memory of one student's processes before the largest is killed "
                         f"(default {DEFAULT_MEMORY_GB:g})")
     p.add_argument("--rank-timeout", type=float, default=60,
-                   help="seconds before a check's ranks count as hung (default 60)")
+                   help="seconds before a check's ranks count as hung, and before ranks that make "
+                        "no progress in any run of the notebook are stopped (default 60)")
     p.add_argument("--workdir", type=Path,
                    help="nbgrader course folders, results of each student, feedback, gradebook.db "
                         "(default ./grading; with --shard K/N, ./grading-shard-K-of-N)")

@@ -1,7 +1,9 @@
 """Stuck or merely slow: a busy machine slows processes down without them being stuck, so the
 launcher judges ranks (and its zygote) by the CPU time they use, not by the wall clock alone.
 
-- ``Budget``: when ranks past their timeout count as hung (``distlab.runtime.rank_watch``).
+- ``Budget``: when ranks past their timeout count as hung (``distlab.runtime.rank_watch``), and,
+  where ``DISTLAB_STUCK_AFTER`` is set (the grader sets it to its ``--rank-timeout``), from when
+  ranks that all make no progress count as stuck although the run's own timeout is longer.
 - ``Joining``: ranks that have not joined the process group within seconds are reported, and
   stopped when none of them uses CPU time (they wait for a connection that does not come).
 - ``cpu_seconds(pid)``: the CPU time a process has used (Linux: /proc; None elsewhere).
@@ -14,6 +16,22 @@ import sys
 CPU_WINDOW = 2.0   # seconds over which a rank that uses no CPU time counts as stuck
 MIN_WINDOW = 0.5   # the shortest window (the CPU clock ticks in 10 ms)
 SLACK = 10         # the wall-clock deadline, at most, for ranks that keep computing slowly
+ENV_STUCK_AFTER = "DISTLAB_STUCK_AFTER"
+
+
+def stuck_after() -> float | None:
+    """``DISTLAB_STUCK_AFTER``: seconds into a run from which ranks that all make no progress are
+    stopped, whatever the run's timeout; None when unset. The grader sets it so that a helper's
+    long timeout (a lab cell's ``timeout=300``) does not make a stuck submission cost minutes."""
+    value = os.environ.get(ENV_STUCK_AFTER)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{ENV_STUCK_AFTER}={value!r} is not a number of seconds; set it to one "
+                         f"(e.g. 10), or unset it to stop stuck ranks only at each run's "
+                         f"timeout") from None
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -38,12 +56,25 @@ class Budget:
     ``cpu_in_calls`` (gloo: the rank's own threads move and reduce the data, and a rank that
     waits for a peer sleeps) and it used CPU time; NCCL ranks spin while they wait, so there a
     collective that does not end is a wait. A rank caught inside a call at one instant is not
-    stuck: on a busy machine both ends of a send are often inside it at once."""
+    stuck: on a busy machine both ends of a send are often inside it at once.
 
-    def __init__(self, timeout: float, deadline: float, cpu_in_calls: bool = True):
+    With ``stuck_after`` shorter than ``timeout``, probing starts that many seconds into the run:
+    until the deadline, only ranks that are stuck (by the same test) are stopped; the CPU-time
+    and wall-clock limits still wait for the deadline, so a long run that progresses is never
+    cut short."""
+
+    def __init__(self, timeout: float, deadline: float, cpu_in_calls: bool = True,
+                 stuck_after: float | None = None):
         self.timeout, self.start, self.deadline = timeout, deadline - timeout, deadline
         self.cpu_in_calls = cpu_in_calls
-        self.probe_at, self.marks, self.marked = max(self.start, deadline - CPU_WINDOW), None, 0.0
+        self.watch_from = deadline if stuck_after is None else min(deadline,
+                                                                   self.start + stuck_after)
+        self.probe_at = max(self.start, self.watch_from - CPU_WINDOW)
+        self.marks, self.marked = None, 0.0
+
+    def early(self, now: float) -> bool:
+        """Whether ``now`` is before the deadline (a verdict then means stuck, never over time)."""
+        return now < self.deadline
 
     @staticmethod
     def _sample(states) -> dict:
@@ -56,7 +87,7 @@ class Budget:
         sample = self._sample(states)
         if self.marks is None:   # the sample CPU_WINDOW before the deadline
             self.marks, self.marked = sample, now
-            self.probe_at = max(self.deadline, now + MIN_WINDOW)
+            self.probe_at = max(self.watch_from, now + MIN_WINDOW)
             return None
         window = now - self.marked
         stuck, computing = [], []
@@ -81,7 +112,7 @@ class Budget:
             return ("they are stuck (" + "; ".join(stuck) + "), not merely slowed down by a "
                     "busy machine")
         used, rank = max(computing)
-        if used >= self.timeout:
+        if used >= self.timeout and not self.early(now):   # limits start at the deadline
             return (f"rank {rank} kept computing for {used:.0f} s of CPU time, over the "
                     f"limit of {self.timeout:g} s (an endless loop, or far too much work)")
         if now - self.start >= SLACK * self.timeout:
