@@ -17,7 +17,7 @@ from distlab.runtime.comms import SAME_SHAPE_OPS
 from distlab.runtime.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
                                        find_orphan_wait, hint_for)
 from distlab.runtime.outcome import HangError, RankCrashed, RankError, Results
-from distlab.runtime.stuck import ENV_STUCK_AFTER, Budget, Joining, stuck_after
+from distlab.runtime.stuck import Budget, Joining, stuck_after
 from distlab.runtime.zygote_client import ZygoteHandle
 
 # What a rank's error says when a peer's connection dropped under it (gloo, NCCL).
@@ -107,18 +107,10 @@ class RankWatch:
                     break
                 verdict = budget.probe(self.states, time.perf_counter())
                 if verdict is not None:
-                    self._fail(HangError, self._hang_text(budget, verdict))
+                    self._fail(HangError, f"{budget.headline(time.perf_counter())}: {verdict}")
             left = budget.probe_at - time.perf_counter()
             self._serve(open_outs, timeout=min(max(left, 0.0), 1.0))
         self._flush_partial()
-
-    def _hang_text(self, budget: Budget, verdict: str) -> str:
-        if budget.early(time.perf_counter()):
-            after = budget.watch_from - budget.start
-            return (f"the ranks stopped making progress, {after:g} s or more into the run and "
-                    f"before its {self.timeout:g} s timeout ({ENV_STUCK_AFTER}={after:g}, as "
-                    f"the grader sets it, stops stuck ranks that early): {verdict}")
-        return f"the ranks did not finish within {self.timeout:g} s: {verdict}"
 
     def _serve(self, open_outs: set, timeout: float, rounds: int = 1) -> None:
         """Read what is ready (waiting up to ``timeout`` for something), for up to ``rounds``

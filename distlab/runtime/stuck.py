@@ -67,14 +67,22 @@ class Budget:
                  stuck_after: float | None = None):
         self.timeout, self.start, self.deadline = timeout, deadline - timeout, deadline
         self.cpu_in_calls = cpu_in_calls
-        self.watch_from = deadline if stuck_after is None else min(deadline,
-                                                                   self.start + stuck_after)
+        self.stuck_after = timeout if stuck_after is None else min(timeout, stuck_after)
+        self.watch_from = self.start + self.stuck_after
         self.probe_at = max(self.start, self.watch_from - CPU_WINDOW)
         self.marks, self.marked = None, 0.0
 
     def early(self, now: float) -> bool:
         """Whether ``now`` is before the deadline (a verdict then means stuck, never over time)."""
         return now < self.deadline
+
+    def headline(self, now: float) -> str:
+        """What a verdict given at ``now`` follows: over time, or stopped early as stuck."""
+        if not self.early(now):
+            return f"the ranks did not finish within {self.timeout:g} s"
+        return (f"the ranks stopped making progress, {self.stuck_after:g} s or more into the run "
+                f"and before its {self.timeout:g} s timeout ({ENV_STUCK_AFTER}="
+                f"{self.stuck_after:g}, as the grader sets it, stops stuck ranks that early)")
 
     @staticmethod
     def _sample(states) -> dict:
