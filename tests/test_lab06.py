@@ -1,6 +1,6 @@
 """Lab 6 plumbing: reading Kineto traces, merging ranks, the measures' references, the export, the
-checks (right answers pass, wrong ones fail with a message), and the real GPU traces in
-../shared/traces when present.
+checks (right answers pass, wrong ones fail with a message), and the real GPU traces the course
+ships in data/traces.
 
 Traces recorded here are real runs on gloo; their timings vary, so tests compare structure
 (which collectives, how many, how large) and references against independent computations, never
@@ -15,15 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from distlab.labs.timelines import chrome, views
+from distlab.labs.timelines import chrome, gpu_traces, views
 from distlab.labs.timelines import trace as T
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab06
 from distlab.labs.timelines.runs import Spec, formula_messages, profile_all
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
-                                  reason=f"{TRACES} (real GPU traces) is not in this checkout")
 SMALL = Spec(batch=8, dp_batch=32, hidden=32, layers=2, seq=4, microbatches=2, seed=3)
 
 
@@ -195,11 +192,10 @@ def test_wrong_answers_fail_with_a_message():
 
 
 # ---------------------------------------------------------------------------------------------
-# Real GPU traces (read, never copied)
+# Real GPU traces, as shipped in data/traces (unchanged from their sources: tests/test_nsys.py)
 
-@needs_traces
 def test_reads_the_a100_nccl_trace():
-    path = TRACES / "kineto_2rank_a100_nccl.json.gz"
+    path = gpu_traces.trace_path(gpu_traces.KINETO_A100)
     spans = T.read_kineto(path, rank=0)
     comm = [s for s in spans if s.kind == "comm"]
     trace = json.load(gzip.open(path))
@@ -222,9 +218,8 @@ def test_reads_the_a100_nccl_trace():
     assert {"## forward ##", "DistributedDataParallel.forward"} <= {s.name for s in ranges}
 
 
-@needs_traces
 def test_reads_the_cpu_gloo_trace():
-    events = T.collective_events(TRACES / "kineto_cpu_gloo_rank34.json.gz")
+    events = T.collective_events(gpu_traces.trace_path("kineto_cpu_gloo_rank34.json.gz"))
     assert len(events) == 10 and {op for op, *_ in events} == {"all_reduce"}
     assert all(b > 0 and d > 0 for _, b, _, d in events)
 

@@ -1,5 +1,6 @@
 """distlab.labs.timelines.nsys: the commands, the availability test, and the reader, checked against the real
-2-GPU nsys export in ../shared/traces (read there, never copied) with independent SQL queries."""
+2-GPU nsys export the course ships (data/traces, trimmed) with independent SQL queries; where
+../shared/traces holds the originals, the shipped copies are checked against them."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from distlab.labs.timelines import nsys
+from distlab.labs.timelines import gpu_traces, nsys
 from distlab.checks import lab06
 
-SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nsys_2gpu_sendrecv.sqlite"
-needs_sample = pytest.mark.skipif(not SAMPLE.exists(),
-                                  reason=f"{SAMPLE} (a real nsys export) is not in this checkout")
+SAMPLE = nsys.SAMPLE   # the shipped, trimmed export
+ORIGINALS = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+needs_originals = pytest.mark.skipif(
+    not ORIGINALS.is_dir(), reason=f"{ORIGINALS} (the traces' originals, beside the checkout) "
+                                   f"is absent; the shipped copies are tested without it")
 
 
 def test_commands_profile_torchrun_then_stats_then_export():
@@ -52,7 +55,6 @@ def sample():
     return nsys.read_nsys(SAMPLE)
 
 
-@needs_sample
 def test_reader_counts_match_sql(sample):
     db = sqlite3.connect(SAMPLE)
     per_device = dict(db.execute("select deviceId, count(*) from CUPTI_ACTIVITY_KIND_KERNEL group by deviceId"))
@@ -70,7 +72,6 @@ def test_reader_counts_match_sql(sample):
     assert len([s for s in sample.spans if s.kind == "range"]) == ranges
 
 
-@needs_sample
 def test_reader_times_are_seconds_from_the_first_event(sample):
     db = sqlite3.connect(SAMPLE)
     lo, hi = db.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
@@ -83,7 +84,6 @@ def test_reader_times_are_seconds_from_the_first_event(sample):
     assert {"ncclSend", "ncclRecv", "ncclGroupStart"} <= nvtx_names
 
 
-@needs_sample
 def test_summary_uses_the_lab_measures(sample):
     rows = nsys.kernel_summary(sample)
     assert [r["rank"] for r in rows] == [0, 1]
@@ -98,7 +98,6 @@ def test_summary_uses_the_lab_measures(sample):
                       f"{r['comm_share']:.1%}"] for r in rows]
 
 
-@needs_sample
 def test_lab_falls_back_to_the_sample(monkeypatch, capsys):
     monkeypatch.setattr(nsys, "available", lambda nproc=2: (False, "no nsys in this test"))
     tl = nsys.timeline_for_lab()
@@ -117,15 +116,21 @@ def test_lab_reads_the_shipped_export_where_nsys_is_absent(monkeypatch, capsys):
     assert "No fresh nsys profile" in capsys.readouterr().out
 
 
-@needs_sample
+@needs_originals
 def test_trimmed_export_reads_exactly_as_the_original():
     def key(s):
         return (s.rank, s.kind, s.start, s.end, s.name)
-    assert sorted(nsys.read_nsys(SAMPLE).spans, key=key) == sorted(nsys.read_nsys(nsys.SAMPLE).spans, key=key)
+    original = ORIGINALS / gpu_traces.NSYS_2GPU
+    assert sorted(nsys.read_nsys(original).spans, key=key) == sorted(nsys.read_nsys(SAMPLE).spans, key=key)
+
+
+@needs_originals
+@pytest.mark.parametrize("name", [gpu_traces.KINETO_A100, "kineto_cpu_gloo_rank34.json.gz"])
+def test_shipped_kineto_traces_are_the_originals_unchanged(name):
+    assert gpu_traces.trace_path(name).read_bytes() == (ORIGINALS / name).read_bytes()
 
 
 def test_shipped_traces_carry_their_notice():
-    from distlab.labs.timelines import gpu_traces
     notice = (gpu_traces.folder() / "NOTICE.md").read_text()
     for name in (gpu_traces.KINETO_A100, gpu_traces.NSYS_2GPU):
         assert name in notice and gpu_traces.trace_path(name).exists()
@@ -133,7 +138,6 @@ def test_shipped_traces_carry_their_notice():
 
 
 def test_gpu_measures_equal_the_checks_references():
-    from distlab.labs.timelines import gpu_traces
     for timeline in (gpu_traces.a100_timeline(), gpu_traces.nsys_timeline()):
         for rank in range(timeline.world_size):
             window = gpu_traces.gpu_window(timeline, rank)
