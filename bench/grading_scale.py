@@ -1,6 +1,6 @@
 """Grading at course scale: wall time and throughput of ``distlab grade --jobs J`` on N students.
 
-    .venv/bin/python bench/grading_scale.py                        # 200 students x 7 labs, jobs 1 2
+    .venv/bin/python bench/grading_scale.py                        # 200 students x 9 labs, jobs 1 2
     .venv/bin/python bench/grading_scale.py --students 8 --labs 01_collectives --jobs 1 2
     .venv/bin/python bench/grading_scale.py --students 6 --labs 01_collectives  # Lab 1's samples
 
@@ -20,7 +20,7 @@ directory with ``python -m distlab.cli grade`` (as an instructor would run it) a
     load          the 1-minute load average when the row finished (other work on the machine
                   inflates the times: compare rows only at similar loads)
 
-then the wall time 200 students x 7 labs would take, extrapolated from the measured s/notebook,
+then the wall time 200 students x 9 labs would take, extrapolated from the measured s/notebook,
 and whether every --jobs value gave the same scores and statuses.
 """
 from __future__ import annotations
@@ -44,23 +44,60 @@ import submissions  # noqa: E402  (tests/submissions: the sample submissions, ma
 
 from distlab.course.notebooks import labs as course_labs  # noqa: E402
 
-COURSE = (200, 7)  # the course size the issue asks about: students x labs
+COURSE = (200, 9)  # a class: students x every lab of the course
 
 
-def samples(lab: str) -> list:
-    """Every sample submission of ``lab``: solution, untouched, then its special cases."""
-    nbs = [submissions.solved(lab), submissions.student(lab)]
-    return nbs + [nb for (_, l), (nb, _) in submissions.special_samples().items() if l == lab]
+def samples(lab: str) -> list[tuple[str, object]]:
+    """Every sample submission of ``lab``, named: solution, untouched, then its special cases."""
+    nbs = [("solution", submissions.solved(lab)), ("untouched", submissions.student(lab))]
+    return nbs + [(name, nb) for (name, l), (nb, _) in submissions.special_samples().items()
+                  if l == lab]
 
 
-def write_students(folder: Path, students: int, labs: list[str]) -> int:
+def write_students(folder: Path, students: int, labs: list[str]) -> dict:
     """``students`` students, each handing in every lab: student i gets sample i (mod the lab's
-    count). Returns the number of notebooks."""
+    count). Returns {(student, lab): the sample's name}."""
     pool = {lab: samples(lab) for lab in labs}
+    written = {}
     for i in range(students):
         for lab in labs:
-            submissions.write(pool[lab][i % len(pool[lab])], folder, f"s{i:03d}", lab)
-    return students * len(labs)
+            name, nb = pool[lab][i % len(pool[lab])]
+            submissions.write(nb, folder, f"s{i:03d}", lab)
+            written[(f"s{i:03d}", lab)] = name
+    return written
+
+
+def notebook_costs(work: Path, written: dict) -> list[dict]:
+    """Each notebook's sample, seconds and CPU seconds (what the worker measured over its lab:
+    itself, its kernel, its judge's zygotes and ranks), from the run's records."""
+    rows = []
+    for path in sorted((work / "results").glob("*.json")):
+        record = json.loads(path.read_text())
+        for lab, entry in record["labs"].items():
+            rows.append({"student": record["student"], "lab": lab,
+                         "sample": written.get((record["student"], lab), "?"),
+                         "statuses": " ".join(sorted(set(entry["row"]["tests"].values()))),
+                         "seconds": entry["seconds"], "cpu_seconds": entry.get("cpu_seconds")})
+    return rows
+
+
+def keep_costs(rows: list[dict], path: Path) -> None:
+    """Write the notebooks' costs as CSV, and print the CPU seconds per kind of sample: which
+    samples (answers, blanks, hangs, crashes) spend a run's CPU."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    kinds: dict[str, list[dict]] = {}
+    for row in rows:
+        kinds.setdefault(row["sample"], []).append(row)
+    print(f"\nPer sample (each notebook's in {path.name}):\n\n"
+          f"| sample | notebooks | wall s/nb | CPU s/nb | CPU s |\n|---|---:|---:|---:|---:|")
+    for kind, group in sorted(kinds.items(), key=lambda kv: -sum(r["cpu_seconds"] or 0
+                                                                  for r in kv[1])):
+        cpu = sum(r["cpu_seconds"] or 0 for r in group)
+        print(f"| {kind} | {len(group)} | {sum(r['seconds'] for r in group) / len(group):.1f} | "
+              f"{cpu / len(group):.1f} | {cpu:.0f} |")
 
 
 def grade(folder: Path, work: Path, jobs: int, extra: list[str]) -> tuple[float, float, Path]:
@@ -126,15 +163,18 @@ def main() -> None:
                              "costs the rank timeout)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="copy each run's scores CSV (scores-jobsJ.csv), feedback "
-                             "(feedback-jobsJ/) and workers' logs (logs-jobsJ/) here, to compare "
-                             "runs and read why a grade differed")
+                             "(feedback-jobsJ/), workers' logs (logs-jobsJ/) and each notebook's "
+                             "sample, seconds and CPU seconds (notebooks-jobsJ.csv, summed per "
+                             "sample on the terminal) here, to compare runs and read why a grade "
+                             "differed or where the CPU went")
     args = parser.parse_args()
     from distlab.grading.sandbox import become_subreaper
     become_subreaper()   # orphans come back here to be reaped, and counted (_reap_orphans)
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
     with tempfile.TemporaryDirectory(prefix="gs-") as tmp:  # short: sockets live under it
         folder = Path(tmp) / "submitted"
-        notebooks = write_students(folder, args.students, args.labs)
+        written = write_students(folder, args.students, args.labs)
+        notebooks = len(written)
         print(f"{args.students} students x {len(args.labs)} labs = {notebooks} notebooks; "
               f"{os.cpu_count()} CPUs; load average before: {os.getloadavg()[0]:.1f}; "
               f"distlab grade {' '.join(args.grade_args.split())}\n")
@@ -156,6 +196,7 @@ def main() -> None:
                     target = args.keep / f"logs-jobs{jobs}" / f"{log.parent.name}.log"
                     target.parent.mkdir(exist_ok=True)
                     shutil.copy(log, target)
+                costs = notebook_costs(work, written)
             print(f"| {args.students} | {notebooks} | {jobs} | {seconds:.0f} | "
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
@@ -163,6 +204,8 @@ def main() -> None:
             course = seconds / notebooks * COURSE[0] * COURSE[1]
             print(f"|  | {COURSE[0]} x {COURSE[1]} labs, extrapolated |  | "
                   f"{course:.0f} ({course / 3600:.1f} h) |  |  |  |  |  |  |", flush=True)
+            if args.keep:
+                keep_costs(costs, args.keep / f"notebooks-jobs{jobs}.csv")
         print(f"\nload average after: {os.getloadavg()[0]:.1f}; same scores and statuses at every "
               f"--jobs: {'yes' if all(s == scores[0] for s in scores) else 'NO'}")
 

@@ -17,7 +17,8 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 
 from distlab.grading.execution import GradedExecute
-from distlab.grading.nbgrader_plugins import FeedbackWithoutHiddenTests, StderrAsStdout
+from distlab.grading.nbgrader_plugins import (FeedbackWithoutHiddenTests, StderrAsStdout,
+                                              TeachingOutputsFromSubmission)
 
 REPO = Path(__file__).resolve().parents[1]
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
@@ -49,5 +50,7 @@ c.Autograde.autograde_preprocessors = [
     GradedExecute, StderrAsStdout, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
     SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
 ]
-# Feedback shows every test's result and message, never a hidden test's code.
-c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests, CSSHTMLHeaderPreprocessor]
+# Feedback shows every test's result and message, never a hidden test's code; the teaching cells
+# the grader skips show the outputs of the student's own submitted notebook, marked as such.
+c.GenerateFeedback.preprocessors = [GetGrades, FeedbackWithoutHiddenTests,
+                                    TeachingOutputsFromSubmission, CSSHTMLHeaderPreprocessor]

@@ -5,6 +5,12 @@ The node declares 16 CPUs and 64 GiB (``SlurmdParameters=config_overrides``: Slu
 configuration, not the 2-core machine), because the course's ``grader/slurm/*.sbatch`` ask for
 8 CPUs and 32 GiB per task; two of the array's tasks then run at once. Clients (sbatch, squeue, scontrol)
 find the cluster through ``SLURM_CONF`` in ``Cluster.env``.
+
+``Cluster(root, nodes=2)`` starts two slurmd daemons on this one host, each a node of its own
+(``node1``, ``node2``: distinct names, ports, spool folders and logs; ``NodeHostname=localhost``),
+so a job of ``--nodes=2`` gets ``SLURM_NNODES=2`` and one task per node, as on a real cluster
+(Debian's packaged ``slurm-wlm``, 22.05, runs several slurmd on one host this way; tests that use
+it say so).
 """
 from __future__ import annotations
 
@@ -44,9 +50,13 @@ MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=3600
-NodeName=localhost CPUs=16 RealMemory=65536 State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
 """
+ONE_NODE = "NodeName=localhost CPUs=16 RealMemory=65536 State=UNKNOWN"
+# One of several nodes on this host: slurmd -N NAME reads its own line (its port; %n in the
+# spool, pid and log paths is the node's name).
+NODE = "NodeName={name} NodeHostname=localhost Port={port} CPUs=16 RealMemory=65536 State=UNKNOWN"
 
 
 def missing() -> str | None:
@@ -74,8 +84,11 @@ def _exe(name: str) -> str:
 class Cluster:
     """``with Cluster(tmp) as cluster:`` a running cluster; ``cluster.env`` for its clients."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, nodes: int = 1):
         self.root = Path(root)
+        self.nodes = nodes
+        # One node is named after its host; several are node1, node2, ... on this one host.
+        self.node_names = ["localhost"] if nodes == 1 else [f"node{i + 1}" for i in range(nodes)]
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, SLURM_CONF=str(self.root / "slurm.conf"))
 
@@ -97,8 +110,17 @@ class Cluster:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        (self.root / "slurm.conf").write_text(CONF.format(
-            root=self.root, user="root", ctld_port=_free_port(), d_port=_free_port()))
+        conf_text = CONF.format(root=self.root, user="root", ctld_port=_free_port(),
+                                d_port=_free_port(), node_names=",".join(self.node_names),
+                                nodes=ONE_NODE if self.nodes == 1 else "\n".join(
+                                    NODE.format(name=n, port=_free_port())
+                                    for n in self.node_names))
+        if self.nodes > 1:   # each slurmd its own spool folder, pid file and log
+            conf_text = conf_text.replace(f"{self.root}/spool", f"{self.root}/spool/%n") \
+                .replace("slurmd.pid", "slurmd-%n.pid").replace("slurmd.log", "slurmd-%n.log")
+            for name in self.node_names:
+                (self.root / "spool" / name).mkdir(parents=True, exist_ok=True)
+        (self.root / "slurm.conf").write_text(conf_text)
         munge = self.root / "munge"
         self._spawn([_exe("munged"), "-F", "-f", f"--key-file={key}",
                      f"--socket={munge / 'munge.sock'}", f"--pid-file={munge / 'munged.pid'}",
@@ -107,8 +129,11 @@ class Cluster:
         conf = str(self.root / "slurm.conf")
         self._spawn([_exe("slurmctld"), "-D", "-i", "-f", conf], "slurmctld")
         self._wait(self._controller_answers, "slurmctld to answer")
-        self._spawn([_exe("slurmd"), "-D", "-N", "localhost", "-f", conf], "slurmd")
-        self._wait(self._node_idle, "the node to register as idle")
+        for name in self.node_names:
+            self._spawn([_exe("slurmd"), "-D", "-N", name, "-f", conf],
+                        "slurmd" if self.nodes == 1 else f"slurmd-{name}")
+        self._wait(self._node_idle, "the node to register as idle" if self.nodes == 1
+                   else f"{self.nodes} nodes to register as idle")
 
     def _spawn(self, argv: list[str], name: str) -> None:
         log = open(self.root / "log" / f"{name}.out", "wb")
@@ -119,8 +144,10 @@ class Cluster:
         return self.run(["scontrol", "ping"], check=False).returncode == 0
 
     def _node_idle(self) -> bool:
-        out = self.run(["sinfo", "-h", "-o", "%t"], check=False).stdout
-        return out.strip() in ("idle", "mix", "alloc")
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+        return sorted(states) == sorted(self.node_names) and all(
+            state in ("idle", "mix", "alloc") for state in states.values())
 
     def _wait(self, ready, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

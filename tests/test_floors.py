@@ -1,6 +1,9 @@
 """The package's floors: each imports only those below it, and no module imports itself back.
 
-    cli -> course -> grading -> checks -> labs -> runtime -> paths
+    cli -> course -> grading -> cluster -> checks -> labs -> runtime -> paths
+
+(``cluster``, the programs a student takes to a cluster, imports checks, labs and runtime;
+nothing imports it.)
 
 A failure names the file, the line and the import to move.
 """
@@ -12,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distlab"
-FLOORS = ["paths", "runtime", "labs", "checks", "grading", "course", "cli"]
+FLOORS = ["paths", "runtime", "labs", "checks", "cluster", "grading", "course", "cli"]
 MAX_LINES = 400
 
 

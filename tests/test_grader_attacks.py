@@ -135,3 +135,11 @@ def test_writes_outside_the_folder_are_refused(attacked):
 def test_the_course_s_own_solution_is_out_of_a_submission_s_reach(attacked):
     # Its lab source, the git history and the grader's source notebooks all hold the answers.
     assert "copied from: []" in _feedback(attacked["rows"]["copies_solution"])
+
+
+def test_the_kernel_and_the_ranks_hold_no_answer_to_their_lab(attacked):
+    # Both import Lab 1's student package, and neither was forked from a process that holds
+    # the instructor's: no function of Lab 1's answers is anywhere in their memory.
+    text = _feedback(attacked["rows"]["seeks_answers"])
+    assert "answers held in the kernel: []" in text
+    assert "answers held on the rank: []" in text and "answers held on the rank: ['" not in text

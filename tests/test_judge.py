@@ -191,3 +191,37 @@ def test_the_judge_and_the_scoring_give_an_outcome_one_status():
         assert status_of_exception(exc) == status == status_of_cell(cell, 0, 1)[0], exc
     passed = nbformat.v4.new_code_cell("check_x(f)")
     assert status_of_cell(passed, 1, 1) == ("pass", "")
+
+
+def _double(rank, world_size, x):
+    return 2 * x
+
+
+class _Recorder:
+    """A launcher that records the runs it gets."""
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, fn, world_size, *args, **kwargs):
+        self.runs.append(args)
+        return ["ran"]
+
+    def close(self):
+        pass
+
+
+def test_runs_that_carry_student_code_go_to_the_student_s_ranks_and_the_rest_to_references():
+    submitted = judge.Submitted(b"not unpickled here", "fn")
+    assert judge.carries_submitted((_double, (submitted,), {}))
+    assert judge.carries_submitted((_double, ([{"deep": submitted}],), {}))
+    assert not judge.carries_submitted((_double, (3,), {}))
+    student, reference = _Recorder(), _Recorder()
+    ranks = judge.Ranks(student, reference_settings=None)
+    ranks.reference = reference
+    import distlab
+    with ranks.active():
+        distlab.run(_double, 1, submitted)
+        distlab.run(_double, 1, 3)
+    assert [len(student.runs), len(reference.runs)] == [1, 1]
+    assert reference.runs == [(3,)] and student.runs[0][0] is submitted

@@ -104,6 +104,7 @@ def test_bandwidths_check():
 
 def test_bus_factor_comes_from_the_rings_own_record():
     lab01.check_bus_factor(lab01.reference_bus_factor, ring)
+    lab01.check_bus_factor(lab01.reference_bus_factor, ring, world_sizes=(3, 4), seed=3)
 
     def from_the_table(comms, nbytes):
         # 2(n-1)/n looked up from the number of messages: right for a ring, for nothing else
@@ -111,6 +112,17 @@ def test_bus_factor_comes_from_the_rings_own_record():
         return 2 * (n - 1) / n
     with pytest.raises(CheckFailed, match="record"):
         lab01.check_bus_factor(from_the_table, ring)
+    with pytest.raises(CheckFailed, match="record"):
+        lab01.check_bus_factor(from_the_table, ring, seed=3)
+
+
+def test_bus_factor_visible_test_needs_no_reference_implementation(monkeypatch):
+    """The visible path compares with the stored factors (a handout withholds the reference)."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld in the handout")
+    monkeypatch.setattr(lab01, "reference_bus_factor", withheld)
+    lab01.check_bus_factor(lambda comms, nbytes: sum(
+        c.bytes for c in comms if c.op in ("send", "isend")) / nbytes, ring)
 
 
 def test_sweep_runs_5_warmup_and_20_timed_iterations_per_size():
@@ -195,6 +207,6 @@ def test_draw_and_sweep_plots():
 def test_bus_factor_check_builds_a_ring_record_when_the_ring_does_not_run():
     def unanswered(tensor):
         raise NotImplementedError
-    lab01.check_bus_factor(lab01.reference_bus_factor, unanswered)
+    lab01.check_bus_factor(lab01.reference_bus_factor, unanswered, seed=5)
     record = lab01._ring_records(4, 1030)
     assert lab01.reference_bus_factor(record, 1030 * 4) == pytest.approx(2 * 3 / 4, rel=1e-2)

@@ -13,8 +13,9 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab02
-from distlab.labs.data_parallel import (Setup, flat, gradient_average_demo, loss_fn,
-                                   optimizer_state_bytes, reference_training, shard_bounds)
+from distlab.labs.data_parallel import (Setup, flat, format_gradient_average, gradient_average,
+                                        gradient_average_demo, loss_fn, optimizer_state_bytes,
+                                        reference_training, shard_bounds)
 
 SOURCE = Path(__file__).resolve().parents[1] / "solutions/02_data_parallel/02_data_parallel.py"
 
@@ -43,6 +44,21 @@ def test_mean_of_shard_gradients_is_full_batch_gradient():
     mean_err = float(table.splitlines()[-2].split()[-1])
     sum_err = float(table.splitlines()[-1].split()[-1])
     assert mean_err < 1e-14 and sum_err > 1e-2
+
+
+def test_ddp_equals_the_stored_single_process_run():
+    """The lab's DDP comparison reads the visible tests' stored reference (no reference_training
+    in a handout); DDP's parameters equal it to float64 rounding."""
+    from distlab.labs.data_parallel import compare_with_ddp
+    text = compare_with_ddp(world_size=2, bucket_bytes=8192)
+    diffs = [float(line.rsplit("= ", 1)[1]) for line in text.splitlines() if "max |DDP" in line]
+    assert len(diffs) == 2 and max(diffs) < 1e-12
+
+
+def test_the_labs_gradient_average_table_is_the_stored_one():
+    """A Lab 2 handout has no gradient_average: the lab's case prints the stored numbers, which
+    are what the course's computation gives (test_references_reproducible keeps them so)."""
+    assert gradient_average_demo(world_size=4) == format_gradient_average(gradient_average(4))
 
 
 def test_reference_training_learns_and_is_deterministic():
@@ -97,6 +113,17 @@ def test_solution_passes_every_check(solution):
                                     world_size=4, seed=12, d_hidden=40)
     lab02.check_overlapped_all_reduce(solution["OverlappedAllReduce"], world_size=4, seed=13)
     lab02.check_sharded_adamw(solution["ShardedAdamW"], world_size=4, seed=14, d_hidden=50)
+
+
+def test_visible_checks_need_no_reference_implementation(solution, monkeypatch):
+    """A handout has no reference_training: the visible path reads data/ only."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld in the handout")
+    monkeypatch.setattr(lab02, "reference_training", withheld)
+    lab02.check_sharded_adamw(solution["ShardedAdamW"], world_size=2)
+    lab02.check_data_parallel_step(solution["data_parallel_step"], world_size=2)
+    with pytest.raises(ValueError, match="pass a seed"):
+        lab02.check_data_parallel_step(solution["data_parallel_step"], d_hidden=48)
 
 
 def test_missing_average_fails_the_gradient_checks():
@@ -190,8 +217,38 @@ def test_zero1_pattern_check_fails_each_communication_mistake(mistake):
 
 
 def test_cpu_overlap_figure_is_shown_beside_the_gpu_trace():
-    from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
-    text = overlap_beside_cpu([{"strategy": "naive", "ms_per_step": 30.0},
-                               {"strategy": "overlapped", "ms_per_step": 43.0}])
+    from distlab.labs.data_parallel import overlap_beside_gpu
+    from distlab.labs.timelines.gpu_traces import a100_timeline, measures
+    rows = [{"strategy": "naive", "ms_per_step": 30.0},
+            {"strategy": "overlapped", "ms_per_step": 43.0}]
+    text = overlap_beside_gpu(rows)
     assert "naive 30.0 ms/step, overlapped 43.0 ms/step" in text
     assert "A100" in text and "overlapped by compute kernels" in text
+    # The stored measures (a Lab 2 handout has no trace readers) are the trace's, read now.
+    assert f"{measures(a100_timeline(), 0)['overlap']:.1%} of it overlapped" in text
+
+
+# ----------------------------------------------------------------------------- the prediction
+
+
+def test_state_bytes_prediction_matches_the_measurement_and_catches_mistakes():
+    """The formula the prediction is graded against is the measured state of the lab's
+    ShardedAdamW and of AdamW on the benchmark model; a planted mistake fails only this check."""
+    from distlab.checks import lab02_prediction
+    from distlab.course.solutions import solution_functions
+    from distlab.labs.data_parallel import BENCH_SETUP
+    from distlab.labs.data_parallel.memory import optimizer_memory
+    f = solution_functions(lab02.LAB, ("predict_state_bytes", "ShardedAdamW"))
+    lab02.check_predicted_state_bytes(f["predict_state_bytes"])
+    lab02.check_predicted_state_bytes(f["predict_state_bytes"], seed=4)
+    sizes = [p.numel() for p in BENCH_SETUP.model().parameters()]
+    assert (sum(sizes), len(sizes)) == lab02_prediction.BENCH
+    for row in optimizer_memory(f["ShardedAdamW"], world_sizes=(2, 4))[1:]:
+        w = row["world_size"]
+        assert row["zero1"] == lab02_prediction._state_bytes(sum(sizes), len(sizes), w, True)
+        assert row["adamw"] == lab02_prediction._state_bytes(sum(sizes), len(sizes), w, False)
+
+    def no_step_counters(numel, num_tensors, world_size, sharded):
+        return 8 * (math.ceil(numel / world_size) if sharded else numel)
+    with pytest.raises(CheckFailed, match="a 0-d float32 step is 4 bytes"):
+        lab02.check_predicted_state_bytes(no_step_counters)

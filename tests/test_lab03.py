@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distlab.labs import tensor_parallel as tp
+from distlab.labs.tensor_parallel import demos
 from distlab.labs.activation_memory import ActivationMeter
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab03
@@ -168,6 +169,10 @@ def test_sequence_parallel_saves_activation_memory():
     rows = tp.compare_activation_memory(None, world_size=2, batch=2, seq=16, hidden=16, ffn=64)
     kib = {r["variant"]: float(r["saved KiB per rank"]) for r in rows}
     assert kib["sequence parallel"] < kib["tensor parallel"] < kib["dense (one device)"]
+    # The lab passes the student's TP MLP: the same block around it keeps the same bytes.
+    mine = tp.compare_activation_memory(None, tp.TensorParallelMLP, world_size=2, batch=2, seq=16,
+                                        hidden=16, ffn=64)
+    assert mine == rows
 
 
 def test_saved_activations_counts_a_linear_input_once():
@@ -202,3 +207,46 @@ def test_dtensor_matches_hand_written_and_formula(kind, capsys):
         for side in ("hand-written (out.comms)", "DTensor (CommDebugMode)"):
             if row[side] != "-":
                 assert row[side].endswith(f" {nbytes['forward'][next(iter(nbytes['forward']))]} B")
+
+
+def test_dtensor_comparison_reads_the_stored_run_of_the_labs_case_and_runs_any_other(capsys):
+    """A handout has no DTensor plans: the lab's case shows the course's stored DTensor run
+    (equal to a fresh one: test_references_reproducible); another case runs DTensor now."""
+    stored = demos.stored_dtensor_run("swiglu")
+    assert [(r["phase"], r["op"], r["shape"], r["bytes"]) for r in stored["records"]] == \
+        [("forward", "all_reduce", (2, 8, 16), 1024)] + [("backward", "all_reduce", (2, 8, 16), 1024)] * 2
+    tp.compare_with_dtensor(tp.TensorParallelSwiGLU, "swiglu", world_size=2)
+    assert "the course's stored run" in capsys.readouterr().out
+    rows = tp.compare_with_dtensor(tp.TensorParallelMLP, "mlp", world_size=2, batch=1, seq=4)
+    printed = capsys.readouterr().out
+    assert "stored" not in printed and float(printed.split("output ")[1].split(",")[0]) < 1e-5
+    assert rows[0]["DTensor (CommDebugMode)"] == "all_reduce [1, 4, 16] 256 B"
+
+
+# ----------------------------------------------------------------------------- the prediction
+
+
+def test_ring_bytes_prediction_passes_and_planted_mistakes_fail():
+    from distlab.checks import lab03_prediction
+    from distlab.course.solutions import solution_functions
+    from distlab.labs.tensor_parallel import mlp_comm_record
+    f = solution_functions(lab03.LAB, ("predict_ring_bytes", "TensorParallelMLP"))
+    lab03.check_predicted_ring_bytes(f["predict_ring_bytes"])
+    lab03.check_predicted_ring_bytes(f["predict_ring_bytes"], seed=6)
+    # the formula's messages are the ones the lab's TensorParallelMLP issues
+    n = 2 * 8 * 16 * 4
+    assert mlp_comm_record(f["TensorParallelMLP"]) == {"forward": [("all_reduce", n)],
+                                                       "backward": [("all_reduce", n)]}
+    assert lab03_prediction._expected(2, 8, 16, 2, "tp") == [n, n]     # 2(p-1)/p = 1 at p = 2
+
+    def message_bytes(batch, seq, hidden, world_size, variant):     # forgot the ring share
+        n = batch * seq * hidden * 4
+        return {"forward": n, "backward": n}
+    # at p = 2 a ring all-reduce sends the whole message: the first miss is SP's backward
+    with pytest.raises(CheckFailed, match=r"variant='sp'\)\['backward'\] = 1024, the formula gives 1536"):
+        lab03.check_predicted_ring_bytes(message_bytes)
+
+    def sp_like_tp(batch, seq, hidden, world_size, variant):        # forgot the extra all-gather
+        return f["predict_ring_bytes"](batch, seq, hidden, world_size, "tp")
+    with pytest.raises(CheckFailed, match="all-gathers fc1's input once more"):
+        lab03.check_predicted_ring_bytes(sp_like_tp)

@@ -269,6 +269,41 @@ def test_tp_scaling_check_passes_the_formulas_and_rejects_mistakes():
         lab04.check_tp_scaling(ts.reference_predicted_step, speedup)
 
 
+def test_tp_scaling_visible_check_needs_no_formula_of_the_course(monkeypatch):
+    """A handout has no reference formulas: the visible check reads the stored values, which
+    are the formulas' on the visible cases; the hidden one computes them (in the judge)."""
+    from distlab.checks import lab04, lab04_scaling
+    from distlab.checks.stored import load
+    from distlab.labs import tp_scaling as ts
+    predict, efficiency = ts.reference_predicted_step, ts.reference_strong_scaling_efficiency
+    stored = load(lab04.LAB, "scaling")
+    fresh = lab04_scaling.reference_set()
+    assert all(torch.equal(stored[k], fresh[k]) for k in ("predicted", "efficiency", "all_reduce"))
+
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("not in the handout")
+    for name in ("reference_predicted_step", "reference_strong_scaling_efficiency",
+                 "ring_all_reduce_time"):
+        monkeypatch.setattr(lab04_scaling, name, withheld)
+    lab04.check_tp_scaling(predict, efficiency)
+    with pytest.raises(NotImplementedError):
+        lab04.check_tp_scaling(predict, efficiency, seed=9)
+
+
+def test_scaling_table_times_the_block_it_is_given(capsys):
+    """The lab times the student's block (a handout has no course block): a class that counts
+    its instances shows it ran, on the ranks of N = 2 only (N = 1 is the dense block)."""
+    rows = att.scaling_table(world_sizes=(1, 2), batch=1, seq=8, hidden=16, n_heads=2,
+                             n_kv_heads=2, steps=1, warmup=0, block_cls=_CountingBlock)
+    assert [r["ranks"] for r in rows] == [1, 2] and "built on rank" in capsys.readouterr().out
+
+
+class _CountingBlock(att.TensorParallelTransformerBlock):
+    def __init__(self, dense, group=None):
+        super().__init__(dense, group)
+        print(f"built on rank {torch.distributed.get_rank()}")
+
+
 def test_ring_model_of_the_prediction_grows_with_n():
     from distlab.labs import tp_scaling as ts
     one = ts.reference_predicted_step(1.0, 1, 1e-5, 1e9, 4, 64, 128)

@@ -16,7 +16,7 @@ from distlab.checks.stored import load as load_stored
 from distlab.course.solutions import solution_functions
 from distlab.labs.pipeline import (SCHEDULES, PipeSpec, TimedStage, measured_bubble, library_step,
                               loss_fn, partition_layers, peak_in_flight, reference_step,
-                              run_schedules, schedule_order, simulate, stage_layers,
+                              run_schedules, schedule_order, schedule_table, simulate, stage_layers,
                               theoretical_bubble)
 
 
@@ -135,6 +135,74 @@ def test_all_schedules_and_the_library_agree(sol):
     assert runs["GPipe"].in_flight == runs["torch GPipe"].in_flight == {0: 4, 1: 4}
     assert runs["1F1B"].in_flight == runs["torch 1F1B"].in_flight == {0: 2, 1: 1}
     assert runs["1F1B"].activation_bytes[0] < runs["GPipe"].activation_bytes[0]
+
+
+def _withhold(monkeypatch, *targets):
+    """Make the course objects ``(module, name)`` raise, as their stubs do in a handout."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("not in the handout")
+    for module, name in targets:
+        monkeypatch.setattr(module, name, withheld)
+
+
+def test_visible_checks_need_no_answer_of_the_course(sol, monkeypatch):
+    """In a handout the visible tests read the stored partitions and gradients, and the ranks get
+    their stage's layers as data: no partition_layers, reference step or library there. The hidden
+    path computes them (in the judge, which has them)."""
+    import distlab.labs.pipeline.model as model
+    import distlab.labs.pipeline.runs as runs_module
+    _withhold(monkeypatch, (lab05, "partition_layers"), (lab05, "reference_step"),
+              (lab05, "_reference"), (model, "partition_layers"), (model, "reference_step"),
+              (runs_module, "partition_layers"), (runs_module, "reference_step"))
+    lab05.check_partition(sol["partition"])
+    lab05.check_naive(sol["naive_step"], world_size=2)
+    lab05.check_gpipe(sol["gpipe_step"], world_size=4, num_microbatches=2)
+    with pytest.raises(NotImplementedError):
+        lab05.check_partition(sol["partition"], seed=5)
+    with pytest.raises(NotImplementedError):
+        lab05.check_naive(sol["naive_step"], world_size=2, seed=5)
+
+
+def test_stages_follow_the_bounds_they_are_given(sol):
+    spec = PipeSpec(num_layers=5, hidden=8, batch=4, seed=2)
+    layers = stage_layers(spec.model(), 1, 2, [(0, 1), (1, 5)])
+    assert list(layers._modules) == ["1", "2", "3", "4"]
+    run = run_schedules({"naive": (sol["naive_step"], None)}, 2, spec, bounds=[(0, 1), (1, 5)])["naive"]
+    assert [sorted(g) for g in run.grads] == [["0.lin.bias", "0.lin.weight"],
+                                              sorted(f"{i}.lin.{p}" for i in range(1, 5)
+                                                     for p in ("bias", "weight"))]
+    for bad in ([(0, 2), (3, 5)], [(0, 5)], [(0, 0), (0, 5)], "0-5"):
+        with pytest.raises(ValueError, match="bounds="):
+            run_schedules({"naive": (sol["naive_step"], None)}, 2, spec, bounds=bad)
+
+
+def test_stored_library_runs_are_the_librarys_schedules():
+    """The lab shows torch.distributed.pipelining's runs as recorded (a handout has no
+    library_step): GPipe holds all m microbatches, 1F1B p - s; both send the whole batch once
+    and match the single-process gradients."""
+    runs = lab05.stored_library_runs()
+    spec = lab05.MEASURED
+    assert list(runs) == ["torch GPipe", "torch 1F1B"]
+    assert runs["torch GPipe"].in_flight == {0: 4, 1: 4} and runs["torch 1F1B"].in_flight == {0: 2, 1: 1}
+    for run in runs.values():
+        assert run.sent_bytes[0] == spec.batch * spec.hidden * 4
+        assert run.grad_error < 1e-4 and 0 < run.bubble < 1
+        assert sorted((e.kind, e.mb) for e in run.events if e.rank == 0) == sorted(
+            [("F", i) for i in range(4)] + [("B", i) for i in range(4)])
+    table = schedule_table(runs)
+    assert "torch 1F1B" in table and "max |dgrad|" not in table
+
+
+def test_schedule_table_measures_gradients_against_a_run_of_its_own(sol):
+    spec = PipeSpec(num_layers=4, hidden=16, batch=8, seed=3)
+    runs = run_schedules({"naive": (sol["naive_step"], None), "GPipe": (sol["gpipe_step"], 4)},
+                         2, spec)
+    runs |= lab05.stored_library_runs()
+    rows = {line.split()[0] + line.split()[1]: line for line in
+            schedule_table(runs, baseline="naive").splitlines()[2:]}
+    assert float(rows["naive2"].split()[-1]) == 0.0
+    assert float(rows["GPipe2"].split()[-1]) < 1e-5
+    assert rows["torch1F1B"].split()[-1] == f"{runs['torch 1F1B'].grad_error:.1e}"   # as recorded
 
 
 def gpipe_unscaled(rank, world_size, stage, x, target, num_microbatches):
@@ -285,3 +353,73 @@ def test_every_stage_idles_p_minus_1_forward_and_backward_slots(p, m):
         assert idle == {s: pytest.approx(3 * (p - 1)) for s in range(p)}   # not 2(p - 1)
     assert step_share_from_compute_ratio(bubble_of_compute(p, m)) == pytest.approx(bubble_of_step(p, m))
     assert bubble_of_step(p, m) == pytest.approx(theoretical_bubble(p, m))
+
+
+# ----------------------------------------------------------------------------- prediction, design
+
+
+def _budget_with_warmups(warmups: str):
+    """The lab's budget_step with another number of warm-up forwards (a textual edit)."""
+    from distlab.grading.course_dir import source_notebook
+    old = "warmup = min(max_in_flight - 1, world_size - rank - 1, m)"
+    namespace = {"__name__": "lab05_mutant"}
+    cells = [c.source for c in source_notebook(lab05.LAB).cells
+             if c.cell_type == "code" and (c.metadata.get("nbgrader", {}).get("solution")
+                                           or c.metadata.get("nbgrader", {}).get("grade_id") == "imports")]
+    assert any(old in c for c in cells), "the edit did not apply: the solution changed"
+    for source in cells:
+        exec(source.replace(old, f"warmup = {warmups}"), namespace)
+    return namespace["budget_step"]
+
+
+def test_the_design_exercise_and_the_prediction_pass_with_the_solution(sol):
+    from distlab.checks import lab05_design
+    f = solution_functions(lab05.LAB, ("budget_step", "predict_sent_bytes"))
+    lab05.check_predicted_traffic(f["predict_sent_bytes"])
+    lab05.check_predicted_traffic(f["predict_sent_bytes"], seed=12)
+    line = lab05.check_memory_budget(f["budget_step"], world_size=4, num_microbatches=8,
+                                     max_in_flight=2)
+    assert "in flight per stage 2/2/2/1" in line
+    lab05.check_memory_budget(f["budget_step"], world_size=2, num_microbatches=4,
+                              max_in_flight=1, seed=5)
+    stored = load_stored(lab05.LAB, "design")
+    for p, m, k in lab05_design.DESIGN_CASES:      # the stored budgets are the code's
+        assert stored[f"budget.p{p}_m{m}_k{k}"].item() == pytest.approx(lab05_design._budget(p, m, k))
+    # the budget sits between 1F1B's bubble (no cap) and one microbatch at a time
+    assert theoretical_bubble(4, 8) < lab05_design._budget(4, 8, 2) < lab05_design._budget(4, 8, 1)
+    assert lab05_design._budget(4, 8, 4) == pytest.approx(theoretical_bubble(4, 8))
+
+
+def test_planted_uncapped_1f1b_loses_only_the_design_test():
+    # A plain 1F1B handed in as budget_step: a correct Exercise 4, over the memory budget.
+    uncapped = _budget_with_warmups("min(world_size - rank - 1, m)")
+    lab05.check_1f1b(_1f1b_with_warmups("min(world_size - rank - 1, m)"), world_size=4,
+                     num_microbatches=8)
+    with pytest.raises(CheckFailed, match=r"stage 0 \(rank 0\) held the activations of 4 "
+                                          r"microbatches.*max_in_flight = 2"):
+        lab05.check_memory_budget(uncapped, world_size=4, num_microbatches=8, max_in_flight=2)
+
+
+def test_design_check_rejects_one_microbatch_at_a_time():
+    # Within the memory budget, but it idles more than the budget allows; the message says how much.
+    one_at_a_time = _budget_with_warmups("0")
+    with pytest.raises(CheckFailed, match=r"idles 0\.750 of the step; the budget .* is 0\.652"):
+        lab05.check_memory_budget(one_at_a_time, world_size=4, num_microbatches=8,
+                                  max_in_flight=2)
+
+
+def test_prediction_check_names_the_microbatch_mistake():
+    def per_message_times_m(rank, world_size, batch, hidden, num_microbatches):
+        return batch * hidden * 4 * num_microbatches * ((rank < world_size - 1) + (rank > 0))
+    with pytest.raises(CheckFailed, match="how many messages go, not how many bytes"):
+        lab05.check_predicted_traffic(per_message_times_m)
+
+
+def test_visible_design_checks_need_no_answer_of_the_course(monkeypatch):
+    from distlab.checks import lab05_design
+    _withhold(monkeypatch, (lab05_design, "_capped_order"), (lab05_design, "_boundary_bytes"))
+    f = solution_functions(lab05.LAB, ("budget_step", "predict_sent_bytes"))
+    lab05.check_predicted_traffic(f["predict_sent_bytes"])
+    lab05.check_memory_budget(f["budget_step"], world_size=4, num_microbatches=4, max_in_flight=3)
+    with pytest.raises(NotImplementedError):
+        lab05.check_predicted_traffic(f["predict_sent_bytes"], seed=3)

@@ -160,6 +160,58 @@ def test_solution_passes_every_check():
     lab06.check_overlap_fraction(_solution("overlap_fraction"))
 
 
+def test_visible_checks_need_no_answer_of_the_course(monkeypatch):
+    """A handout has none of the references (nor the interval arithmetic they use): the visible
+    checks compare with the stored values; the hidden ones compute them (in the judge)."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("not in the handout")
+    for name in ("reference_collectives", "reference_comm_share", "reference_exposed_comm",
+                 "reference_overlap_fraction", "reference_classify", "reference_gpu_answers",
+                 "_intervals", "clip", "length", "minus", "union"):
+        monkeypatch.setattr(lab06, name, withheld)
+    lab06.check_collective_events(_solution("collective_events"))
+    lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"))
+    lab06.check_classify(_solution("classify"))
+    lab06.check_overlap_fraction(_solution("overlap_fraction"))
+    with pytest.raises(NotImplementedError):
+        lab06.check_classify(_solution("classify"), seed=11)
+
+
+def test_stored_collectives_and_gpu_answers_are_the_references():
+    from distlab.course.references import load
+    for name in lab06.STORED:
+        stored = load(lab06.LAB, name)
+        for rank, blob in enumerate(lab06.stored_traces(name)):
+            assert lab06._stored_collectives(stored, rank) == T.collective_events(blob)
+    gpu = load(lab06.LAB, "gpu")
+    expected = lab06.reference_gpu_answers()
+    assert gpu["nsys_exposed_comm_s"].tolist() == expected["nsys_exposed_comm_s"]
+    assert gpu["a100_overlap_fraction"].item() == expected["a100_overlap_fraction"]
+
+
+def test_lab_tables_use_the_union_they_are_given(fresh):
+    """The teaching tables take the student's merge_intervals (a handout has no course union)."""
+    from distlab.labs.timelines import nsys
+    from distlab.labs.timelines.gpu_traces import nsys_timeline
+    calls = []
+
+    def merge(intervals):
+        calls.append(len(intervals))
+        return _course_union(intervals)
+    export = nsys_timeline()
+    assert nsys.kernel_summary(export, merge) == nsys.kernel_summary(export) and calls
+    calls.clear()
+    from distlab.labs.timelines.runs import predicted_vs_measured
+    share = _solution("comm_share")
+    mine = predicted_vs_measured(fresh, share, 1e-5, 1e9, SMALL, merge_intervals=merge)
+    assert calls and mine == predicted_vs_measured(fresh, share, 1e-5, 1e9, SMALL)
+
+
+def _course_union(intervals):
+    from distlab.labs.timelines.intervals import union
+    return union(intervals)
+
+
 def test_solution_passes_on_fresh_runs():
     seed = 11
     lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"), seed=seed)
@@ -242,3 +294,61 @@ def test_gpu_answers_check_passes_the_courses_measures_and_names_a_swap():
     # ...but one number for both ranks is not the answer
     with pytest.raises(CheckFailed, match="nsys_exposed_comm_s"):
         lab06.check_gpu_traces(dict(answers, nsys_exposed_comm_s=answers["nsys_exposed_comm_s"][0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The prediction (Exercise 6) and the open design exercise (Exercise 7)
+
+def _lab6(*names):
+    from distlab.course.solutions import solution_functions
+    return solution_functions(lab06.LAB, names)
+
+
+def test_prediction_and_bucket_plan_pass_with_the_solution():
+    from distlab.checks import lab06_design
+    from distlab.labs.timelines.buckets import exposed
+    f = _lab6("predict_messages", "plan_buckets")
+    lab06.check_predicted_messages(f["predict_messages"])
+    lab06.check_predicted_messages(f["predict_messages"], seed=21)
+    assert "budget" in lab06.check_bucket_plan(f["plan_buckets"])
+    lab06.check_bucket_plan(f["plan_buckets"], seed=8)
+    spec, problem, budget = lab06.bucket_problem()
+    assert budget == pytest.approx(lab06_design._best_exposed(problem))   # stored = the code's
+    layers = len(problem.sizes)
+    # the lab's problem is a real trade-off: neither extreme reaches the budget
+    assert exposed(problem, [layers]) > budget and exposed(problem, [1] * layers) > budget
+
+
+@pytest.mark.parametrize("plan,match", [("one", "the step waits .* The budget is"),
+                                        ("per_layer", "the step waits .* The budget is"),
+                                        ("short", "unusable plan: plan=.*add up to")])
+def test_planted_bucket_plans_lose_the_design_test(plan, match):
+    def planted(sizes, ready, alpha, bandwidth):
+        return {"one": [len(sizes)], "per_layer": [1] * len(sizes), "short": [1]}[plan]
+    with pytest.raises(CheckFailed, match=match):
+        lab06.check_bucket_plan(planted)
+
+
+def test_planted_prediction_without_the_first_mlp_exception_fails():
+    f = _lab6("predict_messages")
+
+    def planted(run, spec, world_size, rank):
+        if run == "TP":
+            return [("all_reduce", max(1, spec.batch // 4) * spec.seq * spec.hidden * 4)] * (2 * spec.layers)
+        return f["predict_messages"](run, spec, world_size, rank)
+    with pytest.raises(CheckFailed, match=r"predict_messages\('TP'.*8 all_reduce.*the formulas give 7"):
+        lab06.check_predicted_messages(planted)
+
+
+def test_visible_prediction_and_design_need_no_answer_of_the_course(monkeypatch):
+    from distlab.checks import lab06_design, lab06_prediction
+    f = _lab6("predict_messages", "plan_buckets")
+
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("not in the handout")
+    monkeypatch.setattr(lab06_design, "_best_exposed", withheld)
+    monkeypatch.setattr(lab06_prediction, "formula_messages", withheld)
+    lab06.check_predicted_messages(f["predict_messages"])
+    lab06.check_bucket_plan(f["plan_buckets"])
+    with pytest.raises(NotImplementedError):
+        lab06.check_bucket_plan(f["plan_buckets"], seed=3)

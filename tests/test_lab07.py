@@ -342,7 +342,8 @@ def test_405b_text_matches_the_model():
     family = [P.step_time(model, cluster, P.ParallelConfig(8, p, 8192 // (8 * p), job))["total"]
               for p in (8, 16, 32)]
     assert f"within {round(100 * (max(family) / min(family) - 1))}% of each other" in text
-    assert "print(published_verdict())" in text and "among the near ties" in text
+    assert "print(published_report(choose_degrees, memory_per_gpu))" in text
+    assert "among the near ties" in text
     assert "does not land on the published" not in text and "% behind" not in text
 
 
@@ -573,3 +574,35 @@ def test_answers_cell_runs_the_new_checks_and_a_manual_cell_collects_reasons():
     manual = cells["justify_70b"]
     meta = manual.metadata["nbgrader"]
     assert manual.cell_type == "markdown" and meta["solution"] and meta["grade"] and meta["points"] > 0
+
+
+# ----------------------------------------------------------------------------- answers out of reach
+
+
+def test_the_labs_tables_run_on_the_readers_functions(sol):
+    """The teaching cells pass the reader's memory_per_gpu and choose_degrees (a handout has
+    neither reference): with the solutions the tables are the reference's, and the near ties
+    start only from a valid layout (they never find a faster one than the layout given)."""
+    mine, choose = sol["memory_per_gpu"], sol["choose_degrees"]
+    job = lab07.JOB_70B
+    assert P.near_tie_table(P.LLAMA3_70B, P.H100_16x8, job, choose=choose, memory=mine) \
+        == P.near_tie_table(P.LLAMA3_70B, P.H100_16x8, job)
+    assert P.published_report(choose, mine) == P.published_report()
+    assert P.layout_summary(P.LLAMA3_70B, P.H100_16x8, P.ParallelConfig(8, 2, 8, job), mine) \
+        == P.layout_summary(P.LLAMA3_70B, P.H100_16x8, P.ParallelConfig(8, 2, 8, job))
+    with pytest.raises(ValueError, match="is not a valid layout"):
+        P.near_ties(P.LLAMA3_70B, P.H100_16x8, job, best=P.ParallelConfig(1, 1, 128, job), memory=mine)
+
+
+def test_visible_checks_read_stored_numbers_not_the_reference(sol, monkeypatch):
+    """The visible tests of exercises 1-3 run without memory_per_gpu or the reference search
+    (a handout has neither): the stored sets hold every number they compare with."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld")
+    for name in ("memory_per_gpu", "reference_choose_degrees"):
+        monkeypatch.setattr(lab07, name, withheld)
+    lab07.check_memory_per_gpu(sol["memory_per_gpu"])
+    lab07.check_choose_degrees(sol["choose_degrees"])
+    lab07.check_layout_numbers(_plans([(2, 16, 4), (8, 2, 8)]))
+    with pytest.raises(CheckFailed, match="is not a layout of this cluster"):
+        lab07.check_layout_numbers(_plans([(2, 16, 4), (8, 2, 4)]))

@@ -128,7 +128,7 @@ def test_bytes_per_param_are_the_zero_papers_figure_1():
     paper = "ZeRO paper (fp16 gradients)"
     gb = [round(7.5e9 * rows[(paper, 64, s)] / 1e9, 1) for s in range(4)]
     assert gb == [120.0, 31.4, 16.6, 1.9]
-    assert rows[("course notes (fp32 gradients)", 64, 0)] == 18
+    assert rows[("Hugging Face (fp32 gradients)", 64, 0)] == 18
 
 
 def test_bytes_per_param_table_shows_every_term_of_every_row():
@@ -153,6 +153,9 @@ def test_memory_and_volume_measured_match_the_computed(solution):
         for term, computed in row["computed"].items():
             assert 0 <= row["measured"][term] - computed <= 12 * 4, (row["stage"], term)
     assert computed_stage_bytes(3, 100, 4)["weights"] == 100
+    # the lab's text: the optimizer column is 12/W for stages 1 and 2 (AdamW's two moments and the
+    # fp32 shard the local AdamW steps), 8/W for stage 3 (the shards are the parameters), 8 at 0
+    assert [computed_stage_bytes(s, 100, 4)["optimizer"] for s in range(4)] == [800, 300, 300, 200]
     assert [r["psi"] for r in volume_rows(stages)] == [2.0, 2.0, 2.0, 3.0]
     caption, header, rule, *lines = table_cells(format_stage_memory(stages))
     assert header == ["stage", "weights", "gradients", "optimizer", "activations"]
@@ -173,11 +176,12 @@ def test_checkpointing_measurement_shows_the_quadratic_term():
     assert long["saved"] > 2.2 * short["saved"]                       # s^2 scores
     assert long["saved_checkpointed"] == 2 * short["saved_checkpointed"]  # the input only
     assert short["saved_checkpointed"] < short["saved"] / 10
-    header, rule, *lines, growth, rule_of_thumb = table_cells(format_checkpointing([short, long]))
+    header, rule, *lines, growth, noise, rule_of_thumb = table_cells(format_checkpointing([short, long]))
     assert header == ["seq", "saved", "checkpointed", "ms/step", "ckpt ms", "saved / states"]
     assert [line[:3] for line in lines] == [[str(r["seq_len"]), f"{r['saved']:,}",
                                               f"{r['saved_checkpointed']:,}"] for r in (short, long)]
     assert growth[0].startswith("x2 sequence: saved x") and "1.25 rule" in rule_of_thumb[0]
+    assert "read the bytes, not the milliseconds" in noise[0]
 
 
 def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
@@ -215,9 +219,10 @@ def test_tp_within_fsdp_equals_one_process_and_runs_each_collective_on_its_axis(
 # ---- the checks on real ranks ------------------------------------------------------------
 
 def test_solution_passes_every_check(solution):
-    lab08.check_zero2_step(solution["Zero2AdamW"], world_size=4, seed=11, hidden=20)
-    lab08.check_zero3_block(solution["Zero3Block"], world_size=4, seed=12, blocks=5)
-    lab08.check_prefetch(solution["PrefetchingZero3"], world_size=4, seed=13, hidden=20)
+    # the hidden tests' uneven shapes: P = 33 h + 16 elements per block, padded to W * s
+    lab08.check_zero2_step(solution["Zero2AdamW"], world_size=4, seed=11, hidden=21)
+    lab08.check_zero3_block(solution["Zero3Block"], world_size=4, seed=12, hidden=22, blocks=5)
+    lab08.check_prefetch(solution["PrefetchingZero3"], world_size=4, seed=13, hidden=21)
     lab08.check_choose_checkpoints(solution["choose_checkpoints"], seed=14, fraction=0.4)
     assert failing_exercises(solution) == {}
 
@@ -264,6 +269,97 @@ def test_zero2_keeping_full_gradients_fails_the_memory_check():
         lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
 
 
+def test_hidden_tests_draw_blocks_whose_size_the_world_size_does_not_divide():
+    import ast
+    cells = SOURCE.read_text().split("### BEGIN HIDDEN TESTS")[1:]
+    hidden = [node for cell in cells for node in ast.walk(ast.parse(
+        cell.split("### END HIDDEN TESTS")[0].replace("\n    ", " ")))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in
+        ("check_zero2_step", "check_zero3_block", "check_prefetch")]
+    uneven = {node.func.id for node in hidden
+              if (lambda kw: (33 * kw.get("hidden", 24) + 16) % kw["world_size"])(
+                  {k.arg: k.value.value for k in node.keywords if k.arg != "seed"})}
+    assert uneven == {"check_zero2_step", "check_zero3_block", "check_prefetch"}
+
+
+UNPADDED = [("zero2", "full = padded_flat(params, self.world_size)",
+             "full = torch.cat([p.detach().reshape(-1) for p in params])"),
+            ("zero2", "grads = padded_flat([p.grad for p in self.buckets[i]], self.world_size)",
+             "grads = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])")]
+
+
+def test_flat_buffers_without_padding_pass_even_blocks_and_fail_the_hidden_uneven_ones():
+    ns = solution_namespace(UNPADDED)
+    lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)           # 808 elements: no padding
+    with pytest.raises(CheckFailed, match=r"(?s)Zero2AdamW \(fresh inputs, seed 5, hidden=21, "
+                                          r"blocks=4\) on 4 ranks: the ranks failed.*Pad "
+                                          r"each bucket's flat parameters and gradients to W·s"):
+        lab08.check_zero2_step(ns["Zero2AdamW"], world_size=4, seed=5, hidden=21)
+
+
+KEPT_GRADIENTS = [("zero2", "grads = padded_flat(",
+                   "self.flat_grads = getattr(self, 'flat_grads', {})\n"
+                   "        grads = self.flat_grads[i] = padded_flat(")]
+
+
+def test_zero2_keeping_a_full_gradient_buffer_fails_the_memory_check():
+    """p.grad is None after backward, but each bucket's padded gradient stays in an attribute."""
+    ns = solution_namespace(KEPT_GRADIENTS)
+    with pytest.raises(CheckFailed, match=r"rank 0 kept 25856 bytes of tensors alive after the "
+                                          r"backward of step 0.*\(808,\) \(6464 bytes\).*at most "
+                                          r"one more shard-sized buffer per bucket, 12928 bytes"):
+        lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
+
+
+def test_zero3_without_the_backward_gather_is_told_what_happened():
+    ns = solution_namespace([("zero3", "        if output.requires_grad:\n            output."
+                              "register_hook(lambda grad: self.gather())", "        if False:\n"
+                              "            pass")])
+    with pytest.raises(CheckFailed) as failed:
+        lab08.check_zero3_block(ns["Zero3Block"], world_size=2)
+    message = str(failed.value)
+    assert "Zero3Block (the stored inputs) on 2 ranks: the ranks failed" in message
+    assert re.search(r"rank \d raised FreedParameters: the backward of block 3 needed its "
+                     r"parameters, but their storage had been freed", message), message
+    assert "output.register_hook" in message and "alloc_storage" in message
+    assert "setStorage" not in message and "harness.py" not in message   # no raw PyTorch text
+
+
+def test_a_deprecated_collective_is_named_once_and_not_printed_per_call(capfd):
+    ns = solution_namespace([("zero2", "dist.reduce_scatter_single(shard_grad, grads)",
+                              "dist.reduce_scatter_tensor(shard_grad, grads)")])
+    with pytest.warns(UserWarning) as seen:
+        lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
+    mine = [str(w.message) for w in seen if "on the ranks" in str(w.message)]
+    assert len(mine) == 1, mine
+    assert "Use dist.reduce_scatter_single instead of dist.reduce_scatter_tensor" in mine[0]
+    assert "FutureWarning" not in capfd.readouterr().err
+
+
+def test_rank_tracebacks_keep_the_students_frames_only():
+    from distlab.checks.rank_failures import cut_tracebacks, student_frames
+    tb = ('Traceback (most recent call last):\n'
+          '  File "/work/main/distlab/runtime/rank.py", line 131, in _call_guarded\n'
+          '    value = fn(rank, task.world_size, *args, **kwargs)\n'
+          '  File "/tmp/ipykernel_77/123.py", line 9, in step\n'
+          '    dist.all_gather_single(full, shard)\n'
+          '  File "/usr/lib/python3/site-packages/torch/distributed/c10d_logger.py", line 83, in w\n'
+          '    return func(*args, **kwargs)\n'
+          'RuntimeError: sizes differ')
+    cut, kept = student_frames(tb)
+    assert kept == 1 and cut.splitlines() == [
+        "Traceback (most recent call last):", "  (2 frames of the course's code, PyTorch and Python "
+        "left out)", '  File "/tmp/ipykernel_77/123.py", line 9, in step',
+        "    dist.all_gather_single(full, shard)", "RuntimeError: sizes differ"]
+    message = f"rank 0 raised RuntimeError: x\n\n--- traceback on rank 0 ---\n{tb}\n\n--- the other"
+    assert "c10d_logger" not in cut_tracebacks(message, tb)
+    # The grader's ranks run a lab's student package, a copy of distlab elsewhere: course code too.
+    view = ('Traceback (most recent call last):\n'
+            '  File "/srv/grading/views/08_sharded_data_parallel/distlab/labs/sharded/harness.py", '
+            'line 3, in run\n    step()\nRuntimeError: x')
+    assert student_frames(view)[1] == 0
+
+
 def test_zero2_missing_average_fails_the_values():
     ns = solution_namespace([("zero2", "shard_grad.div_(self.world_size)", "shard_grad")])
     with pytest.raises(CheckFailed, match="parameters after"):
@@ -302,7 +398,16 @@ def own_graded_samples() -> dict:
     import submissions
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
             **{(f"mistake_{exercise}", LAB): _with_edits(edits)
-               for exercise, (edits, _) in MISTAKES.items()}}
+               for exercise, (edits, _) in MISTAKES.items()},
+            **{(f"mistake_{name}", LAB): _with_edits(edits)
+               for name, (_, edits) in GRADED_ONLY_MISTAKES.items()}}
+
+
+# Mistakes the visible checks let through or that only the whole grading shows, each losing its
+# own test: flat buffers without padding (only the hidden tests' uneven blocks catch them) and a
+# full-size gradient kept in an attribute (the memory check counts every byte a rank keeps).
+GRADED_ONLY_MISTAKES = {"zero2_unpadded": ("zero2", UNPADDED),
+                        "zero2_kept_gradients": ("zero2", KEPT_GRADIENTS)}
 
 
 @pytest.fixture(scope="module")
@@ -323,10 +428,37 @@ def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(grade
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("exercise", list(MISTAKES))
+@pytest.mark.parametrize("exercise", list(MISTAKES) + list(GRADED_ONLY_MISTAKES))
 def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
     row = graded[f"mistake_{exercise}"]
+    own = OWN_TEST[GRADED_ONLY_MISTAKES[exercise][0] if exercise in GRADED_ONLY_MISTAKES else exercise]
     statuses = {t: row[t] for t in OWN_TEST.values()}
-    expected = {t: ("fail" if t == OWN_TEST[exercise] else "pass") for t in OWN_TEST.values()}
+    expected = {t: ("fail" if t == own else "pass") for t in OWN_TEST.values()}
     assert statuses == expected
     assert float(row["score"]) == 9
+
+
+def test_the_student_version_imports_only_what_it_uses():
+    """fresh_seed is the hidden tests' (imported in their own block), not the student's."""
+    import nbformat
+    nb = nbformat.read(SOURCE.parents[2] / "notebooks" / SOURCE.parent.name / f"{SOURCE.stem}.ipynb", 4)
+    assert "fresh_seed" not in "".join(cell.source for cell in nb.cells)
+
+
+def test_visible_tests_and_figures_read_stored_references(solution, monkeypatch):
+    """A handout has no reference training (checks' _reference, reference_sharded_training): the
+    visible test reads the stored set, and the FSDP2 and 2-D mesh figures' references for the
+    lab's setup are stored too, equal to the reference training's."""
+    from distlab.labs.sharded import problem
+    for steps in problem.STORED_STEPS:
+        stored = problem.reference_params(ShardSetup(), steps)
+        computed = lab08.reference_sharded_training(ShardSetup(), steps)["params"]
+        for got, want in zip(stored, computed, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld")
+    monkeypatch.setattr(lab08, "_reference", withheld)
+    monkeypatch.setattr(problem, "reference_sharded_training", withheld)
+    assert len(problem.reference_params(ShardSetup(), 1)) == ShardSetup.blocks
+    lab08.check_zero2_step(solution["Zero2AdamW"], world_size=2)

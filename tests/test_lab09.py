@@ -144,7 +144,7 @@ def test_dispatch_pattern_names_a_wrong_size_and_a_missing_count_exchange():
 def test_all_gather_dispatch_is_told_why():
     ns = solution_namespace(MISTAKES[0][1:4])
     with pytest.raises(CheckFailed, match=r"all_gather .*Gathering the tokens gives every rank "
-                                          r"all p·T tokens, p times the traffic"):
+                                          r"all p·T tokens, p/k times the bytes"):
         lab09.check_dispatch(ns["dispatch"])
 
 
@@ -166,15 +166,52 @@ def test_a_backward_that_does_not_reverse_the_splits_fails():
 def test_a_rank_whose_experts_get_no_token_still_joins_the_backward():
     """The hidden test's starved routing: the solution passes it; a layer that skips experts with
     no rows leaves that rank out of the backward's all-to-alls, and the other ranks' wait is
-    reported instead of hanging."""
+    reported instead of hanging, with the hint for a missing all-to-all (not the splits')."""
     starved = dict(tokens=7, hidden=6, ffn=12, experts=4, k=1, starve=True)
     lab09.check_moe_layer(solution_namespace()["moe_forward"], 4, seed=1, **starved)
     skipping = solution_namespace(("moe_forward",
                                    "        out = out.index_copy(0, rows, expert(recv[rows]))",
                                    "        if len(rows):\n"
                                    "            out = out.index_copy(0, rows, expert(recv[rows]))"))
-    with pytest.raises(CheckFailed, match=r"a rank's experts get no token.*the ranks failed"):
+    with pytest.raises(CheckFailed, match=r"rank 3's experts get no token.*the ranks failed") as failed:
         lab09.check_moe_layer(skipping["moe_forward"], 4, seed=1, **starved)
+    assert lab09.MISSING_HINT in str(failed.value)
+    assert lab09.SPLITS_HINT not in str(failed.value)
+
+
+def test_starve_runs_with_the_default_seed_and_starves_by_construction():
+    """A student runs the named special case as it is: seed None draws the starved routing from
+    the lab's seed at once (no search), for the default sizes and the hidden test's."""
+    from distlab.checks.lab09_problems import moe_problem, starved
+    lab09.check_moe_layer(solution_namespace()["moe_forward"], starve=True)
+    for seed in range(20):
+        for world_size, shape in ((2, lab09.SHAPE), (4, dict(tokens=7, hidden=6, ffn=12, experts=4,
+                                                              k=1))):
+            problem = moe_problem(seed, world_size, **shape, starve=True)
+            assert starved(problem, world_size, shape["experts"])
+            per = shape["experts"] // world_size
+            assert world_size - 1 not in (problem["idx"] // per).flatten().tolist()
+
+
+def test_the_splits_hint_comes_only_with_a_size_mismatch():
+    sizes = "rank 1 raised RuntimeError: Split sizes doesn't match total dim 0 size ... all_to_all_single"
+    missing = ("a rank can never finish: rank 0 waits in all_to_all_single #5 on [7, 6] float32, "
+               "but rank 3 has already returned from your function without calling it.")
+    other = "rank 0 raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (all_to_all_single #3)"
+    assert lab09.failure_hint(sizes) == lab09.SPLITS_HINT
+    assert lab09.failure_hint(missing) == lab09.MISSING_HINT
+    assert lab09.failure_hint(other) == ""
+    assert lab09.failure_hint("rank 0 raised ValueError: bad gates") == ""
+
+
+def test_a_rank_traceback_shows_the_students_frames_only():
+    ns = solution_namespace(("moe_forward", "    back = AllToAll.apply(out,",
+                             "    raise ValueError('my bug')\n    back = AllToAll.apply(out,"))
+    with pytest.raises(CheckFailed) as failed:
+        lab09.check_moe_layer(ns["moe_forward"])
+    message = str(failed.value)
+    assert "ValueError: my bug" in message and "09_expert_parallel.py" in message
+    assert "distlab/runtime" not in message and "distlab/checks" not in message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +253,21 @@ def test_traffic_table_and_closing_note_come_from_the_records():
     note = experts.moe_closing_note(summary, 2, 16, 8, 2, 1e-8, {"without": 0.75, "with": 0.05})
     assert "EP sent 4096 token bytes" in note and "T·k·h·4 = 1024 bytes (as the formula says)" in note
     assert "2048 bytes per rank" in note and "75% of tokens dropped" in note
+    assert "on the wire" in note and "EP 2048 and TP 2048 bytes, k/p = 1." in note
+    # on the wire (what leaves a rank): the measured messages times (p-1)/p (all-to-all) and
+    # 2(p-1)/p (ring all-reduce): EP sends k/p of TP's bytes, equal at k = p = 2 (the lab's text)
+    wire = experts.wire_bytes(2, 16, 8, 2)
+    assert wire["EP"] == summary["EP"]["bytes_per_rank"] / 2 == 2048
+    assert wire["TP"] == summary["TP"]["bytes_per_rank"] * 2 / 2 == 2048
+
+
+def test_on_the_wire_ep_sends_k_over_p_of_tp_and_a_gather_dispatch_p_over_k():
+    for p, k in ((2, 2), (4, 2), (8, 1), (8, 2), (4, 4)):
+        wire = experts.wire_bytes(p, 64, 32, k)
+        assert wire["EP/TP"] == pytest.approx(k / p)
+        assert wire["gather/all-to-all"] == pytest.approx(p / k)
+    table = experts.format_wire_bytes(64, 32, 2)
+    assert "1.00" in table.splitlines()[2] and "0.50" in table.splitlines()[3]
 
 
 def test_ep_dp_step_equals_single_process():
@@ -237,10 +289,12 @@ def test_balancing_loss_spreads_the_load_and_cuts_drops():
     assert with_aux["load"][-10:].mean(0).max() < 0.4 < without["load"][-10:].mean(0).max()
 
 
-def test_timeline_shows_both_all_to_alls_and_the_experts_on_every_rank():
+def test_timeline_shows_both_all_to_alls_and_the_experts_on_every_rank(capfd):
     import matplotlib
     matplotlib.use("Agg")
     prof = experts.profile_moe_step(world_size=2, tokens=64, hidden=16, ffn=32)
+    printed = capfd.readouterr()
+    assert "profiler_start" not in printed.out + printed.err   # kineto's log stays out
     tl = prof.timeline
     for rank in range(2):
         names = {s.name for s in tl.spans if s.rank == rank and s.kind == "range"}
@@ -265,7 +319,15 @@ def own_graded_samples() -> dict:
     import submissions
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
             **{(name, LAB): submissions.edited(LAB, cell, old, new)
-               for name, cell, old, new, _ in MISTAKES}}
+               for name, cell, old, new, _ in MISTAKES + GRADED_ONLY_MISTAKES}}
+
+
+# A mistake only a hidden test catches (the starved routing): graded, it loses its own test.
+GRADED_ONLY_MISTAKES = [
+    ("skips_experts_without_tokens", "moe_forward",
+     "        out = out.index_copy(0, rows, expert(recv[rows]))",
+     "        if len(rows):\n            out = out.index_copy(0, rows, expert(recv[rows]))",
+     "test_moe_layer")]
 
 
 @pytest.mark.slow
@@ -273,9 +335,54 @@ def own_graded_samples() -> dict:
 def test_grader_scores_lab9(graded_samples):
     rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
     expected = {"solution": set(), "untouched": set(GRADED_TESTS),
-                **{name: {loses} for name, _, _, _, loses in MISTAKES}}
+                **{name: {loses} for name, _, _, _, loses in MISTAKES + GRADED_ONLY_MISTAKES}}
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
     assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 11
     assert float(rows["untouched"]["score"]) == 0
+
+
+def test_the_student_version_imports_only_what_it_uses():
+    """fresh_seed is the hidden tests' (imported in their own block), not the student's."""
+    import nbformat
+    nb = nbformat.read(SOURCE.parents[2] / "notebooks" / SOURCE.parent.name / f"{SOURCE.stem}.ipynb", 4)
+    assert "fresh_seed" not in "".join(cell.source for cell in nb.cells)
+
+
+# ----------------------------------------------------------------------------- answers out of reach
+
+def test_visible_checks_and_figures_read_stored_outputs(monkeypatch):
+    """A handout has no plain layer, reference_keep or reference_aux_loss: the visible capacity
+    and aux-loss tests read stored sets, and the figures' plain outputs for the lab's cases are
+    stored too (equal to the plain layer's)."""
+    ns = solution_namespace()
+
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld")
+    for name in ("reference_keep", "reference_capacity", "reference_aux_loss"):
+        monkeypatch.setattr(lab09, name, withheld)
+    lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"])
+    lab09.check_aux_loss(ns["load_balancing_loss"])
+    with pytest.raises(CheckFailed, match="stored references are for capacity factor 1.0"):
+        lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"], capacity_factor=1.5)
+    monkeypatch.undo()
+    stored = lab09.demo_references()
+    for key, value in stored.items():
+        torch.testing.assert_close(experts.stored.stored_output(key), value, rtol=0, atol=1e-12)
+
+
+def test_the_training_figure_runs_on_the_readers_layer():
+    """compare_training with the reader's moe_forward (on one rank) and capacity_mask trains the
+    block as the course's plain layer does: without the aux loss, the same numbers."""
+    ns = solution_namespace()
+    task = experts.ToyTask(steps=5)
+    import distlab
+    runs = distlab.run(experts.training._runs_on_rank, 1, task, 0.3, ns["load_balancing_loss"],
+                       ns["capacity_mask"], ns["moe_forward"])[0]
+    plain = experts.train(task, 0.0)
+    torch.testing.assert_close(runs["without"]["loss"], plain["loss"])
+    torch.testing.assert_close(runs["without"]["dropped"], plain["dropped"])
+    with pytest.raises(ValueError, match="needs top-1 routing"):
+        experts.compare_training(experts.ToyTask(k=2), capacity_mask=ns["capacity_mask"],
+                                 moe_forward=ns["moe_forward"])

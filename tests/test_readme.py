@@ -8,7 +8,8 @@ the one exception: it runs this suite, and CI runs it (`.ci/run`).
 They run in one copy of the course for the whole session (tests/conftest.py's ``course``, made by
 tests/course_copy.py), so that what they write never touches the checkout. `make site` is run
 by the ``course_site`` fixture, whose site tests/test_site.py and tests/test_browser.py also
-read. The Slurm scenario starts a real one-node cluster (tests/slurm_cluster.py).
+read. The Slurm scenario starts a real one-node cluster (tests/slurm_cluster.py); the cluster
+scenario ("On a cluster") a real two-node one on this host, two slurmd daemons.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -60,7 +62,7 @@ def readme_python_example() -> str:
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = [MAKE_SITE, "python3 -m http.server -d build/site",
         'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
-RELEASE = ["make release"]
+RELEASE = ["make release", ".venv/bin/distlab release build/week03 --lab 03_tensor_parallel_mlp"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
          "jid=$(sbatch --parsable --array=0-7 --export=ALL,SUBMISSIONS=$PWD/submitted "
@@ -71,11 +73,18 @@ SLURM = ["mkdir -p logs",
          ".venv/bin/distlab merge grading-shards/shard-* --workdir grading --out scores.csv"]
 AUTHORING = ["make notebooks", "make references", "make formgrader"]
 RUN_BY_CI = ["make test"]   # runs this very suite: .ci/run runs it
+CLUSTER = [".venv/bin/python -m distlab.cluster.busbw --max-bytes 64K",
+           ".venv/bin/python -m distlab.cluster.train3d",
+           ".venv/bin/torchrun --standalone --nproc-per-node=2 -m distlab.cluster.busbw "
+           "--max-bytes 64K",
+           "mkdir -p logs",
+           "sbatch --nodes=2 cluster/slurm/busbw.sbatch --compare --max-bytes 1M",
+           "sbatch --nodes=2 cluster/slurm/train3d.sbatch"]
 
 
 def test_every_readme_command_is_run():
     shown = readme_commands()
-    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI
+    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI + CLUSTER
     assert sorted(shown) == sorted(run), (
         f"README.md and tests/test_readme.py disagree.\n  shown but not run: "
         f"{sorted(set(shown) - set(run))}\n  run but not shown: {sorted(set(run) - set(shown))}\n"
@@ -133,12 +142,74 @@ def get(url: str) -> tuple[int, str]:
         return reply.status, reply.read().decode(errors="replace")
 
 
-def jupyter_answers(server: Server, path: str) -> str:
-    """The body of ``path`` on a Jupyter server the command started (its URL carries a token)."""
+def jupyter_answers(server: Server, path: str, timeout: float = 120) -> str:
+    """The body of ``path`` on a Jupyter server the command started (its URL carries a token).
+    A server prints its URL before it accepts connections, which on a loaded machine may be
+    seconds later: a refused connection is tried again for up to ``timeout`` seconds, and if
+    the server never answers, the failure shows what it printed."""
     found = server.wait_for(r"(http://(?:127\.0\.0\.1|localhost):\d+)/\S*\?token=(\w+)", 180)
-    status, body = get(f"{found.group(1)}{path}?token={found.group(2)}")
+    url = f"{found.group(1)}{path}?token={found.group(2)}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, body = get(url)
+            break
+        except urllib.error.HTTPError:
+            raise                        # it answered: with an error, which is the failure
+        except OSError as exc:           # refused, reset or timed out: not serving yet
+            assert server.proc.poll() is None, (
+                f"`{server.command}` exited before {path} answered ({exc}):\n"
+                f"{server.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"`{server.command}` printed its URL but {path} did not answer within "
+                    f"{timeout:g} s ({exc}); it printed:\n{server.output()[-3000:]}") from exc
+            time.sleep(0.5)
     assert status == 200
     return body
+
+
+def test_jupyter_answers_waits_for_the_server_and_reports_what_it_printed(tmp_path):
+    """A server that prints its URL before it listens is waited for; one that never listens
+    fails with what it printed (test_setup_commands once saw a refused connection at load 6)."""
+    import http.server
+    import threading
+
+    port = _free_port()
+    printed = f"echo http://127.0.0.1:{port}/lab?token=abc; echo still starting; sleep 60"
+
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"started": "now"}')
+
+        def log_message(self, *args):
+            pass
+
+    def listen_later():
+        time.sleep(1.5)
+        httpd = http.server.HTTPServer(("127.0.0.1", port), Status)
+        threading.Thread(target=httpd.handle_request, daemon=True).start()
+
+    server = Server(printed, tmp_path, env=dict(os.environ))
+    try:
+        threading.Thread(target=listen_later, daemon=True).start()
+        assert '"started"' in jupyter_answers(server, "/api/status", timeout=60)
+    finally:
+        server.stop()
+    server = Server(printed.replace(str(port), str(_free_port())), tmp_path, env=dict(os.environ))
+    try:
+        with pytest.raises(AssertionError, match=r"(?s)did not answer within 1 s.*still starting"):
+            jupyter_answers(server, "/api/status", timeout=1)
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,7 +267,11 @@ def test_site_commands(course, course_site):
 
 
 def test_release_command(course):
-    (release,) = RELEASE
+    release, weekly = RELEASE
+    out = sh(weekly, course, timeout=600).stdout
+    week = course / "build" / "week03"
+    assert [p.name for p in (week / "notebooks").iterdir()] == ["03_tensor_parallel_mlp"], out
+    assert "yours to write in Lab 3" in (week / "distlab/labs/tensor_parallel/ops.py").read_text()
     out = sh(release, course, timeout=600).stdout
     handout = course / "build" / "release"
     assert "hand out this folder" in out, out[-2000:]
@@ -304,3 +379,85 @@ def test_authoring_commands(course):
 
 def _without_hashes(manifest: str) -> str:
     return re.sub(r'"(sha256|torch)": "[^"]*"', "", manifest)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a cluster: the course's two programs on the laptop, under torchrun, and on two Slurm nodes
+
+SWEEP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _size_label(nbytes: int) -> str:
+    """How the sweep's table writes a size (distlab.labs.collectives' units)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:g} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:g} TiB"
+
+
+def _assert_every_size(out: str, largest: int, tables: int = 1) -> None:
+    """Each of the sweep's ``tables`` (one per group: "# ..." heads each) has a row for every op
+    at every size from 8 B to ``largest``, and each op its alpha-beta fit."""
+    sections = [part for part in re.split(r"^# ", out, flags=re.M)[1:] if "algbw" in part]
+    assert len(sections) == tables, out[-3000:]
+    sizes = [_size_label(8 << k) for k in range((largest // 8).bit_length())]
+    for section in sections:
+        rows = re.findall(r"^(\w+)\s+(\d+ [KMG]?i?B)\s+[\d.]+\s+[\d.]+\s+[\d.]+$", section, re.M)
+        for op in SWEEP_OPS:
+            assert [size for name, size in rows if name == op] == sizes, (op, section[-3000:])
+            assert re.search(rf"^{op}\s+\S+\s+\S+$", section, re.M), section[-3000:]  # fit
+
+
+def _assert_single_process_losses(out: str, shape: str, steps: int = 3) -> None:
+    """The run's losses, as printed, equal single-process training's computed here."""
+    from distlab.cluster.train3d import model_config
+    from distlab.labs.mesh import LOSS_ATOL, LOSS_RTOL, MeshShape, reference_losses
+    assert f"mesh {shape}" in out, out[-3000:]
+    pp, dp, tp = (int(v) for v in re.findall(r"\d+", shape))
+    reference = reference_losses(model_config(MeshShape(pp, dp, tp), steps), 0).tolist()
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+    assert [int(step) for step, _, _ in rows] == list(range(steps)), out[-3000:]
+    for (step, single, mesh), expected in zip(rows, reference):
+        assert abs(float(single) - expected) <= 1e-6, (step, single, expected)
+        assert abs(float(mesh) - expected) <= LOSS_ATOL + LOSS_RTOL * abs(expected) + 1e-6, \
+            (step, mesh, expected)
+    assert "losses equal single-process training's" in out, out[-3000:]
+
+
+@pytest.mark.timeout(1800)
+def test_cluster_commands(course):
+    busbw, train3d, standalone, mkdir, submit_busbw, submit_train3d = CLUSTER
+    _assert_every_size(sh(busbw, course, timeout=600).stdout, largest=64 << 10)
+    out = sh(train3d, course, timeout=600).stdout
+    _assert_single_process_losses(out, "PP=2 x DP=2 x TP=2")
+    assert re.search(r"^tp\s+2\s+within a node", out, re.M), out[-3000:]
+    _assert_every_size(sh(standalone, course, timeout=600).stdout, largest=64 << 10)
+
+    why = slurm_cluster.missing()
+    if why:
+        if os.environ.get("DISTLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(why)
+        pytest.skip(f"two-node Slurm scenario skipped: {why}")
+    # Two nodes on this one host: two slurmd daemons, node1 and node2, with their own names, ports
+    # and spool folders (the packaged Slurm is built to allow several slurmd on a host), so each
+    # job gets SLURM_NNODES=2 and srun starts one torchrun agent on each node; the agents meet
+    # through the c10d rendezvous on node1 (NodeAddr localhost).
+    with slurm_cluster.Cluster(course.parent / "slurm-two-nodes", nodes=2) as cluster:
+        done = subprocess.run(["bash", "-c", "\n".join([mkdir, submit_busbw, submit_train3d])],
+                              cwd=course, text=True, timeout=120, capture_output=True,
+                              env=environ(course, SLURM_CONF=cluster.env["SLURM_CONF"]))
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+        sweep_job, train_job = re.findall(r"Submitted batch job (\d+)", done.stdout)
+        cluster.wait_idle(timeout=1500)
+        states = cluster.job_states()
+        assert set(states.values()) == {"COMPLETED"}, (states, cluster.logs(), _logs(course))
+    sweep = (course / "logs" / f"busbw-{sweep_job}.out").read_text()
+    assert "4 ranks = 2 node(s) x 2 process(es) (torchrun)" in sweep, sweep[-3000:]
+    _assert_every_size(sweep, largest=1 << 20, tables=2)
+    assert "# within a node" in sweep and "# across nodes" in sweep, sweep[-3000:]
+    train = (course / "logs" / f"train3d-{train_job}.out").read_text()
+    assert "4 ranks = 2 node(s) x 2 process(es) (torchrun)" in train, train[-3000:]
+    _assert_single_process_losses(train, "PP=2 x DP=1 x TP=2")
+    assert re.search(r"^pp\s+2\s+across nodes", train, re.M), train[-3000:]
+    assert re.search(r"^tp\s+2\s+within a node", train, re.M), train[-3000:]

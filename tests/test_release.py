@@ -58,8 +58,9 @@ def handout(tmp_path_factory) -> Path:
 
 def test_it_holds_the_labs_data_package_and_environment_only(handout):
     top = sorted(p.name for p in handout.iterdir())
-    assert top == ["Makefile", "README.md", "data", "distlab", "environment.yml", "notebooks",
-                   "pyproject.toml", "setup.py"], top
+    assert top == ["Makefile", "README.md", "cluster", "data", "distlab", "environment.yml",
+                   "notebooks", "pyproject.toml", "setup.py"], top
+    assert (handout / "cluster" / "slurm" / "busbw.sbatch").is_file()
     for lab in paths.labs():
         assert (handout / "notebooks" / lab / f"{lab}.ipynb").is_file()
         if (REPO / "data" / lab).is_dir():
@@ -185,3 +186,28 @@ def _get_json(url: str, timeout: float):
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
+
+
+def test_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(tmp_path):
+    lab3 = "03_tensor_parallel_mlp"
+    out = tmp_path / "week3"
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "distlab"), "release", str(out),
+                           "--lab", lab3], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p.name for p in (out / "notebooks").iterdir()] == [lab3]
+    assert sorted(p.name for p in (out / "data").iterdir()) == [lab3, "traces"]
+    package = out / "distlab" / "labs"
+    layers = (package / "tensor_parallel" / "layers.py").read_text()
+    assert "ColumnParallelLinear.forward is yours to write in Lab 3 (03_tensor_parallel_mlp)" in layers
+    assert "is yours to write in Lab 9" in (package / "experts" / "parallel.py").read_text()
+    # Lab 2's answers stay: Lab 3 may build on them.
+    assert "yours to write" not in (package / "data_parallel" / "ddp.py").read_text()
+
+
+def test_a_handout_of_an_unknown_lab_says_which_labs_there_are(tmp_path):
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "distlab"), "release",
+                           str(tmp_path / "x"), "--lab", "3"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "no lab 3 in this course: the labs are 01_collectives" \
+        in done.stderr

@@ -464,3 +464,23 @@ def test_torch_matplotlib_gloo_and_distlab_run_work_confined(folders, tmp_path):
                                         f"'{outside / 'x'}'"}, proc.stderr
     assert "[[1.0, 1.0], [1.0, 1.0]]" in proc.stdout
     assert (inside / "figure.png").stat().st_size > 0
+
+
+@needs_landlock
+def test_a_readable_folder_inside_a_hidden_one_can_be_read_and_every_folder_listed(tmp_path):
+    secret, view = tmp_path / "secret", tmp_path / "secret" / "views" / "lab"
+    view.mkdir(parents=True)
+    (secret / "answer.py").write_text("s")
+    (view / "stub.py").write_text("v")
+    code = ("import os, sys\nfor p in sys.argv[1:3]:\n"
+            "    try: print(open(p).read(), end=' ')\n"
+            "    except OSError: print('refused', end=' ')\n"
+            "print(sorted(os.listdir(sys.argv[3])))")
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write",
+                           str(tmp_path / "w"), "--hide", str(secret), "--read", str(view), "--",
+                           sys.executable, "-c", code, str(view / "stub.py"),
+                           str(secret / "answer.py"), str(secret)],
+                          capture_output=True, text=True, timeout=60)
+    # A name is no secret (Python lists the folders it imports from); a file's text is.
+    assert proc.stdout.strip().split(maxsplit=2) == ["v", "refused", "['answer.py', 'views']"], \
+        proc.stderr

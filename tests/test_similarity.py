@@ -1,5 +1,6 @@
 """distlab.grading.similarity: copies are flagged through renaming, reformatting and removed
-comments; honest answers, short formulas and untouched cells are not."""
+comments, wherever they sit in a cell and by their code objects; dynamic code is listed with its
+line; honest answers, short formulas and untouched cells are not flagged."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,10 @@ import pytest
 import submissions
 from distlab import paths
 from distlab.grading import similarity
-from distlab.grading.similarity import MIN_TOKENS, compare_cell, normalise, threshold
+from distlab.grading.similarity import (MIN_TOKENS, References, compare_cell, fingerprints,
+                                        normalise, threshold)
+from distlab.grading.similarity_code import code_keys
+from distlab.grading.similarity_course import course_cells, course_code, course_implementations
 from distlab.labs.collectives import reference_fit
 from submissions import attacks, copies
 
@@ -102,7 +106,8 @@ def test_a_copy_of_a_shipped_implementation_is_flagged():
     disguised = "\n".join(line.split("#")[0].rstrip() for line in disguised.splitlines())
     flags = compare_cell("01_collectives", "alpha_beta", {"eve": disguised, "ann": RING_OTHER},
                          [HANDED_OUT], {"distlab.labs.collectives:reference_fit": source})
-    assert [(f.student, f.kind) for f in flags] == [("eve", "course implementation")]
+    assert [(f.student, f.kind) for f in flags] == [("eve", "course implementation"),
+                                                    ("eve", "bytecode")]
 
 
 def test_students_copying_each_other_are_flagged():
@@ -128,6 +133,142 @@ def test_short_answers_are_not_compared_and_short_cells_need_more():
     assert threshold(MIN_TOKENS) > threshold(100) > threshold(1000) == 0.8
 
 
+FIT = "distlab.labs.collectives:reference_fit"
+FIT_HANDED_OUT = "def fit_alpha_beta(sizes, times):\n    raise NotImplementedError\n"
+PREDICT = "def predict_time(alpha, bandwidth, nbytes):\n    return alpha + nbytes / bandwidth\n"
+
+
+def _copied_fit() -> str:
+    return copies.disguise(inspect.getsource(reference_fit), {"reference_fit": "fit_alpha_beta"})
+
+
+def test_a_renamed_copy_after_another_definition_is_flagged():
+    # predict_time binds four names first: numbered over the whole cell, every name of the copy
+    # shifts and no fingerprint of the course's function is left in the cell's.
+    cell = "import math\n\n" + PREDICT + "\n\n" + _copied_fit()
+    references = References({FIT: inspect.getsource(reference_fit)})
+    common = fingerprints(FIT_HANDED_OUT)[1]
+    assert references.copied(fingerprints(cell)[1] - common, common) == []
+    flags = compare_cell("01_collectives", "alpha_beta", {"eve": cell}, [FIT_HANDED_OUT],
+                         references)
+    text = [f for f in flags if f.kind == "course implementation"]
+    assert [(f.student, f.other, f.detail) for f in text] == \
+        [("eve", f"course: {FIT}", "line 7: fit_alpha_beta")]
+    assert text[0].similarity == 1.0
+
+
+def test_a_copy_with_the_course_code_objects_is_flagged_by_bytecode():
+    # Every name changed, no docstring, no comment, and a no-op statement between every two
+    # lines: the text comparison loses it, the compiled functions stay the course's.
+    lines = _copied_fit().splitlines()
+    padded = "\n\n".join(lines[:2] + [f'    "step {i}"\n{line}' for i, line in
+                                       enumerate(lines[2:])]) + "\n"
+    assert code_keys(padded).keys() == code_keys(inspect.getsource(reference_fit)).keys()
+    flags = compare_cell("01_collectives", "alpha_beta", {"eve": PREDICT + "\n" + padded},
+                         [FIT_HANDED_OUT], {FIT: inspect.getsource(reference_fit)})
+    assert [(f.kind, f.other, f.similarity, f.detail) for f in flags] == \
+        [("bytecode", f"course: {FIT}", 1.0, "line 4: fit_alpha_beta")]
+    # another constant is other code
+    changed = padded.replace("1 /", "2 /")
+    assert compare_cell("01_collectives", "alpha_beta", {"eve": changed}, [FIT_HANDED_OUT],
+                        {FIT: inspect.getsource(reference_fit)}) == []
+
+
+LOOP = """
+def f(xs, n):
+    total = 0
+    for x in xs:
+        if x > n:
+            total += x * 2
+        else:
+            total -= 1
+    while total > 100:
+        total //= 2
+    return [t + 1 for t in range(total)], total * 3 + n
+"""
+
+# LOOP with every name changed, lines moved, and statements that compile to nothing (or to a
+# no-op, which moves every jump) put between its own.
+LOOP_PADDED = """
+def g(items, limit):
+    acc = 0
+    "pad"
+    for it in items:
+        pass
+        if it > limit:
+            "pad"
+            acc += it * 2
+        else:
+            pass
+            acc -= 1
+    while acc > 100:
+        pass
+        acc //= 2
+    return [q + 1 for q in range(acc)], acc * 3 + limit
+"""
+
+
+def test_code_keys_leave_out_names_lines_and_no_ops():
+    (key, (line, name, _)), = code_keys(LOOP).items()
+    assert (line, name) == (2, "f")
+    assert code_keys(LOOP_PADDED).keys() == {key}
+    for changed in ("acc * 3", "acc * 4"), ("acc > 100", "acc >= 100"), ("acc -= 1", "pass"):
+        assert code_keys(LOOP_PADDED.replace(*changed)).keys() != {key}, changed
+
+
+ROUTES = {
+    "exec of the source": ("x = 1\nimport inspect\nexec(inspect.getsource(reference_fit))\n",
+                           "line 2: import inspect; line 3: exec(...); line 3: inspect.getsource"),
+    "an eval'd lambda": ("x = 1\nfit_alpha_beta = eval('lambda s, t: reference_fit(s, t)')\n",
+                         "line 2: eval(...)"),
+    "the profile hook off": ("import sys\n\nsys.setprofile(None)\n", "line 3: sys.setprofile"),
+    "a code object copied": ("def fit_alpha_beta(s, t):\n    pass\n\nfit_alpha_beta.__code__ = "
+                             "reference_fit.__code__.replace(co_name='fit')\n",
+                             "line 4: .__code__"),
+    "a function built": ("import types\nfit_alpha_beta = types.FunctionType(code, {})\n",
+                         "line 2: types.FunctionType"),
+    "importlib": ("import importlib\nm = importlib.import_module('distlab.labs.collectives')\n",
+                  "line 1: import importlib; line 2: importlib.import_module"),
+    "the module's file": ("from distlab.labs import collectives\n"
+                          "text = open(collectives.__file__).read()\n", "line 2: .__file__"),
+    "a .py path": ("text = open('distlab/labs/collectives.py').read()\n", "line 1: a .py path"),
+    "a magic": ("x = 1\n%load distlab/labs/collectives.py\n", "line 2: magic %load"),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_dynamic_code_and_introspection_are_listed_with_their_line(route):
+    code, detail = ROUTES[route]
+    flags = compare_cell("01_collectives", "alpha_beta", {"eve": code}, [FIT_HANDED_OUT], {})
+    assert [(f.student, f.kind, f.detail) for f in flags] == [("eve", "dynamic", detail)]
+
+
+def test_what_the_handed_out_cell_uses_is_not_listed():
+    code = "import inspect\nprint(inspect.getsource(f))\n"
+    assert compare_cell("01_collectives", "x", {"eve": code}, [code], {}) == []
+    # model.eval(), torch.compile and a string "eval" are not the builtins
+    honest = "model.eval()\nfast = torch.compile(model)\nmode = 'eval'\n"
+    assert compare_cell("01_collectives", "x", {"eve": honest}, [FIT_HANDED_OUT], {}) == []
+
+
+@pytest.fixture(scope="module")
+def course_references():
+    return References(course_implementations(), course_code())
+
+
+def test_the_course_solutions_raise_no_flag(course_references):
+    # The honest answers of every lab, as the report sees them (the solution is common ground);
+    # none needs dynamic code even without that ground.
+    from distlab.grading.similarity_dynamic import dynamic_uses
+
+    for lab in paths.labs():
+        for gid, base in course_cells(lab).items():
+            assert dynamic_uses(base[1]) == [], (lab, gid)
+            flags = compare_cell(lab, gid, {"solution": base[1], "untouched": base[0]}, base,
+                                 course_references)
+            assert flags == [], (lab, gid, flags)
+
+
 # ---------------------------------------------------------------------------------------------
 # The report over the test suite's own sample submissions (read from their notebooks: the report
 # needs no grading run)
@@ -149,34 +290,56 @@ def suite_report(tmp_path_factory):
         add(nb, student, lab)
     for student, (nb, _) in attacks.attack_samples().items():
         add(nb, student, attacks.LAB)
-    for student, nb in copies.copy_samples().items():
-        add(nb, student, copies.LAB)
+    for (student, lab), nb in copies.copy_samples().items():
+        add(nb, student, lab)
     return similarity.report(folder, found), found
 
 
 def test_the_copies_among_the_suite_samples_are_flagged_and_nothing_else(suite_report):
     flags, found = suite_report
-    assert {(f.student, f.cell, f.other) for f in flags} == copies.EXPECTED_FLAGS, \
+    copied = [f for f in flags if f.kind in similarity.COPY_KINDS]
+    assert {(f.student, f.cell, f.other) for f in copied} == copies.expected_flags(), \
         "\n".join(map(str, flags))
-    for flag in flags:
-        assert flag.similarity >= threshold(flag.tokens) and flag.tokens >= MIN_TOKENS
-    honest = set(found) - {"course_copier", "ann", "ben"}
+    # the copy after another definition, found by its text and by its code object
+    assert {f.kind for f in copied if f.student == "moe_copier"} == \
+        {"course implementation", "bytecode"}
+    for flag in copied:
+        if flag.kind != "bytecode":
+            assert flag.similarity >= threshold(flag.tokens) and flag.tokens >= MIN_TOKENS
+    copiers = {student for student, _ in copies.copy_samples()}
+    honest = set(found) - copiers
     assert len(honest) >= 20      # solution, untouched, partial, mistakes, attacks
-    assert not {f.student for f in flags} & honest and not {f.other for f in flags} & honest
+    assert not {f.student for f in copied} & honest and not {f.other for f in copied} & honest
+
+
+def test_only_the_samples_that_run_code_from_text_are_listed_as_dynamic(suite_report):
+    flags, found = suite_report
+    dynamic = {(f.student, f.cell): f.detail for f in flags if f.kind == "dynamic"}
+    copiers = {student for student, _ in copies.copy_samples()}
+    assert {k: v for k, v in dynamic.items() if k[0] in copiers} == copies.EXPECTED_DYNAMIC
+    # the attack that execs the course's solution out of its own notebook file is listed too
+    assert "exec(...)" in dynamic[("copies_solution", "all_reduce_rs_ag")]
+    attackers = set(attacks.attack_samples())
+    assert {student for student, _ in dynamic} <= attackers | {"source_runner"}, dynamic
 
 
 def test_the_report_reads_a_submissions_folder_and_writes_the_csv(tmp_path, capsys):
     folder = tmp_path / "submitted"
-    for student, nb in copies.copy_samples().items():
-        submissions.write(nb, folder, student, copies.LAB)
+    for (student, lab), nb in copies.copy_samples().items():
+        submissions.write(nb, folder, student, lab)
     code = similarity.main([str(folder), "--workdir", str(tmp_path / "grading")])
     assert code == 0
     with open(tmp_path / "grading" / "similarity.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {(r["student"], r["cell"], r["other"]) for r in rows} == copies.EXPECTED_FLAGS
+    assert list(rows[0]) == similarity.FIELDS      # the old columns first, then the detail
+    assert {(r["student"], r["cell"], r["other"]) for r in rows if r["kind"] != "dynamic"} == \
+        copies.expected_flags()
+    assert {(r["student"], r["cell"]): r["detail"] for r in rows if r["kind"] == "dynamic"} == \
+        copies.EXPECTED_DYNAMIC
     out = capsys.readouterr().out
-    assert "2 answers look copied (1 from the course's implementations), involving 3 students" \
-        in out and "scores are unchanged" in out
+    assert "3 answers look copied (2 from the course's implementations), involving 4 students; " \
+           "dynamic code or introspection in 1 answer (1 student)" in out, out
+    assert "scores are unchanged" in out and "source_runner uses line 1: import inspect" in out
 
 
 def test_after_grading_keeps_the_exit_code_and_survives_its_own_failure(tmp_path, capsys):

@@ -114,6 +114,14 @@ def test_widgets_are_twins_or_marked_snapshots_and_math_loads_only_where_needed(
     assert "tex-svg.js" not in text["01_collectives"]                  # no formula, no MathJax
 
 
+def test_hints_stay_folded_on_the_site(course_site):
+    out, pages, _ = course_site
+    text = _texts(out, pages)
+    for lab in ("04_tensor_parallel_attention", "05_pipeline_parallel", "06_timelines"):
+        assert "<details><summary>Hint 1</summary>" in text[lab], lab
+        assert "<details open" not in text[lab], lab
+
+
 @pytest.mark.slow
 def test_search_index_covers_the_labs(course_site):
     out, pages, _ = course_site
@@ -317,3 +325,12 @@ def test_planner_twin_plans_as_the_python_on_random_inputs():
                 pl.step_time(model, cluster, cfg)["total"]]
         assert got == pytest.approx(want, rel=1e-9), state
     assert 50 < fits < 190          # the draw covers layouts that fit and ones that do not
+
+
+def test_a_widget_given_the_readers_own_functions_still_has_its_twin():
+    nb = _notebook(("planner", "planner(choose_degrees, memory_per_gpu)"))
+    nb.cells[1].outputs = [nbformat.v4.new_output(
+        "display_data", data={site_pages.WIDGET_VIEW: {"model_id": "m"}})]
+    nb.metadata["widgets"] = {"state": {}}
+    site_pages.twin_or_notice(nb)
+    assert any('data-twin="planner"' in c.source for c in nb.cells)

@@ -8,8 +8,9 @@ Exercises (each checked on real ranks or, for the pure formulas, in the kernel):
    sends 2(n-1) messages carrying 2(n-1)/n of the tensor.
 3. ``bus_factor(comms, nbytes)``: the bytes one rank sent (its ``send``/``isend`` records in
    ``out.comms``) over the buffer's size: for the student's own ring all-reduce 2(n-1)/n, derived
-   from what it sent, not looked up; checked on the student's ring at 2 and 4 ranks and on the
-   records of two other algorithms (direct exchange, reduce-then-broadcast) where a table is wrong.
+   from what it sent, not looked up; checked on a ring's records (visible: a correct ring's at 2
+   and 4 ranks against stored factors; hidden: the student's own ring's) and on the records of
+   two other algorithms (direct exchange, reduce-then-broadcast) where a table is wrong.
    ``bandwidths(nbytes, seconds, factor) -> (algbw, busbw)`` in GB/s (1e9 bytes/s) as nccl-tests
    defines them: algbw = S / t, busbw = algbw * factor.
 4. ``fit_alpha_beta(sizes, times) -> (alpha, bandwidth)``: the Hockney model t(S) = alpha + S / B,
@@ -38,6 +39,7 @@ LAB = "01_collectives"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 SEED = 1234
+BUS_FACTOR_WORLD_SIZES, BUS_FACTOR_NUMEL = (2, 4), 1030   # the visible test's records
 P2P = {"send", "recv", "isend", "irecv"}
 # torch 2.13 renamed the tensor-in/tensor-out collectives (``*_single``); the old names still work.
 REDUCE_SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"}
@@ -122,6 +124,12 @@ def make_references() -> dict[str, dict]:
     refs["bandwidths"] = {"seed": SEED, **bandwidth_cases(SEED)}
     refs["alpha_beta"] = {"seed": SEED, **sweep_sample(SEED)}
     refs["ring_model"] = {"seed": SEED, **ring_model_sample(SEED)}
+    cases = bus_factor_cases(BUS_FACTOR_WORLD_SIZES, BUS_FACTOR_NUMEL)
+    refs["bus_factor"] = {
+        "seed": SEED, "world_sizes": torch.tensor(BUS_FACTOR_WORLD_SIZES),
+        "numel": torch.tensor(BUS_FACTOR_NUMEL),
+        "expected": torch.tensor([reference_bus_factor(comms, 4 * BUS_FACTOR_NUMEL)
+                                  for _, comms in cases], dtype=torch.float64)}
     return refs
 
 
@@ -268,35 +276,55 @@ def _ring_records(n: int, numel: int) -> list[Comm]:
     return _records(n, [4 * chunks[c] for c in order], [1 % n] * len(order))
 
 
-def check_bus_factor(fn, ring, world_sizes=(2, 4), numel: int = 1030) -> None:
-    """``fn(comms, nbytes)`` must return the bytes the record's sends carried over ``nbytes``:
-    on the records of the student's own ``ring`` (2(n-1)/n), and on two other algorithms'
-    records, where the ring's 2(n-1)/n is wrong."""
+def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, list[Comm]]]:
+    """(what, rank's record) on which ``bus_factor`` is checked: a ring all-reduce's record on each
+    world size (the student's ``ring`` run on ranks when given and it runs, else a correct ring's),
+    then two other algorithms' records, where the ring's 2(n-1)/n is wrong."""
     from distlab.labs.collectives import ring_record
     nbytes = numel * 4
     cases = []
     for n in world_sizes:
-        try:
-            comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout())["comms"]
-            what = f"your ring_all_reduce's record on {n} ranks"
-        except Exception:  # noqa: BLE001  (Exercise 2 unanswered or failing: graded there, not here)
-            comms = _ring_records(n, numel)
-            what = (f"the record a ring all-reduce makes on {n} ranks (your ring_all_reduce did "
-                    f"not run, so the check built the record of a correct one)")
-        cases.append((what, comms))
+        comms, what = None, f"the record a ring all-reduce makes on {n} ranks"
+        if ring is not None:
+            try:
+                comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout())["comms"]
+                what = f"your ring_all_reduce's record on {n} ranks"
+            except Exception:  # noqa: BLE001  (Exercise 2 unanswered or failing: graded there)
+                what += (" (your ring_all_reduce did not run, so the check built the record of a "
+                         "correct one)")
+        cases.append((what, comms if comms is not None else _ring_records(n, numel)))
     n = 4
     cases.append(("the record of rank 0 of a direct all-reduce on 4 ranks (it sends its whole "
                   "tensor to each other rank)", _records(n, [nbytes] * (n - 1), [1, 2, 3])))
     cases.append(("the record of rank 1 of reduce-then-broadcast on 4 ranks (it sends its "
                   "tensor to rank 0 once)", _records(n, [nbytes], [0])))
-    for what, comms in cases:
-        expected = reference_bus_factor(comms, nbytes)
+    return cases
+
+
+def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | None = None,
+                     seed: int | None = None) -> None:
+    """``fn(comms, nbytes)`` must return the bytes the record's sends carried over ``nbytes``: on
+    a ring all-reduce's records (2(n-1)/n) and on two other algorithms' records, where the ring's
+    2(n-1)/n is wrong. Visible (no ``seed``): a correct ring's records on 2 and 4 ranks, against
+    the stored factors. Hidden: the records of the student's own ``ring`` on ``world_sizes``, on a
+    buffer of ``numel`` elements (drawn from ``seed`` when not given)."""
+    if seed is None:
+        stored = _stored("bus_factor")
+        world_sizes, numel = tuple(stored["world_sizes"].tolist()), int(stored["numel"])
+        cases = bus_factor_cases(world_sizes, numel)
+        expected_factors = stored["expected"].tolist()
+    else:
+        numel = numel if numel is not None else 64 + seed % 997
+        cases = bus_factor_cases(world_sizes, numel, ring)
+        expected_factors = [reference_bus_factor(comms, numel * 4) for _, comms in cases]
+    nbytes = numel * 4
+    for (what, comms), expected in zip(cases, expected_factors, strict=True):
         try:
             got = float(fn(comms, nbytes))
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"bus_factor on {what}: expected a number, got an error: {err}")
         if not math.isclose(got, expected, rel_tol=1e-9):
-            sent = sum(c.bytes for c in comms if c.op in ("send", "isend"))
+            sent = round(expected * nbytes)
             raise CheckFailed(
                 f"bus_factor(comms, nbytes={nbytes}) on {what}: expected {expected:.6g}, got "
                 f"{got:.6g}. Derive it from the record: the sends in it carried {sent} bytes, "

@@ -28,9 +28,11 @@ import torch
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import (GATHER_OPS, REDUCE_SCATTER_OPS, Collectives,
                                    expect_collectives, op_in)
-from distlab.labs.data_parallel import (Setup, device, final_state, flat, optimizer_state_bytes,
-                                   param_bytes, rank_problem, reference_training, shard_bounds,
-                                   train_steps)
+from distlab.labs.data_parallel import (Setup, device, final_state, flat, gradient_average,
+                                        optimizer_state_bytes, param_bytes, rank_problem,
+                                        reference_training, shard_bounds, train_steps)
+from distlab.labs.data_parallel.problem import GRADIENT_AVERAGE_CASE
+from distlab.labs.data_parallel.step_times import a100_overlap_set
 
 LAB = "02_data_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -49,12 +51,26 @@ def _setup(seed: int | None, d_hidden: int) -> Setup:
 
 
 def make_references() -> dict:
-    """The visible tests' reference: 3 AdamW steps of the lab's MLP (seed 0) on the full batch."""
+    """The visible tests' reference: 3 AdamW steps of the lab's MLP (seed 0) on the full batch,
+    and AdamW's state bytes; and the numbers of the lab's gradient-average table (a handout has
+    neither ``reference_training`` nor ``gradient_average``)."""
     setup = Setup(seed=0)
     ref = reference_training(setup, STEPS)
+    case = GRADIENT_AVERAGE_CASE
     return {"adamw_3_steps": {"seed": setup.seed, "params": flat(ref["params"]),
                               "grads": flat(ref["grads"]), "exp_avg": ref["exp_avg"],
-                              "losses": torch.tensor(ref["losses"])}}
+                              "losses": torch.tensor(ref["losses"])},
+            "adamw_state": {"seed": setup.seed,
+                            "state_bytes": torch.tensor(reference_training(setup, 1)["state_bytes"])},
+            "gradient_average": {"seed": case["setup"].seed,
+                                 **gradient_average(case["world_size"], case["setup"])},
+            "a100_overlap": {"seed": 0, **a100_overlap_set()},
+            "prediction": _prediction_set()}
+
+
+def _prediction_set() -> dict:
+    from distlab.checks.lab02_prediction import state_bytes_set
+    return state_bytes_set()
 
 
 def _unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -62,18 +78,29 @@ def _unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Ten
     return [piece.view_as(t) for piece, t in zip(pieces, like)]
 
 
-def _reference(seed: int | None, d_hidden: int) -> dict:
-    """Stored reference for the visible test (seed None), else computed here and now."""
-    setup = _setup(seed, d_hidden)
-    if seed is not None:
-        return reference_training(setup, STEPS)
+def _reference(seed: int, d_hidden: int) -> dict:
+    """The hidden tests' reference, computed here and now (in the judge while grading)."""
+    return reference_training(_setup(seed, d_hidden), STEPS)
+
+
+def _stored_reference(d_hidden: int) -> dict:
+    """The visible tests' reference (seed 0), as ``reference_training`` returns it, from data/."""
     from distlab.checks.stored import load
+    setup = _setup(None, d_hidden)
+    if setup != Setup(seed=0):
+        raise ValueError(f"the stored reference is the lab's MLP with d_hidden={Setup().d_hidden}; "
+                         f"pass a seed to check d_hidden={d_hidden}")
     stored = load(LAB, "adamw_3_steps")
     shapes = [p.detach() for p in setup.model().parameters()]
     return {"params": _unflatten(stored["params"], shapes),
             "grads": _unflatten(stored["grads"], shapes), "exp_avg": stored["exp_avg"],
             "losses": stored["losses"].tolist(),
-            "state_bytes": reference_training(setup, 1)["state_bytes"]}
+            "state_bytes": int(load(LAB, "adamw_state")["state_bytes"])}
+
+
+def _reference_for(seed: int | None, d_hidden: int) -> dict:
+    """Stored reference for the visible test (seed None), else computed here and now."""
+    return _stored_reference(d_hidden) if seed is None else _reference(seed, d_hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +179,7 @@ def check_data_parallel_step(step_fn, *, world_size: int = 2, seed: int | None =
             raise CheckFailed(
                 f"rank {rank} issued {len(reduces)} all_reduce calls in {STEPS} steps; expected "
                 f"{n_params * STEPS}: one per parameter ({n_params} parameters) per step.")
-    _compare(out, _reference(seed, d_hidden), setup, world_size)
+    _compare(out, _reference_for(seed, d_hidden), setup, world_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +230,7 @@ def check_bucketed_all_reduce(fn, *, bucket_bytes: int = 8192, world_size: int =
             raise CheckFailed(
                 f"rank {rank} all-reduced {sent / STEPS:g} bytes per step; the gradients are "
                 f"{total} bytes and each must be reduced exactly once.")
-    _compare(out, _reference(seed, d_hidden), setup, world_size)
+    _compare(out, _reference_for(seed, d_hidden), setup, world_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +255,7 @@ def check_overlapped_all_reduce(cls, *, world_size: int = 2, seed: int | None = 
             lo, hi = record["step_start"][step], record["step_end"][step]
             comms = [c for c in _comms(out, rank) if lo <= c.start <= hi]
             _check_overlap_step(comms, rank, step, record["backward_end"][step], hi, total)
-    _compare(out, _reference(seed, d_hidden), setup, world_size)
+    _compare(out, _reference_for(seed, d_hidden), setup, world_size)
 
 
 def _check_overlap_step(comms: list, rank: int, step: int, backward_end: float,
@@ -305,7 +332,7 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     step makes one reduce-scatter and one all-gather of the whole flattened vector, no all-reduce."""
     setup = _setup(seed, d_hidden)
     out = _run(_zero_rank, world_size, cls, setup, STEPS)
-    ref = _reference(seed, d_hidden)
+    ref = _reference_for(seed, d_hidden)
     numel = ref["exp_avg"].numel()
     for rank in range(world_size):
         lo, hi = shard_bounds(numel, rank, world_size)
@@ -328,11 +355,18 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     _compare(out, ref, setup, world_size, grads=False)
 
 
+def check_predicted_state_bytes(predict_state_bytes, seed: int | None = None) -> None:
+    """``predict_state_bytes(numel, num_tensors, world_size, sharded)``: AdamW's and ZeRO-1's
+    optimizer state per rank, against the formula (``lab02_prediction``)."""
+    from distlab.checks.lab02_prediction import grade_state_bytes
+    grade_state_bytes(predict_state_bytes, seed)
+
+
 # The course code these exercises may not use (see distlab.checks.course_code).
-from distlab.checks.course_code import LAB2_SHIPPED, CourseCode  # noqa: E402
+from distlab.checks.course_code import LAB2_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_data_parallel_step", "check_bucketed_all_reduce", "check_overlapped_all_reduce",
-    "check_sharded_adamw"],
-    CourseCode(forbidden=LAB2_SHIPPED))
+    "check_sharded_adamw", "check_predicted_state_bytes"],
+    CourseCode(forbidden=LAB2_SHIPPED + names("distlab.checks.lab02_prediction", "_state_bytes")))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -11,15 +11,12 @@ Exercises, each run on real ranks (2 visible, 4 hidden) except the pure sharding
 4. ``GatherFromSequenceParallel`` / ``ReduceScatterToSequenceParallel`` (``.apply(x, group)``,
    along the sequence dim 1) and ``SequenceParallelBlock(dense_block, group)``.
 
-References are the dense single-process modules of ``distlab.labs.tensor_parallel`` (``MLP``,
-``SwiGLU``, ``Block``, ``nn.Linear``) run on the full input; a shard's gradient must equal the
-matching slice of the dense gradient.
-
-Tolerance: atol = rtol = 1e-3 in float32. A rank computes the same dot products as the dense layer
-but sums them in a different order (p partial sums added by the all-reduce), which changes float32
-results by a few ulps times sqrt(fan-in), about 1e-6 for these sizes; any real mistake (a partial
-sum missing or counted twice, a wrong slice) changes values by O(0.1). 1e-3 sits between the two
-with room for GPUs (NCCL, other kernels) and for the larger fan-ins of the hidden tests.
+5. ``predict_ring_bytes``: the prediction, bytes per rank and pass on a ring (``lab03_prediction``).
+References are the dense single-process modules of ``distlab.labs.tensor_parallel`` run on the full
+input; a shard's gradient must equal the matching slice of the dense gradient. Tolerance: atol =
+rtol = 1e-3 in float32: sums in another order (p partial sums) change results by about 1e-6 here,
+any real mistake (a partial sum missing or counted twice, a wrong slice) by O(0.1); 1e-3 sits
+between, with room for GPUs and the larger fan-ins of the hidden tests.
 """
 from __future__ import annotations
 
@@ -32,6 +29,7 @@ from distlab.checks.common import cut, rank_device
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab03_comms import expect_phase_comms
 from distlab.checks.lab03_problems import LAB, SHAPE, mlp_case, mlp_problem, mlp_shape  # noqa: F401 (LAB: the lab's name, read from here)
+from distlab.checks import lab03_prediction as prediction
 
 SEED = 3
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -40,16 +38,17 @@ ATOL = RTOL = 1e-3
 
 
 def make_references() -> dict[str, dict]:
-    """The stored reference sets of Lab 3 (see ``distlab.course.references``): default shapes, 2 ranks."""
-    return {kind: mlp_problem(kind, SEED + i, **SHAPE)
-            for i, kind in enumerate(["linear", "mlp", "swiglu", "block", "ops"])}
+    """The stored reference sets of Lab 3 (see ``distlab.course.references``): default shapes, 2
+    ranks; DTensor's runs of the lab's comparisons too (a handout has no DTensor plans)."""
+    return {**tp.demos.dtensor_reference_sets(), "prediction": prediction.ring_bytes_set(),
+            **{kind: mlp_problem(kind, SEED + i, **SHAPE)
+               for i, kind in enumerate(["linear", "mlp", "swiglu", "block", "ops"])}}
 
 
 def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
     assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
 
 
-# ---------------------------------------------------------------------------------------------
 # Exercise 1: sharding (pure functions, checked in the kernel for every rank)
 
 def _linear_from(ref: dict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +91,6 @@ def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
     _close(total + bias, ref["row.y"], f"summed row outputs on {case}", None)
 
 
-# ---------------------------------------------------------------------------------------------
 # Exercise 2: the conjugate operators f and g (and, in exercise 4, their sequence-parallel twins)
 
 def _op_on_rank(rank, world_size, op_cls, x, g):
@@ -187,7 +185,6 @@ def check_reduce_scatter_to_sp(op_cls, world_size: int = 2, seed: int | None = N
         "rank needs the gradient of the whole sequence, so all-gather the blocks along dim 1.")
 
 
-# ---------------------------------------------------------------------------------------------
 # Exercise 3: parallel linear layers and the tensor-parallel MLPs
 
 def _dense_module(kind: str, ref: dict, prefix: str = "") -> nn.Module:
@@ -374,7 +371,6 @@ def check_tp_swiglu(student_cls, world_size: int = 2, seed: int | None = None,
                   mlp_shape(batch, seq, hidden, ffn))
 
 
-# ---------------------------------------------------------------------------------------------
 # Exercise 4: sequence parallelism
 
 def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | None = None,
@@ -387,12 +383,17 @@ def check_sequence_parallel_block(student_cls, world_size: int = 2, seed: int | 
                   mlp_shape(batch, seq, hidden, ffn), sequence_parallel=True)
 
 
+def check_predicted_ring_bytes(predict_ring_bytes, seed: int | None = None) -> None:
+    """``predict_ring_bytes(batch, seq, hidden, world_size, variant)`` against the formula."""
+    prediction.grade_ring_bytes(predict_ring_bytes, seed)
+
+
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB3_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_shard_column", "check_shard_row", "check_copy_to_tp", "check_reduce_from_tp",
     "check_gather_from_sp", "check_reduce_scatter_to_sp", "check_parallel_linears",
-    "check_tp_mlp", "check_tp_swiglu", "check_sequence_parallel_block"],
-    CourseCode(forbidden=LAB3_SHIPPED))
+    "check_tp_mlp", "check_tp_swiglu", "check_sequence_parallel_block",
+    "check_predicted_ring_bytes"], CourseCode(forbidden=LAB3_SHIPPED + prediction.CODE))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

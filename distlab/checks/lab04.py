@@ -39,10 +39,13 @@ ATOL = RTOL = 1e-3
 
 
 def make_references() -> dict[str, dict]:
-    """The stored reference sets of Lab 4 (see ``distlab.course.references``): default shapes, 2 ranks."""
+    """The stored reference sets of Lab 4 (see ``distlab.course.references``): default shapes, 2
+    ranks; and the scaling exercise's visible cases."""
+    from distlab.checks.lab04_scaling import reference_set
     return {"attention": attention_problem("attention", SEED, **SHAPE),
             "block": attention_problem("block", SEED + 1, **SHAPE),
-            "vocab": attention_problem("vocab", SEED + 2, **VOCAB_SHAPE)}
+            "vocab": attention_problem("vocab", SEED + 2, **VOCAB_SHAPE),
+            "scaling": reference_set()}
 
 
 

@@ -12,6 +12,7 @@ its warm-up.
 """
 from __future__ import annotations
 
+import os
 import random
 
 import torch
@@ -19,7 +20,8 @@ import torch
 import distlab
 from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.labs.pipeline import PipeSpec, ScheduleRun, partition_layers, reference_step, run_schedules
+from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, partition_layers,
+                                   reference_step, run_schedules)
 
 LAB = "05_pipeline_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -30,18 +32,108 @@ ATOL, RTOL = 1e-5, 1e-4  # float32 sums taken in another order (per microbatch, 
 TIMEOUT = 30  # seconds; a correct step takes well under one
 
 
+PARTITION_CASES = [(8, 2), (8, 4), (7, 2), (10, 4), (5, 4), (4, 4), (13, 3)]
+# The visible tests' stage cuts: VISIBLE's layers on the visible tests' world sizes.
+VISIBLE_CUTS = [(VISIBLE.num_layers, 2), (VISIBLE.num_layers, 4)]
+# The lab's measured section: torch.distributed.pipelining's schedules on this model, stored.
+MEASURED = PipeSpec(num_layers=8, hidden=512, batch=256, seed=0)
+LIBRARY = {"torch GPipe": "ScheduleGPipe", "torch 1F1B": "Schedule1F1B"}
+LIBRARY_M, LIBRARY_P = 4, 2
+
+
 def make_references() -> dict:
-    """The visible case: input, target, loss and every parameter's gradient of the whole model."""
+    """The visible case: input, target, loss and every parameter's gradient of the whole model;
+    the layer ranges of the visible partitions and stage cuts; and the library's runs of the lab's
+    measured section (``stored_library_runs``)."""
     x, target = VISIBLE.data()
     loss, grads = reference_step(VISIBLE)
     return {"visible": {"seed": VISIBLE.seed, "x": x, "target": target,
                         "loss": torch.tensor(loss),
-                        **{f"grad.{name}": g for name, g in grads.items()}}}
+                        **{f"grad.{name}": g for name, g in grads.items()}},
+            "partition": {"seed": VISIBLE.seed,
+                          **{_cut_key(n, p): torch.tensor(partition_layers(n, p))
+                             for n, p in PARTITION_CASES + VISIBLE_CUTS}},
+            "library": _library_set(),
+            "design": _design_reference_set()}
+
+
+def _design_reference_set() -> dict:
+    """The prediction's and the design exercise's expected values (``lab05_design``)."""
+    from distlab.checks.lab05_design import design_set
+    return design_set()
+
+
+def _cut_key(num_layers: int, num_stages: int) -> str:
+    return f"L{num_layers}_p{num_stages}"
+
+
+def _expected_partition(num_layers: int, num_stages: int, visible: bool) -> list[tuple[int, int]]:
+    """The course's layer ranges: stored for the visible cases (a student's handout has no
+    ``partition_layers``), computed for hidden ones (in the judge, which has it)."""
+    stored = load_stored(LAB, "partition") if visible else {}
+    if _cut_key(num_layers, num_stages) not in stored:
+        return partition_layers(num_layers, num_stages)
+    stored = stored[_cut_key(num_layers, num_stages)]
+    return [(int(a), int(b)) for a, b in stored.tolist()]
+
+
+def _library_set() -> dict:
+    """``torch.distributed.pipelining``'s GPipe and 1F1B on ``MEASURED`` (2 ranks, m = 4, one
+    warm-up step): events, times, memory, bytes and gradient error, as tensors. Runs are
+    measurements, not reproducible: the stored set is kept (``differences`` then finds nothing)
+    unless DISTLAB_RERECORD=1 or it is missing, and is then measured afresh on this machine."""
+    if os.environ.get("DISTLAB_RERECORD") != "1":
+        try:
+            return {"seed": MEASURED.seed, **load_stored(LAB, "library")}
+        except (FileNotFoundError, ValueError):
+            pass
+    from distlab.labs.pipeline import library_step
+    runs = run_schedules({name: (library_step(s), LIBRARY_M) for name, s in LIBRARY.items()},
+                         LIBRARY_P, MEASURED, warmup=1)
+    check_library_matches(runs, MEASURED)
+    out = {"seed": MEASURED.seed}
+    for name, run in runs.items():
+        out.update({
+            f"{name}.events": torch.tensor([[e.rank, e.mb, "FB".index(e.kind), e.start, e.end]
+                                            for e in run.events], dtype=torch.float64),
+            f"{name}.step_time": torch.tensor(run.step_time, dtype=torch.float64),
+            f"{name}.loss": torch.tensor(run.loss, dtype=torch.float64),
+            f"{name}.activation_bytes": torch.tensor(run.activation_bytes),
+            f"{name}.sent_bytes": torch.tensor(run.sent_bytes),
+            f"{name}.grad_error": torch.tensor(grad_error(run, MEASURED), dtype=torch.float64)})
+    return out
+
+
+def stored_library_runs() -> dict[str, ScheduleRun]:
+    """``torch.distributed.pipelining``'s GPipe and 1F1B (``library_step``) on the lab's measured
+    model, 2 ranks, m = 4, as the course's machine recorded them when the references were made
+    (gradients left out: each run carries its largest gradient error instead). A student's handout
+    has no ``library_step``: it would answer Exercises 3 and 4."""
+    stored = load_stored(LAB, "library")
+    runs = {}
+    for name in LIBRARY:
+        events = [Event(rank=int(r), mb=int(mb), kind="FB"[int(k)], start=float(s), end=float(e))
+                  for r, mb, k, s, e in stored[f"{name}.events"].tolist()]
+        runs[name] = ScheduleRun(
+            name=name, num_stages=LIBRARY_P, num_microbatches=LIBRARY_M, grads=[],
+            loss=stored[f"{name}.loss"].item(), events=events,
+            step_time=stored[f"{name}.step_time"].item(),
+            activation_bytes=stored[f"{name}.activation_bytes"].tolist(),
+            sent_bytes=stored[f"{name}.sent_bytes"].tolist(),
+            grad_error=stored[f"{name}.grad_error"].item())
+    return runs
 
 
 def _reference(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
+    """The single-process step of a hidden test's ``spec``, computed in the judge."""
+    return reference_step(spec)
+
+
+def _expected(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss and gradients a step of ``spec`` must give: stored for the visible test (a
+    student's handout has no reference step), computed for hidden ones."""
     if spec != VISIBLE:
-        return reference_step(spec)
+        return _reference(spec)
     stored = load_stored(LAB, "visible")
     x, target = spec.data()
     # The stored inputs must be the ones the ranks draw, or the comparison means nothing.
@@ -63,7 +155,7 @@ def _spec(seed, num_layers, batch) -> PipeSpec:
 def check_partition(partition, *, seed: int | None = None) -> None:
     """``partition(num_layers, num_stages)`` must return ``num_stages`` ``(start, stop)`` pairs
     that cover ``range(num_layers)`` in order, each non-empty, sizes as equal as possible."""
-    cases = [(8, 2), (8, 4), (7, 2), (10, 4), (5, 4), (4, 4), (13, 3)]
+    cases = PARTITION_CASES
     if seed is not None:
         rng = random.Random(seed)
         cases = [(p * rng.randint(1, 6) + rng.randint(0, p - 1), p)
@@ -77,7 +169,7 @@ def check_partition(partition, *, seed: int | None = None) -> None:
             raise CheckFailed(f"{what} returned {got!r}: expected a list of (start, stop) pairs.")
         if len(got) != p:
             raise CheckFailed(f"{what} returned {len(got)} ranges: expected one per stage, {p}.")
-        expected = partition_layers(num_layers, p)
+        expected = _expected_partition(num_layers, p, visible=seed is None)
         bounds = [a for a, _ in got] + [got[-1][1]]
         if bounds[0] != 0 or bounds[-1] != num_layers or any(got[s][1] != got[s + 1][0]
                                                              for s in range(p - 1)):
@@ -94,8 +186,12 @@ def check_partition(partition, *, seed: int | None = None) -> None:
 
 
 def _run(fn, name, world_size, spec, m) -> ScheduleRun:
+    # The stage cut is computed here and reaches the ranks as data: the ranks that run a
+    # student's step hold the student's package, without partition_layers.
+    bounds = _expected_partition(spec.num_layers, world_size, visible=spec == VISIBLE)
     try:
-        return run_schedules({name: (fn, m)}, world_size, spec, timeout=TIMEOUT)[name]
+        return run_schedules({name: (fn, m)}, world_size, spec, bounds=bounds,
+                             timeout=TIMEOUT)[name]
     except distlab.HangError as err:
         raise CheckFailed(
             f"{name} did not finish on {world_size} ranks: the ranks are waiting on each other.\n"
@@ -106,7 +202,7 @@ def _run(fn, name, world_size, spec, m) -> ScheduleRun:
 
 
 def _check_grads(run: ScheduleRun, spec: PipeSpec, m: int) -> None:
-    loss, ref = _reference(spec)
+    loss, ref = _expected(spec)
     for rank, grads in enumerate(run.grads):
         for name, grad in grads.items():
             what = f"{run.name}: gradient of {name} (stage {rank})"
@@ -208,6 +304,42 @@ def _check_alternation(run: ScheduleRun, rank: int, world_size: int, m: int) -> 
             f"forward and one backward, then {w} cool-down backward(s): {expected}.")
 
 
+# ----------------------------------------------------------------------------- prediction, design
+
+
+def check_predicted_traffic(predict_sent_bytes, *, seed: int | None = None) -> None:
+    """``predict_sent_bytes(rank, world_size, batch, hidden, num_microbatches)``: the bytes the
+    stage sends in one step, against the formula (``lab05_design``) on fixed and fresh cases."""
+    from distlab.checks.lab05_design import grade_traffic
+    grade_traffic(predict_sent_bytes, seed)
+
+
+def check_memory_budget(fn, *, world_size: int = 4, num_microbatches: int = 8,
+                        max_in_flight: int = 2, seed: int | None = None, num_layers: int = 6,
+                        batch: int = 8) -> str:
+    """The open design exercise: ``fn(rank, world_size, stage, x, target, num_microbatches,
+    max_in_flight)``, a schedule of the student's own. Graded by its properties on real ranks:
+    single-process gradients, at most ``max_in_flight`` microbatches alive on every stage, the
+    boundary's bytes and no more, and a bubble (its recorded order replayed on paper) within the
+    budget. Returns the line the test cell prints."""
+    import functools
+    from distlab.checks.lab05_design import grade_schedule_properties
+    spec, m = _spec(seed, num_layers, batch), num_microbatches
+    step = functools.partial(fn, max_in_flight=max_in_flight)
+    run = _run(step, "budget_step", world_size, spec, m)
+    _check_grads(run, spec, m)
+    _check_microbatches(run, m)
+    return grade_schedule_properties(run, world_size=world_size, num_microbatches=m,
+                            max_in_flight=max_in_flight, batch=spec.batch, hidden=spec.hidden,
+                            visible=spec == VISIBLE)
+
+
+def design_budgets() -> str:
+    """The design exercise's visible budgets, for the lab to print (stored)."""
+    from distlab.checks.lab05_design import budgets_table
+    return budgets_table()
+
+
 def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:
     """Every run (the hand-written ones and ``torch.distributed.pipelining``'s) has the
     single-process gradients."""
@@ -217,9 +349,13 @@ def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:
 
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB5_SHIPPED, CourseCode  # noqa: E402
+from distlab.checks.course_code import names  # noqa: E402
+# The prediction's formula and the design budget's schedule are answers too.
+DESIGN = names("distlab.checks.lab05_design", "_boundary_bytes", "_capped_order")
 COURSE_CODE = dict.fromkeys([
-    "check_partition", "check_naive", "check_gpipe", "check_1f1b"],
-    CourseCode(forbidden=LAB5_SHIPPED))
+    "check_partition", "check_naive", "check_gpipe", "check_1f1b", "check_predicted_traffic",
+    "check_memory_budget"],
+    CourseCode(forbidden=LAB5_SHIPPED + DESIGN))
 # Graded on values handed in (the runs of torch's own pipelining library, made by the lab, not an answer): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.
 GRADED_ON_VALUES = ("check_library_matches",)

@@ -98,17 +98,22 @@ def make_references() -> dict[str, dict]:
     Traces are recordings, so they are not reproducible: the ones already in data/06_timelines/
     are kept (and everything derived from them recomputed) unless DISTLAB_RERECORD=1, or a set is
     missing, in which case it is recorded afresh on this machine (CPU, gloo, 2 ranks)."""
-    refs = {}
+    refs, timelines = {}, {}
     for name, run in STORED.items():
         blobs = None if os.environ.get("DISTLAB_RERECORD") == "1" else _stored_blobs(name)
         blobs = blobs or _record(name)
-        timeline = merge_traces(blobs, label=run)
+        timeline = timelines[name] = merge_traces(blobs, label=run)
         ranks = range(len(blobs))
         steps = [timeline.steps(r) for r in ranks]
+        if reference_classify(timeline.unlabelled()) != KIND[run]:
+            raise RuntimeError(f"the recorded {run} run reads as {reference_classify(timeline)}: "
+                               f"record it again (DISTLAB_RERECORD=1)")
         refs[name] = {
             "seed": Spec().seed,
             "world_size": torch.tensor(len(blobs)),
             **{f"rank{r}": torch.tensor(list(blob), dtype=torch.uint8) for r, blob in enumerate(blobs)},
+            **{key: value for r, blob in enumerate(blobs)
+               for key, value in _collectives_tensors(reference_collectives(blob), r).items()},
             "comm_share": torch.tensor([[reference_comm_share(timeline, r, w) for w in steps[r]]
                                         for r in ranks], dtype=torch.float64),
             "exposed_comm": torch.tensor([[reference_exposed_comm(timeline, r, w) for w in steps[r]]
@@ -117,7 +122,31 @@ def make_references() -> dict[str, dict]:
                                              dtype=torch.float64),
             "label": torch.tensor(LABELS.index(KIND[run])),
         }
+    gpu = reference_gpu_answers()
+    refs["gpu"] = {"seed": 0, **{key: torch.tensor(gpu[key], dtype=torch.float64) for key in GPU_KEYS}}
+    from distlab.checks.lab06_prediction import messages_set
+    refs["messages"] = messages_set()
+    from distlab.checks.lab06_design import bucket_set
+    refs["buckets"] = bucket_set(timelines["dp_naive"])
     return refs
+
+
+# Visible tests compare with these stored values: a student's handout has none of the
+# references above (they are the exercises' answers); hidden tests compute them in the judge.
+
+def _collectives_tensors(events: list, rank: int) -> dict[str, torch.Tensor]:
+    """``collective_events``' list of one rank as tensors: the ops (newline-joined, utf-8) and
+    (bytes, start, duration) per collective."""
+    return {f"collective_ops.rank{rank}": torch.tensor(list("\n".join(e[0] for e in events).encode()),
+                                                       dtype=torch.uint8),
+            f"collectives.rank{rank}": torch.tensor([e[1:] for e in events],
+                                                    dtype=torch.float64).reshape(-1, 3)}
+
+
+def _stored_collectives(stored: dict, rank: int) -> list[tuple[str, int, float, float]]:
+    ops = bytes(stored[f"collective_ops.rank{rank}"].tolist()).decode().split("\n")
+    values = stored[f"collectives.rank{rank}"].tolist()
+    return [(op, int(b), s, d) for op, (b, s, d) in zip(ops, values)] if values else []
 
 
 def stored_traces(name: str) -> list[bytes]:
@@ -168,14 +197,18 @@ def fresh_timelines(seed: int) -> tuple[int, dict[str, tuple[list[bytes], Timeli
 
 
 def _cases(seed: int | None):
-    """(what, traces, timeline) for every run, stored or fresh."""
+    """(what, traces, timeline, stored) for every run: stored (with its stored reference set) or
+    fresh (``stored`` None: the references are computed, in the judge)."""
+    from distlab.checks.stored import load
     if seed is None:
         for name in STORED:
-            yield f"the stored {STORED[name]} trace", stored_traces(name), stored_timeline(name)
+            yield (f"the stored {STORED[name]} trace", stored_traces(name), stored_timeline(name),
+                   load(LAB, name))
     else:
         recorded_with, runs = fresh_timelines(seed)
         for name, (traces, timeline) in runs.items():
-            yield f"a fresh {STORED[name]} trace (sizes from seed {recorded_with})", traces, timeline
+            yield (f"a fresh {STORED[name]} trace (sizes from seed {recorded_with})", traces,
+                   timeline, None)
 
 
 def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
@@ -191,9 +224,10 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 def check_collective_events(fn, seed: int | None = None) -> None:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
     from distlab.labs.timelines.trace import load_trace
-    for what, traces, _ in _cases(seed):
+    for what, traces, _, stored in _cases(seed):
         for rank, blob in enumerate(traces):
-            expected = reference_collectives(blob)
+            expected = (reference_collectives(blob) if stored is None
+                        else _stored_collectives(stored, rank))
             got = fn(load_trace(blob))
             where = f"collective_events on {what}, rank {rank}"
             try:
@@ -221,18 +255,20 @@ def check_collective_events(fn, seed: int | None = None) -> None:
 
 def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> None:
     """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
-    for what, _, timeline in _cases(seed):
+    for what, _, timeline, stored in _cases(seed):
         for rank in range(timeline.world_size):
             for i, window in enumerate(timeline.steps(rank)):
                 where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
-                share = reference_comm_share(timeline, rank, window)
+                share = (reference_comm_share(timeline, rank, window) if stored is None
+                         else stored["comm_share"][rank][i].item())
                 got = share_fn(timeline, rank, window)
                 if not _close(got, share):
                     raise CheckFailed(
                         f"comm_share {where}: expected {share:.6f}, got {got!r}. Clip the rank's comm "
                         f"spans to the window, merge overlapping ones (gloo runs collectives on "
                         f"several threads), and divide their total length by the window's.")
-                exposed = reference_exposed_comm(timeline, rank, window)
+                exposed = (reference_exposed_comm(timeline, rank, window) if stored is None
+                           else stored["exposed_comm"][rank][i].item())
                 got = exposed_fn(timeline, rank, window)
                 if not _close(got, exposed):
                     raise CheckFailed(
@@ -244,8 +280,8 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> None:
 
 def check_classify(fn, seed: int | None = None) -> None:
     """``fn(timeline)`` must name the parallelism of every unlabelled timeline."""
-    for what, _, timeline in _cases(seed):
-        expected = reference_classify(timeline)
+    for what, _, timeline, stored in _cases(seed):
+        expected = reference_classify(timeline) if stored is None else LABELS[int(stored["label"])]
         got = fn(timeline.unlabelled())
         if got != expected:
             raise CheckFailed(
@@ -257,11 +293,12 @@ def check_classify(fn, seed: int | None = None) -> None:
 
 def check_overlap_fraction(fn, seed: int | None = None) -> None:
     """``fn(timeline, rank)`` on the data-parallel runs, naive and overlapped, every rank."""
-    for what, _, timeline in _cases(seed):
+    for what, _, timeline, stored in _cases(seed):
         if not timeline.label.startswith("DP"):
             continue
         for rank in range(timeline.world_size):
-            expected = reference_overlap_fraction(timeline, rank)
+            expected = (reference_overlap_fraction(timeline, rank) if stored is None
+                        else stored["overlap_fraction"][rank].item())
             got = fn(timeline, rank)
             if not _close(got, expected, 1e-9, 1e-9):
                 raise CheckFailed(
@@ -297,7 +334,10 @@ def check_gpu_traces(answers) -> None:
     if not isinstance(answers, dict) or set(answers) != set(GPU_KEYS):
         raise CheckFailed(f"gpu_answers must be a dict with the keys {list(GPU_KEYS)}, got "
                           f"{answers!r:.200}.")
-    expected = reference_gpu_answers()
+    from distlab.checks.stored import load
+    stored = load(LAB, "gpu")   # the references on the shipped files, stored: a handout has none
+    expected = {key: stored[key].item() if stored[key].dim() == 0 else stored[key].tolist()
+                for key in GPU_KEYS}
     hints = {"a100_overlap_fraction": "overlap_fraction(a100, 0): 1 - exposed / NCCL time, over "
                                       "the trace's one step range.",
              "a100_nccl_share": "comm_share(a100, 0, gpu_window(a100, 0)): NCCL kernel time over "
@@ -317,11 +357,33 @@ def check_gpu_traces(answers) -> None:
                               f"got {got}. {hints[key]}")
 
 
+def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
+    """``predict_messages(run, spec, world_size, rank)``: the (op, bytes) messages the rank sends
+    per step, by the formulas of Labs 2, 3 and 5 (``lab06_prediction``)."""
+    from distlab.checks.lab06_prediction import grade_messages
+    grade_messages(predict_messages, seed)
+
+
+def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:
+    """The open design exercise: ``plan_buckets(sizes, ready, alpha, bandwidth)``, graded by the
+    time its plan leaves exposed (on paper) and its run on real ranks (``lab06_design``)."""
+    from distlab.checks.lab06_design import grade_bucket_plan
+    return grade_bucket_plan(plan_buckets, seed)
+
+
+def bucket_problem():
+    """The design exercise's visible problem and budget, as stored: (spec, problem, budget)."""
+    from distlab.checks.lab06_design import visible_problem
+    return visible_problem()
+
+
 # The course code these exercises may not use (see distlab.checks.course_code).
-from distlab.checks.course_code import LAB6_SHIPPED, CourseCode  # noqa: E402
+from distlab.checks.course_code import LAB6_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys([
-    "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction"],
-    CourseCode(forbidden=LAB6_SHIPPED))
+    "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
+    "check_predicted_messages", "check_bucket_plan"],
+    CourseCode(forbidden=LAB6_SHIPPED + names("distlab.labs.timelines.runs", "formula_messages")
+               + names("distlab.checks.lab06_design", "_best_exposed")))
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.
 GRADED_ON_VALUES = ("check_gpu_traces",)

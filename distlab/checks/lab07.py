@@ -34,7 +34,7 @@ from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, refe
 from distlab.labs.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
                                    LLAMA3_405B_JOB, RESOLUTION, TERMS, ZERO_ACCUMULATION, Cluster,
                                    Job, Model, ParallelConfig, acceptable_layout, bubble_fraction,
-                                   comm_bytes_per_step, divisors, memory_per_gpu,
+                                   candidates, comm_bytes_per_step, divisors, memory_per_gpu,
                                    reference_choose_degrees, step_time, why_invalid)
 
 LAB = "07_3d_parallelism"
@@ -115,21 +115,28 @@ def _model_from(row) -> Model:
     return Model(f"{layers}L x {hidden}", layers, hidden, heads, kv, ffn, vocab)
 
 
-def memory_cases(seed: int, count: int = 12) -> dict[str, torch.Tensor]:
-    """Random (model, layout, job) rows and the reference terms in bytes, (count, 7) float64."""
+def memory_rows(seed: int, count: int = 12) -> torch.Tensor:
+    """Random (model, layout, job) rows, (count, 17) int64: drawn without any answer, so a
+    visible test can compare them with the stored set's."""
     g = torch.Generator().manual_seed(seed)
-    rows, expected = [], []
+    rows = []
     for _ in range(count):
         model = _random_model(g)
         tp = _pick(g, [t for t in divisors(8) if model.heads % t == 0])
         pp = _pick(g, [p for p in (1, 2, 4, 8, 16) if p <= model.layers])
         dp = _pick(g, [1, 2, 4, 8, 16, 64])
-        cfg = ParallelConfig(tp, pp, dp, _random_job(g, dp))
-        rows.append(_model_row(model) + [tp, pp, dp] + _job_row(cfg.job))
-        terms = memory_per_gpu(model, cfg)
+        rows.append(_model_row(model) + [tp, pp, dp] + _job_row(_random_job(g, dp)))
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def memory_cases(seed: int, count: int = 12) -> dict[str, torch.Tensor]:
+    """Random (model, layout, job) rows and the reference terms in bytes, (count, 7) float64."""
+    rows = memory_rows(seed, count)
+    expected = []
+    for row in rows:
+        terms = memory_per_gpu(*_memory_case(row))
         expected.append([terms[k] for k in (*TERMS, "total")])
-    return {"cases": torch.tensor(rows, dtype=torch.int64),
-            "expected": torch.tensor(expected, dtype=torch.float64)}
+    return {"cases": rows, "expected": torch.tensor(expected, dtype=torch.float64)}
 
 
 def _memory_case(row) -> tuple[Model, ParallelConfig]:
@@ -141,7 +148,7 @@ def degree_cases(seed: int, count: int = 4) -> dict[str, torch.Tensor]:
     """Random (model, cluster, job) rows with at least one valid layout, and the reference choice
     (tp, pp, dp, seconds per step)."""
     g = torch.Generator().manual_seed(seed)
-    rows, expected = [], []
+    rows, expected, memory = [], [], []
     while len(rows) < count:
         gpn = _pick(g, [4, 8])
         cluster = Cluster("random", nodes=_pick(g, [1, 2, 4, 8, 16, 32]), gpus_per_node=gpn,
@@ -158,8 +165,29 @@ def degree_cases(seed: int, count: int = 4) -> dict[str, torch.Tensor]:
                                          int(cluster.intra_node_gbs * 10),
                                          int(cluster.inter_node_gbs * 10)] + _job_row(job))
         expected.append([best.tp, best.pp, best.dp, step_time(model, cluster, best)["total"]])
-    return {"cases": torch.tensor(rows, dtype=torch.int64),
-            "expected": torch.tensor(expected, dtype=torch.float64)}
+        memory.append(_candidate_memory(model, cluster, job))
+    width, f64 = max(len(m) for m in memory), torch.float64   # memory: padded with zero rows
+    return {"cases": torch.tensor(rows, dtype=torch.int64), "expected": torch.tensor(expected, dtype=f64),
+            "memory": torch.tensor([m + [[0.0] * 4] * (width - len(m)) for m in memory], dtype=f64)}
+
+
+def _candidate_memory(model: Model, cluster: Cluster, job: Job) -> list[list[float]]:
+    """(t, p, d, memory_per_gpu's total) of every candidate layout: what a visible test needs to
+    judge any layout a student's choose_degrees returns, without the reference at hand."""
+    return [[c.tp, c.pp, c.dp, memory_per_gpu(model, c)["total"]] for c in candidates(cluster, job)]
+
+
+def _memory_lookup(table: torch.Tensor, what: str):
+    """A ``memory(model, cfg) -> {"total": bytes}`` that reads a stored (t, p, d, total) table."""
+    totals = {tuple(int(v) for v in row[:3]): float(row[3]) for row in table if row[0] > 0}
+
+    def memory(model: Model, cfg: ParallelConfig) -> dict[str, float]:
+        key = (cfg.tp, cfg.pp, cfg.dp)
+        if key not in totals:
+            raise CheckFailed(f"{what}: {cfg} is not a layout of this cluster: t*p*d must be its "
+                              f"GPU count and t must divide its GPUs per node.")
+        return {"total": totals[key]}
+    return memory
 
 
 def _degree_case(row) -> tuple[Model, Cluster, Job]:
@@ -170,18 +198,22 @@ def _degree_case(row) -> tuple[Model, Cluster, Job]:
 
 
 def make_references() -> dict:
-    """The visible sets: memory and degree cases from SEED, and the single-process losses of the
-    visible mesh run."""
+    """The visible sets: memory and degree cases from SEED (each degree case with the memory of
+    every candidate layout), the memory of every layout of the 70B question, and the
+    single-process losses of the visible mesh run. Visible tests read these and call no answer:
+    a student's handout has none (distlab.grading.student_package)."""
     cfg = TinyConfig()
     return {"memory": {"seed": SEED, **memory_cases(SEED)},
             "degrees": {"seed": SEED, **degree_cases(SEED)},
+            "layouts_70b": {"seed": SEED, "memory": torch.tensor(
+                _candidate_memory(LLAMA3_70B, H100_16x8, JOB_70B), dtype=torch.float64)},
             "mesh": {"seed": SEED, "losses": reference_losses(cfg, SEED)}}
 
 
-def _stored(name: str, drawn: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The stored set, after checking that its inputs are the ones drawn from SEED today."""
+def _stored(name: str, drawn: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The stored set, after checking that its inputs are the ``drawn`` cases from SEED today."""
     stored = load_stored(LAB, name)
-    assert_close(drawn["cases"], stored["cases"], what=f"the visible {name} cases (stored vs drawn)")
+    assert_close(drawn, stored["cases"], what=f"the visible {name} cases (stored vs drawn)")
     return stored
 
 
@@ -190,8 +222,7 @@ def _stored(name: str, drawn: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> None:
     """``fn(model, cfg)`` must return every term of TERMS and "total", in bytes."""
-    drawn = memory_cases(SEED if seed is None else seed, count)
-    ref = _stored("memory", drawn) if seed is None else drawn
+    ref = memory_cases(seed, count) if seed is not None else _stored("memory", memory_rows(SEED, count))
     for row, expected in zip(ref["cases"], ref["expected"]):
         model, cfg = _memory_case(row)
         got = fn(model, cfg)
@@ -213,19 +244,21 @@ def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> Non
 # ---------------------------------------------------------------------------------------------
 # 2-3. choose_degrees
 
-def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best_seconds: float,
-                  what: str) -> None:
+def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best: ParallelConfig,
+                  what: str, memory=memory_per_gpu) -> None:
+    """``choice`` is valid (by ``memory``: the reference, or a stored table) and as fast as
+    ``best``."""
     if not all(hasattr(choice, a) for a in ("tp", "pp", "dp")):
         raise CheckFailed(f"{what}: expected a ParallelConfig(tp, pp, dp, job), got "
                           f"{type(choice).__name__} {choice!r}.")
     cfg = ParallelConfig(int(choice.tp), int(choice.pp), int(choice.dp), job)
-    reason = why_invalid(model, cluster, cfg)
+    reason = why_invalid(model, cluster, cfg, memory)
     if reason:
         raise CheckFailed(f"{what}: {cfg} is not a valid layout of {model.name} on {cluster.name}: "
                           f"{reason}.")
     seconds = step_time(model, cluster, cfg)["total"]
+    best_seconds = step_time(model, cluster, best)["total"]
     if seconds > best_seconds * (1 + 1e-9):
-        best = reference_choose_degrees(model, cluster, job)
         raise CheckFailed(
             f"{what}: {cfg} is valid but takes {seconds:.3f} s per step by step_time; {best} takes "
             f"{best_seconds:.3f} s. Compare every valid (t, p, d) by step_time(...)['total'] and "
@@ -234,19 +267,21 @@ def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best_seconds
 
 def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> None:
     """``fn(model, cluster, job)`` must return a valid layout as fast as the best one."""
-    drawn = degree_cases(SEED if seed is None else seed, count)
-    ref = _stored("degrees", drawn) if seed is None else drawn
-    for row, expected in zip(ref["cases"], ref["expected"]):
+    # Visible: the stored cases, their best layouts and every candidate's memory (drawing them
+    # needs the reference, which a handout does not hold; `distlab references` keeps them fresh).
+    ref = load_stored(LAB, "degrees") if seed is None else degree_cases(seed, count)
+    for row, expected, table in zip(ref["cases"], ref["expected"], ref["memory"]):
         model, cluster, job = _degree_case(row)
-        _check_choice(fn(model, cluster, job), model, cluster, job, float(expected[3]),
-                      f"choose_degrees({model.name}, {cluster.name}, {job})")
+        what = f"choose_degrees({model.name}, {cluster.name}, {job})"
+        best = ParallelConfig(*(int(v) for v in expected[:3]), job)
+        _check_choice(fn(model, cluster, job), model, cluster, job, best, what,
+                      memory=_memory_lookup(table, what))
 
 
 def check_production_answer(answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,
                             job: Job = JOB_70B) -> None:
     """``answer`` must be the best layout for ``model`` on ``cluster`` (default: the 70B case)."""
-    best = reference_choose_degrees(model, cluster, job)
-    _check_choice(answer, model, cluster, job, step_time(model, cluster, best)["total"],
+    _check_choice(answer, model, cluster, job, reference_choose_degrees(model, cluster, job),
                   f"your answer for {model.name} on {cluster.name}")
 
 
@@ -269,10 +304,14 @@ def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B
     if not isinstance(plans, (list, tuple)) or len(plans) < 2:
         raise CheckFailed("plans_70b must be a list with one dict per layout you considered, at "
                           "least two: a choice is a comparison.")
+    memory = memory_per_gpu
+    if model == LLAMA3_70B and job == JOB_70B:     # the lab's question: its stored numbers
+        memory = _memory_lookup(load_stored(LAB, "layouts_70b")["memory"],
+                                f"plans_70b ({model.name} on {H100_16x8.name})")
     for entry in plans:
         t, p, d = _layout_of(entry)
         cfg = ParallelConfig(t, p, d, job)
-        want = {"memory": memory_per_gpu(model, cfg)["total"],
+        want = {"memory": memory(model, cfg)["total"],
                 "bubble": bubble_fraction(p, cfg.microbatches),
                 **{f"bytes {a}": v for a, v in comm_bytes_per_step(model, cfg).items()}}
         got = dict(entry)

@@ -16,11 +16,15 @@ the gradients), so 1e-9 never fails a right answer and catches every factor.
 """
 from __future__ import annotations
 
+import re
+import warnings
+
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.lab08_patterns import (check_zero2_pattern, check_zero3_pattern,
                                            prefetch_timing, step_comms)
+from distlab.checks.rank_failures import ranks_failed
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, best_checkpoint_choice,
                                   block_profile, budget_of, recompute_flops,
                                   reference_sharded_training, saved_bytes, shard_numel,
@@ -54,11 +58,16 @@ def _checkpoint_problem(seed, fraction: float, blocks: int) -> CheckpointProblem
 
 def make_references() -> dict:
     """The visible tests' references: 3 AdamW steps of the lab's stack (seed 0) on the full
-    batch, and the lab's checkpointing problem's budget and least recompute (every choice tried)."""
+    batch (and 1 step, for the lab's 2-D mesh figure), and the lab's checkpointing problem's
+    budget and least recompute (every choice tried). A handout holds these, not the reference
+    implementations: visible tests and the lab's figures read them."""
     setup = ShardSetup()
     ref = reference_sharded_training(setup, STEPS)
     sets = {"adamw_3_steps": {"seed": setup.seed, "losses": ref["losses"],
                               "params": torch.cat(ref["params"]), "grads": torch.cat(ref["grads"])}}
+    # One step: what the lab's 2-D mesh run (tp_within_fsdp) is compared with (reference_params).
+    sets["adamw_1_step"] = {"seed": setup.seed,
+                            "params": torch.cat(reference_sharded_training(setup, 1)["params"])}
     for fraction in VISIBLE_FRACTIONS:
         problem = CheckpointProblem(fraction=fraction)
         budget = budget_of(problem)
@@ -72,11 +81,22 @@ def _budget_set(fraction: float) -> str:
     return f"checkpoint_budget_{round(100 * fraction)}"
 
 
-def _reference(seed, hidden: int, blocks: int) -> dict:
-    """Stored for the visible tests (seed None), else computed here and now."""
-    setup = _setup(seed, hidden, blocks)
+def _expected(seed, hidden: int, blocks: int) -> dict:
+    """Stored for the visible tests (seed None, the lab's sizes: a handout has no reference),
+    else computed here and now (in the grader's judge, which has it)."""
     if seed is not None or (hidden, blocks) != (ShardSetup.hidden, ShardSetup.blocks):
-        return reference_sharded_training(setup, STEPS)
+        return _reference(seed, hidden, blocks)
+    return _stored_reference()
+
+
+def _reference(seed, hidden: int, blocks: int) -> dict:
+    """AdamW on the full batch in one process, computed here and now."""
+    return reference_sharded_training(_setup(seed, hidden, blocks), STEPS)
+
+
+def _stored_reference() -> dict:
+    """The visible tests' reference: the stored set, split into the lab's blocks."""
+    setup = _setup(None, ShardSetup.hidden, ShardSetup.blocks)
     from distlab.checks.stored import load
     stored = load(LAB, "adamw_3_steps")
     sizes = [sum(p.numel() for p in block.parameters()) for block in setup.model()]
@@ -84,10 +104,41 @@ def _reference(seed, hidden: int, blocks: int) -> dict:
             "grads": list(stored["grads"].split(sizes))}
 
 
-def _run(fn, world_size: int, *args):
+def _run(fn, world_size: int, what: str, *args):
+    """``distlab.run`` of the harness; ranks that broke become a failed check whose traceback
+    shows the student's frames only; the warnings the ranks recorded are shown once each."""
     from distlab import run
     from distlab.checks.ranks import rank_timeout
-    return run(fn, world_size, *args, timeout=rank_timeout())
+    from distlab.runtime.outcome import DistributedError
+    __tracebackhide__ = True  # noqa: F841
+    try:
+        out = run(fn, world_size, *args, timeout=rank_timeout())
+    except DistributedError as err:
+        headline = str(err).split("\n", 1)[0]
+        hint = PAD_HINT if re.search(r"world_?size", headline, re.IGNORECASE) else ""
+        raise ranks_failed(f"{what} on {world_size} ranks", err, hint) from None
+    _show_warnings(out)
+    return out
+
+
+PAD_HINT = ("A collective's sizes did not fit the world size: a reduce-scatter's input (and an "
+            "all-gather's output) has W times the elements of a shard. Pad each bucket's flat "
+            "parameters and gradients to W·s elements, s = ceil(P / W) (padded_flat does), even "
+            "when W does not divide the bucket's P elements.")
+
+
+DEPRECATED = {"reduce_scatter_tensor": "reduce_scatter_single",
+              "all_gather_into_tensor": "all_gather_single"}
+
+
+def _show_warnings(out) -> None:
+    """The warnings the student's code raised on the ranks, once each (the ranks record them
+    instead of printing one per call and rank), with what to use for a deprecated collective."""
+    seen = dict.fromkeys(w for res in out for w in res.get("warnings", ()))
+    for text in seen:
+        use = [f"dist.{new} instead of dist.{old}" for old, new in DEPRECATED.items() if old in text]
+        advice = f" Use {' and '.join(use)}: the same collective, its current name." if use else ""
+        warnings.warn(f"on the ranks, your code raised: {text}{advice}", UserWarning, stacklevel=3)
 
 
 def _check_losses(out, ref: dict, world_size: int) -> None:
@@ -106,10 +157,14 @@ def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
     ``zero_grad()`` and ``local_optimizer``: after 3 steps every rank's parameters equal
     single-process AdamW's; per step one reduce-scatter and one all-gather per bucket, no
     all-reduce; after each backward the rank holds the gradient of its shards only (1/W of the
-    gradient bytes plus each bucket's padding, fewer than W elements)."""
+    gradient bytes plus each bucket's padding, fewer than W elements), and every tensor its
+    class made that is still alive then, beyond its shards, their gradients and AdamW's state,
+    adds up to at most one more shard per bucket (measured on the rank: ``TensorsMade``)."""
+    __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
-    out = _run(zero2_training, world_size, cls, setup, STEPS)
-    ref = _reference(seed, hidden, blocks)
+    out = _run(zero2_training, world_size, f"Zero2AdamW ({_case(seed, hidden, blocks)})", cls,
+               setup, STEPS)
+    ref = _expected(seed, hidden, blocks)
     sizes = [p.numel() for p in ref["params"]]
     allowed = sum(shard_numel(n, world_size) for n in sizes) * 8
     for rank in range(world_size):
@@ -121,6 +176,7 @@ def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
                     f"{step}; ZeRO-2 keeps only its shards' gradients, {allowed} bytes (1/"
                     f"{world_size} of {sum(sizes) * 8}, plus padding). Once a bucket's gradient "
                     f"is reduce-scattered, set its parameters' .grad to None, inside backward.")
+        _check_kept(out[rank]["kept"], rank, allowed, world_size)
         for i, (got, exp) in enumerate(zip(out[rank]["params"], ref["params"])):
             assert_close(got, out[0]["params"][i], atol=0, rtol=0, rank=rank,
                          what=f"block {i}'s parameters compared with rank 0's",
@@ -130,6 +186,33 @@ def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
                               "division of the reduce-scattered sum by the world size.",
                          **PARAM_TOL)
     _check_losses(out, ref, world_size)
+
+
+def _case(seed, hidden: int, blocks: int) -> str:
+    sizes = "" if (hidden, blocks) == (ShardSetup.hidden, ShardSetup.blocks) else \
+        f", hidden={hidden}, blocks={blocks}"
+    return ("the stored inputs" if seed is None else f"fresh inputs, seed {seed}") + sizes
+
+
+SLACK = 1024   # bytes: the loss and other scalars a step leaves alive
+
+
+def _check_kept(kept: list[dict], rank: int, allowed: int, world_size: int) -> None:
+    """Every byte the rank's tensors keep alive after backward, beyond the model's parameters and
+    its local optimizer's shards, their gradients and AdamW's state: at most one more shard's
+    worth per bucket (a receive buffer, say), never a full-size gradient."""
+    for step, k in enumerate(kept):
+        if k["other_bytes"] > allowed + SLACK:
+            largest = ", ".join(f"{shape} ({n} bytes)" for n, shape in k["largest"])
+            raise CheckFailed(
+                f"rank {rank} kept {k['other_bytes']} bytes of tensors alive after the backward of "
+                f"step {step}, besides the model's parameters and its shards, their gradients and "
+                f"AdamW's state (measured: every tensor your class made that is still alive; the "
+                f"largest: {largest}). ZeRO-2 may keep at most one more shard-sized buffer per "
+                f"bucket, {allowed} bytes: a gradient buffer of the whole bucket (W = {world_size} "
+                f"times a shard) kept in an attribute is the full gradient ZeRO-2 exists to drop. "
+                f"Build the padded gradient in a temporary, reduce-scatter it, and keep only the "
+                f"shard's gradient.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,14 +259,16 @@ def check_zero3_block(cls, *, world_size: int = 2, seed: int | None = None,
     loss, gradients and parameters equal single-process training; per step and block one
     all-gather in forward, one in backward and one reduce-scatter; at most two blocks' parameters
     gathered at any probe (measured: bytes of the storages behind the parameters)."""
+    __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
-    out = _run(zero3_training, world_size, wrap_blocks(cls), setup, STEPS)
+    out = _run(zero3_training, world_size, f"Zero3Block ({_case(seed, hidden, blocks)})",
+               wrap_blocks(cls), setup, STEPS)
     for rank in range(world_size):
         for step in range(STEPS):
             check_zero3_pattern(step_comms(out, rank, step), out[rank]["steps"][step], rank, step,
                                 out[rank]["block_bytes"])
     _check_gathered_memory(out, world_size)
-    _check_zero3_values(out, _reference(seed, hidden, blocks), world_size)
+    _check_zero3_values(out, _expected(seed, hidden, blocks), world_size)
 
 
 def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
@@ -192,8 +277,10 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
     and the per-block pattern of ``check_zero3_block``, and every gather but the first of each
     pass asynchronous, issued before the previous block's compute ended and still in flight
     when that compute started."""
+    __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
-    out = _run(zero3_training, world_size, wrap_model(cls), setup, STEPS)
+    out = _run(zero3_training, world_size, f"PrefetchingZero3 ({_case(seed, hidden, blocks)})",
+               wrap_model(cls), setup, STEPS)
     for rank in range(world_size):
         for step in range(STEPS):
             comms = step_comms(out, rank, step)
@@ -201,7 +288,7 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
             check_zero3_pattern(comms, probes, rank, step, out[rank]["block_bytes"])
             prefetch_timing(comms, probes, rank, step)
     _check_gathered_memory(out, world_size)
-    _check_zero3_values(out, _reference(seed, hidden, blocks), world_size)
+    _check_zero3_values(out, _expected(seed, hidden, blocks), world_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +299,7 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
     """``fn(profile, budget)`` -> one bool per block (checkpoint it or not). With that choice the
     stack's saved activations, measured, stay within ``budget`` bytes, and its recompute equals
     the least of every choice within the budget (all 2^n tried, each measured)."""
+    __tracebackhide__ = True  # noqa: F841
     problem = _checkpoint_problem(seed, fraction, blocks)
     if seed is None and fraction in VISIBLE_FRACTIONS:
         from distlab.checks.stored import load

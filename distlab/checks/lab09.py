@@ -8,7 +8,7 @@ experts [r E/p, (r+1) E/p) of one MoE layer (``distlab.labs.experts.moe``):
    (the reverse all-to-all), gates; its backward, through the ``AllToAll`` autograd function,
    reverses both all-to-alls.
 3. ``expert_capacity(tokens, k, num_experts, capacity_factor)`` and ``capacity_mask(expert_idx,
-   num_experts, capacity_factor)`` -> ``(keep, dropped_fraction)`` (GShard §2.2).
+   num_experts, capacity_factor)`` -> ``(keep, dropped_fraction)`` (Switch Transformer §2.2, eq. 3).
 4. ``load_balancing_loss(probs, expert_idx, num_experts)``: Switch Transformer §2.2, eq. (4).
 
 The reference is the plain single-process layer on all p T tokens. Tolerance: atol = rtol = 1e-4
@@ -21,14 +21,14 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
-from distlab.checks.lab09_problems import (LAB, SHAPE, expected_dispatch, mine, moe_case,  # noqa: F401
-                                           moe_problem, moe_shape)
+from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch, mine,  # noqa: F401
+                                           moe_case, moe_problem, moe_shape)
+from distlab.checks.rank_failures import ranks_failed
 from distlab.checks.ranks import run_each_backend
 from distlab.labs.experts.moe import (MoE, reference_aux_loss, reference_capacity,
                                       reference_keep)
 from distlab.runtime.outcome import DistributedError
 
-SEED = 9
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-4
@@ -42,21 +42,61 @@ SPLITS_HINT = ("The token all-to-all failed: the sizes one rank sends must be th
 
 
 def make_references() -> dict[str, dict]:
-    """The stored reference set of Lab 9 (see ``distlab.course.references``): default sizes, 2 ranks."""
-    return {"moe": moe_problem(SEED, 2, **SHAPE)}
+    """The stored reference sets of Lab 9 (see ``distlab.course.references``): the problem
+    (default sizes, 2 ranks), its capacity masks and aux losses (a handout has no reference_*:
+    visible tests read these), and the plain layer's outputs the lab's figures show."""
+    moe = moe_problem(SEED, 2, **SHAPE)
+    return {"moe": moe,
+            "capacity": {"seed": SEED, **_capacity_reference(moe, 2, SHAPE["experts"],
+                                                             STORED_FACTOR)},
+            "aux_loss": {"seed": SEED, **_aux_reference(moe, 2, SHAPE["experts"], SHAPE["k"])},
+            "demos": {"seed": 0, **demo_references()}}
+
+
+def demo_references() -> dict:
+    """What the plain layer computes for the lab's demonstrations (show_routing, measure_traffic,
+    ep_dp_step), which the lab's cells show beside the student's layer: a handout has no plain
+    layer (``distlab.labs.experts.stored``)."""
+    from distlab.labs.experts.demos import ROUTING, routing_output
+    from distlab.labs.experts.ep_dp import EP_DP, plain_step
+    from distlab.labs.experts.traffic import TRAFFIC, plain_output
+    step = plain_step(**EP_DP)
+    return {"routing_y": routing_output(**ROUTING), "traffic_y": plain_output(**TRAFFIC),
+            **{f"ep_dp_{key}": value for key, value in step.items()}}
 
 
 def _close(got, expected, what: str, rank, hint: str = "") -> None:
     assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
 
 
+MISSING_HINT = ("A rank left out an all-to-all the others called. Every rank joins every "
+                "all-to-all, forward and backward, even one whose experts got no token (its "
+                "splits are zeros): run each local expert on its rows even when there are none, "
+                "so that the combine's output depends on the dispatch on every rank and autograd "
+                "runs both backward all-to-alls everywhere.")
+SIZE_MISMATCH = ("doesn't match", "does not match", "mismatch", "Split sizes", "SIGABRT")
+
+
+def failure_hint(text: str) -> str:
+    """The hint that applies to ranks that failed with ``text``: a token all-to-all whose sizes
+    disagreed (``SPLITS_HINT``), or one a rank never called (``MISSING_HINT``); else none."""
+    if "all_to_all" not in text:
+        return ""
+    if "without calling it" in text:
+        return MISSING_HINT
+    if any(mark in text for mark in SIZE_MISMATCH):
+        return SPLITS_HINT
+    return ""
+
+
 def _run(fn, world_size: int, what: str, *args):
-    """``run_each_backend``, with a collective that broke the ranks turned into a failed check."""
+    """``run_each_backend``, with a collective that broke the ranks turned into a failed check
+    (tracebacks cut to the student's frames, and the hint that applies)."""
+    __tracebackhide__ = True  # noqa: F841
     try:
         return run_each_backend(fn, world_size, *args)
     except DistributedError as err:
-        hint = f"\n{SPLITS_HINT}" if "all_to_all" in str(err) else ""
-        raise CheckFailed(f"{what}: the ranks failed.\n{err}{hint}") from None
+        raise ranks_failed(what, err, failure_hint(str(err))) from None
 
 
 def _is_float(c) -> bool:
@@ -65,8 +105,9 @@ def _is_float(c) -> bool:
 
 NO_TOKEN_GATHER = Collectives(
     "gather or broadcast of tokens", lambda c: c.op in GATHERS and _is_float(c), 0,
-    "Gathering the tokens gives every rank all p·T tokens, p times the traffic of an all-to-all "
-    "and memory that grows with the world size; expert parallelism sends each token only to the "
+    "Gathering the tokens gives every rank all p·T tokens, p/k times the bytes of the all-to-all "
+    "of T·k assignments, and memory that grows with the world size; expert parallelism sends each "
+    "token only to the "
     "rank that holds its expert: one all_to_all_single with uneven splits.")
 
 
@@ -104,6 +145,7 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
     source rank, local expert, then the source's flat index t·k+j; its plan gives the splits
     and the local expert of each row. Collectives: one count exchange (integers), then exactly
     one all_to_all_single of the T·k sent rows, and no gather of tokens."""
+    __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
     for backend, out in _run(_dispatch_on_rank, world_size, f"dispatch on {case}", dispatch,
                              ref["x"], ref["idx"], experts):
@@ -156,6 +198,7 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
     router's gradients summed over ranks equal the plain one. Forward: a count exchange and two
     token all-to-alls (dispatch, combine); backward: exactly two token all-to-alls. ``starve``:
     a routing where some rank's experts get no token (that rank must still join the backward)."""
+    __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k), starve)
     per = experts // world_size
     for backend, out in _run(_layer_on_rank, world_size, f"moe_forward on {case}", moe_forward,
@@ -199,6 +242,28 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
 # Exercise 3: capacity
 
 CAPACITY_CASES = [(12, 2, 4, 1.0), (10, 2, 8, 1.25), (16, 1, 4, 1.0), (7, 2, 4, 1.5), (64, 2, 8, 2.0)]
+STORED_FACTOR = 1.0      # the capacity factor of the stored set (visible tests)
+
+
+def _capacity_reference(ref: dict, world_size: int, experts: int, factor: float) -> dict:
+    """The reference capacities of CAPACITY_CASES and every rank's keep mask (concatenated,
+    (p T, k)), from the reference implementations (the judge's, or make_references')."""
+    keep = [reference_keep(mine(ref["idx"], r, world_size), experts, factor)
+            for r in range(world_size)]
+    return {"capacities": torch.tensor([reference_capacity(*c) for c in CAPACITY_CASES]),
+            "keep": torch.cat(keep)}
+
+
+def _capacity_case(ref: dict, seed, world_size: int, experts: int, factor: float) -> dict:
+    """The stored capacity references for a visible test (a handout has no reference_keep), or
+    fresh ones for a hidden test."""
+    if seed is not None:
+        return _capacity_reference(ref, world_size, experts, factor)
+    if factor != STORED_FACTOR:
+        raise CheckFailed(f"the stored references are for capacity factor {STORED_FACTOR}; pass "
+                          f"a seed to check another factor")
+    from distlab.checks.stored import load
+    return load(LAB, "capacity")
 
 
 def _capacity_on_rank(rank, world_size, expert_capacity, capacity_mask, idx, experts, factor):
@@ -209,15 +274,17 @@ def _capacity_on_rank(rank, world_size, expert_capacity, capacity_mask, idx, exp
 
 def check_capacity(expert_capacity, capacity_mask, world_size: int = 2, seed: int | None = None,
                    tokens=12, hidden=8, ffn=16, experts=4, k=2, capacity_factor=1.0) -> None:
-    """expert_capacity = ceil(c·T·k/E) (GShard §2.2); capacity_mask keeps, per expert, the first
+    """expert_capacity = ceil(c·T·k/E) (Switch Transformer §2.2, eq. 3); capacity_mask keeps, per expert, the first
     that many of a rank's assignments (every first choice in token order, then every second) and
     reports the fraction of the T·k assignments dropped."""
+    __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    expected = _capacity_case(ref, seed, world_size, experts, capacity_factor)
     for backend, out in _run(_capacity_on_rank, world_size, f"capacity on {case}", expert_capacity,
                              capacity_mask, ref["idx"], experts, capacity_factor):
         where = f"{case}, capacity factor {capacity_factor}, {out.backend}"
         for rank, res in enumerate(out):
-            want = [reference_capacity(*c) for c in CAPACITY_CASES]
+            want = [int(c) for c in expected["capacities"]]
             if res["capacities"] != want:
                 bad = next(i for i, (a, b) in enumerate(zip(res["capacities"], want)) if a != b)
                 t, kk, e, c = CAPACITY_CASES[bad]
@@ -226,7 +293,7 @@ def check_capacity(expert_capacity, capacity_mask, world_size: int = 2, seed: in
                     f"on rank {rank}: expected {want[bad]}, got {res['capacities'][bad]}. An "
                     f"expert's buffer holds ceil(c·T·k/E) assignments: T tokens make T·k "
                     f"assignments, spread over E experts.")
-            keep = reference_keep(mine(ref["idx"], rank, world_size), experts, capacity_factor)
+            keep = mine(expected["keep"], rank, world_size)
             _close(res["keep"].to(torch.bool), keep, f"capacity_mask on {where}", rank,
                    "Fill each expert up to capacity with every token's first choice, in token "
                    "order, then the second choices; drop the rest.")
@@ -255,19 +322,37 @@ def check_aux_loss(load_balancing_loss, world_size: int = 2, seed: int | None = 
     """On each rank's tokens: E · Σ_i f_i P_i (Switch Transformer §2.2, eq. 4), f_i the fraction of
     the T·k assignments to expert i, P_i the mean probability of i; value and gradient with
     respect to the router logits equal the reference's (which is 1 for a uniform router)."""
+    __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
+    if seed is None:                     # visible: stored (a handout has no reference_aux_loss)
+        from distlab.checks.stored import load
+        expected = load(LAB, "aux_loss")
+    else:
+        expected = _aux_reference(ref, world_size, experts, k)
     for backend, out in _run(_aux_on_rank, world_size, f"load_balancing_loss on {case}",
                              load_balancing_loss, ref, experts, k):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
-            logits = (mine(ref["x"], rank, world_size) @ ref["param.router.weight"].T).requires_grad_(True)
-            probs = torch.softmax(logits, dim=-1)
-            loss = reference_aux_loss(probs, probs.topk(k, dim=-1).indices, experts)
-            loss.backward()
             hint = ("E · Σ_i f_i · P_i: the factor E makes a uniform router score exactly 1 "
                     "whatever E is (Switch Transformer §2.2); f_i is a count (no gradient).")
-            _close(res["loss"], loss.detach(), f"load_balancing_loss value on {where}", rank, hint)
-            _close(res["grad"], logits.grad, f"load_balancing_loss gradient on {where}", rank, hint)
+            _close(res["loss"], expected["loss"][rank], f"load_balancing_loss value on {where}",
+                   rank, hint)
+            _close(res["grad"], mine(expected["grad"], rank, world_size),
+                   f"load_balancing_loss gradient on {where}", rank, hint)
+
+
+def _aux_reference(ref: dict, world_size: int, experts: int, k: int) -> dict:
+    """Each rank's reference loss (p,) and its gradient with respect to the router logits
+    (p T, E), from reference_aux_loss (the judge's, or make_references')."""
+    losses, grads = [], []
+    for rank in range(world_size):
+        logits = (mine(ref["x"], rank, world_size) @ ref["param.router.weight"].T).requires_grad_(True)
+        probs = torch.softmax(logits, dim=-1)
+        loss = reference_aux_loss(probs, probs.topk(k, dim=-1).indices, experts)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(logits.grad)
+    return {"loss": torch.stack(losses), "grad": torch.cat(grads)}
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).

@@ -13,22 +13,46 @@ from distlab.labs.experts.moe import make_moe
 
 LAB = "09_expert_parallel"
 SHAPE = dict(tokens=12, hidden=8, ffn=16, experts=4, k=2)   # tokens per rank; E divisible by 2, 4
+SEED = 9                                                     # the stored set's seed
 
 
 def moe_problem(seed: int, world_size: int, tokens: int, hidden: int, ffn: int, experts: int,
-                k: int) -> dict:
+                k: int, starve: bool = False) -> dict:
     """x, dy (p T, h); the layer's param.*; the plain layer's y, dx, grad.*; the routing
-    (probs (p T, E), gates and idx (p T, k))."""
+    (probs (p T, E), gates and idx (p T, k)). ``starve``: the last rank's experts get no token
+    (``starve_last_rank``)."""
     if experts % world_size or k > experts:
         raise ValueError(f"{experts} experts cannot be split over {world_size} ranks with k={k}")
+    if starve and k > experts - experts // world_size:
+        raise ValueError(f"with k={k} every token needs {k} experts; starving a rank leaves "
+                         f"{experts - experts // world_size}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(world_size * tokens, hidden, generator=g)          # (p T, h)
     dy = torch.randn(world_size * tokens, hidden, generator=g)         # (p T, h)
     moe = make_moe(hidden, ffn, experts, k, seed)
+    if starve:
+        starve_last_rank(moe, x, world_size)
     with torch.no_grad():
         probs, gates, idx = moe.route(x)
     return {"seed": seed, "x": x, "dy": dy, "probs": probs, "gates": gates, "idx": idx,
             **dense_run(moe, x, dy)}
+
+
+def starve_last_rank(moe, x: torch.Tensor, world_size: int) -> None:
+    """Make the routing leave the last rank's experts without a token, in place and by
+    construction (no search): feature 0 of every token becomes positive (|x_0| + 1) and the
+    router's weight on it for those experts drops by 8 (their logits by at least 8), doubling
+    the drop until no token picks them."""
+    last = slice(moe.num_experts - moe.num_experts // world_size, moe.num_experts)
+    with torch.no_grad():
+        x[:, 0] = x[:, 0].abs() + 1
+        drop = 8.0
+        while True:
+            moe.router.weight[last, 0] -= drop
+            idx = moe.route(x)[2]
+            if not ((idx >= last.start).any()):
+                return
+            drop *= 2
 
 
 def starved(problem: dict, world_size: int, experts: int) -> bool:
@@ -39,27 +63,22 @@ def starved(problem: dict, world_size: int, experts: int) -> bool:
 
 def moe_case(seed, world_size: int, shape: dict, starve: bool = False) -> tuple[dict, str]:
     """(problem, description): the stored set when seed is None, else a fresh one; with
-    ``starve``, the first seed from ``seed`` on whose routing leaves some rank's experts without a
-    token (a rank that must still join the backward's all-to-alls)."""
+    ``starve``, a fresh one (seed ``SEED`` when None) whose routing leaves the last rank's experts
+    without a token (a rank that must still join the backward's all-to-alls)."""
+    s = shape
+    sizes = (f"{world_size} ranks, T={s['tokens']} tokens per rank, h={s['hidden']}, "
+             f"E={s['experts']}, k={s['k']}")
     if starve:
-        for candidate in range(seed, seed + 10_000):
-            problem = moe_problem(candidate, world_size, **shape)
-            if starved(problem, world_size, shape["experts"]):
-                s = shape
-                return problem, (f"fresh inputs (seed {candidate}, {world_size} ranks, "
-                                 f"T={s['tokens']} tokens per rank, h={s['hidden']}, "
-                                 f"E={s['experts']}, k={s['k']}; a rank's experts get no token)")
-        raise ValueError(f"no seed from {seed} starves a rank of {world_size} with {shape}")
+        seed = SEED if seed is None else seed
+        return (moe_problem(seed, world_size, **shape, starve=True),
+                f"fresh inputs (seed {seed}, {sizes}; rank {world_size - 1}'s experts get no token)")
     if seed is None:
         if world_size != 2 or shape != SHAPE:
             raise CheckFailed("the stored references are for 2 ranks and the default sizes; "
                               "pass a seed to check other world sizes or sizes")
         from distlab.checks.stored import load
         return load(LAB, "moe"), "the stored inputs (2 ranks)"
-    s = shape
-    return (moe_problem(seed, world_size, **shape),
-            f"fresh inputs (seed {seed}, {world_size} ranks, T={s['tokens']} tokens per rank, "
-            f"h={s['hidden']}, E={s['experts']}, k={s['k']})")
+    return moe_problem(seed, world_size, **shape), f"fresh inputs (seed {seed}, {sizes})"
 
 
 def moe_shape(tokens, hidden, ffn, experts, k) -> dict:

@@ -4,9 +4,13 @@ The handout holds
 - ``notebooks/<lab>/``: the student labs, built afresh from ``solutions/`` by nbgrader (solution
   code replaced by stubs, hidden tests removed), so a stale ``notebooks/`` cannot leak anything;
 - ``data/<lab>/``: the stored references the visible tests read, with their manifests;
-- ``distlab/``: the package the labs import (its implementations are what later labs build on;
-  the grader gives nothing for handing one in as an answer);
+- ``distlab/``: the student package (``distlab.grading.student_package``): the package the labs
+  import, without the answers of the labs handed out or of any later lab (stubs that say whose
+  they are to write); earlier labs' implementations stay, since later labs build on them. So
+  hand a term's labs out one week at a time, ``--lab`` by ``--lab``, as nbgrader's
+  ``release_assignment`` does;
 - ``pyproject.toml``, ``setup.py`` and ``environment.yml``: the pinned environment;
+- ``cluster/``: the sbatch scripts of the course's cluster programs;
 - ``Makefile`` and ``README.md`` for students: ``make lab`` sets up and opens the labs,
   ``make doctor`` checks the machine.
 
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from distlab import paths
 from distlab.course import notebooks
+from distlab.grading import student_package
 
 PROJECT_FILES = ("pyproject.toml", "setup.py", "environment.yml")
 COURSE_FOLDERS = {"solutions", "notebooks", "data", "grader", "distlab", "tests", "bench"}
@@ -77,10 +82,25 @@ Work through `notebooks/` in order:
 
 {labs}
 
+On a cluster, `cluster/slurm/` holds sbatch scripts that run the course's programs (the
+bandwidth sweep `python -m distlab.cluster.busbw`, a 3-D training run
+`python -m distlab.cluster.train3d`) with srun and one `torchrun` agent per node; their headers
+say how to set them.
+
 Each exercise has visible tests: run them as often as you like. The grader also runs hidden
 tests on fresh inputs, so make your code right, not just the visible cases. Hand in each lab's
 notebook (`notebooks/<lab>/<lab>.ipynb`) as your course asks.
 """
+
+
+def _other_labs(every: list[str], labs: list[str]):
+    """shutil's ignore: the data of labs not handed out (and caches); data that belongs to no
+    lab (sample traces) goes with every handout."""
+    others = set(every) - set(labs)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return set(SKIP(folder, names)) | {n for n in names if n in others}
+    return ignore
 
 
 def handout_problems(out: Path) -> list[str]:
@@ -131,9 +151,15 @@ def _labs_list(labs: list[str]) -> str:
     return "\n".join(f"- `notebooks/{lab}/{lab}.ipynb`" for lab in labs)
 
 
-def release(out: Path, log=print) -> Path:
-    """Write the handout into ``out`` (replaced whole, and only once it passed its own check)."""
-    root, labs = paths.root(), paths.labs()
+def release(out: Path, log=print, labs: list[str] | None = None) -> Path:
+    """Write the handout of ``labs`` (every lab: None) into ``out`` (replaced whole, and only
+    once it passed its own check)."""
+    root, every = paths.root(), paths.labs()
+    unknown = sorted(set(labs or ()) - set(every))
+    if unknown:
+        raise ValueError(f"no lab {', '.join(unknown)} in this course: the labs are "
+                         f"{', '.join(every)}")
+    labs = sorted(set(labs)) if labs else every
     out = out.resolve()
     if out in (root, *root.parents) or (out.parent == root and out.name in COURSE_FOLDERS):
         raise ValueError(f"{out} would overwrite the course's own files: give a new folder, "
@@ -144,11 +170,14 @@ def release(out: Path, log=print) -> Path:
         for lab, files in notebooks.build_student_notebooks(labs).items():
             notebooks.write_student_notebooks(lab, files, out=stage / "notebooks")
             log(f"  notebooks/{lab}/ ({len(files)} files)")
-        shutil.copytree(paths.data(), stage / "data", ignore=SKIP)
-        shutil.copytree(paths.PACKAGE, stage / "distlab", ignore=SKIP)
+        shutil.copytree(paths.data(), stage / "data", ignore=_other_labs(every, labs))
+        student_package.write_package(stage, labs)
+        log(f"  distlab/ (without the answers of {labs[0]} and every later lab)")
         for name in PROJECT_FILES:
             if (root / name).exists():
                 shutil.copy2(root / name, stage / name)
+        if (root / "cluster").is_dir():   # the sbatch scripts of the course's cluster programs
+            shutil.copytree(root / "cluster", stage / "cluster", ignore=SKIP)
         (stage / "Makefile").write_text(MAKEFILE)
         (stage / "README.md").write_text(README.format(labs=_labs_list(labs)))
         problems = handout_problems(stage)
@@ -168,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                     "tests read, the package, the environment and a student README; no solutions, "
                     "no hidden tests.")
     p.add_argument("out", type=Path, metavar="OUT")
+    p.add_argument("--lab", action="append", metavar="LAB",
+                   help="hand out this lab (repeatable; default: every lab). The package holds "
+                        "no answer to it or to any later lab; earlier labs' implementations stay.")
     args = p.parse_args(argv)
     try:
-        out = release(args.out)
+        out = release(args.out, labs=args.lab)
     except (RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"distlab release: {exc}", file=sys.stderr)
         return 1

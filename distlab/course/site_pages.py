@@ -18,7 +18,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 # The widgets whose arithmetic has a JavaScript twin in site_static/twins.js: the call a cell makes
 # -> the twin drawn in its place. Any other widget is shown as saved, with a notice.
-TWINS = {"schedule_explorer()": "schedule", "planner()": "planner"}
+# (A cell may pass the reader's own functions, e.g. planner(choose_degrees, memory_per_gpu).)
+TWINS = {"schedule_explorer(": "schedule", "planner(": "planner"}
 SNAPSHOT_NOTICE = ('<p class="distlab-snapshot">snapshot: run the lab to interact (this widget '
                    'shows what it drew when the lab ran; its sliders redraw only in a kernel)</p>')
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import importlib
 import io
@@ -44,6 +45,7 @@ import threading
 from distlab.checks.course_code import guard_of
 from distlab.checks.messenger import ENV, _recv, _send
 from distlab.runtime import call_guard
+from distlab.runtime.launch import Launcher
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
@@ -64,6 +66,7 @@ class Submitted:
     def __reduce__(self):
         # Unpickled on a rank, where the check's guard looks at what the student handed in.
         from distlab.runtime.call_guard import load_submitted
+        _CARRIED.set(True)   # the run carries student code: it goes to the student's ranks
         return (load_submitted, (self.data, self.name))
 
     def __repr__(self) -> str:
@@ -94,6 +97,66 @@ def _call(rank: int, world_size: int, fn, args, kwargs):
 
 
 # ---------------------------------------------------------------------------------------------
+# Two kinds of ranks: the student's, which import the student package, and the references'
+
+_CARRIED: contextvars.ContextVar[bool] = contextvars.ContextVar("distlab_carried", default=False)
+
+
+def carries_submitted(payload) -> bool:
+    """Whether pickling ``payload`` (a run's function and arguments) packs a student's object."""
+    import cloudpickle
+    token = _CARRIED.set(False)
+    try:
+        cloudpickle.dumps(payload)
+        return _CARRIED.get()
+    finally:
+        _CARRIED.reset(token)
+
+
+class Ranks:
+    """The judge's ranks, as ``distlab.run`` sees them inside ``active()``: a run that carries a
+    student's function or class runs on the ``student`` launcher (ranks that import the student
+    package of the lab graded and cannot read the instructor's); any other run, a reference the
+    check computes on ranks, on the ``reference`` launcher, made on first use (ranks with the
+    instructor's package, their zygote forked by the kernels' server since the judge's thread
+    cannot fork): student code never runs where the answers are, and the answers are computed
+    where no student code runs."""
+
+    def __init__(self, student, reference_settings):
+        self.student = student
+        self.reference_settings = reference_settings
+        self.reference: Launcher | None = None
+
+    def run(self, fn, world_size: int, *args, **kwargs):
+        if carries_submitted((fn, args, kwargs)):
+            return self.student.run(fn, world_size, *args, **kwargs)
+        if self.reference is None:
+            self.reference = Launcher(self.reference_settings)
+        return self.reference.run(fn, world_size, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def active(self):
+        from distlab.runtime import launch
+        token = launch._ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            launch._ACTIVE.reset(token)
+
+    def warm_up(self):
+        return self.student.warm_up()
+
+    def zygote_pids(self) -> set:
+        return {launcher.zygote_pid() for launcher in (self.student, self.reference)
+                if launcher is not None} - {None}
+
+    def close(self) -> None:
+        for launcher in (self.student, self.reference):
+            if launcher is not None:
+                launcher.close()
+
+
+# ---------------------------------------------------------------------------------------------
 # The judge's side
 
 @dataclasses.dataclass
@@ -115,11 +178,13 @@ class Judge:
     ranks on the judge's own launcher, made with ``ranks`` (a ``LaunchSettings`` that distrusts
     them: see ``GradingSettings.launch_settings``)."""
 
-    def __init__(self, folder, ranks):
-        from distlab.runtime.launch import Launcher
+    def __init__(self, folder, ranks, student=None):
+        """``ranks``: the settings of ranks that run references; ``student``: of ranks that run
+        the student's code (None: the same)."""
         # Checks run here as plain calls: never as messages to this very judge.
         os.environ.pop(ENV, None)
-        self.launcher = Launcher(ranks)
+        self.reference_settings = ranks
+        self.launcher = self._ranks(student or ranks)
         # Its zygote imports torch and the checks while nbgrader starts and the first cells run;
         # started before this judge's thread, so that it can be forked (LaunchSettings.fork_zygote).
         self.launcher.warm_up()
@@ -134,6 +199,17 @@ class Judge:
         self.verdicts: dict[str, list[Verdict]] = collections.defaultdict(list)
         self.lock = threading.Lock()
         threading.Thread(target=self._serve, name="judge", daemon=True).start()
+
+    def _ranks(self, student) -> Ranks:
+        return Ranks(Launcher(student), self.reference_settings)
+
+    def use(self, student) -> None:
+        """The student's ranks from now on (a lab's student package: ``LaunchSettings.package``);
+        its zygote starts now, while nbgrader starts the kernel."""
+        with self.lock:
+            self.launcher.student.close()
+            self.launcher.student = Launcher(student)
+            self.launcher.warm_up()
 
     # -- the grader's executor tells the judge which test cell runs
     def enter(self, cell: str | None, source: str = "") -> None:

@@ -1,10 +1,14 @@
 """The grader's pieces that nbgrader runs, named in grader/nbgrader_config.py and set up by the
-worker (``distlab.grading.worker``): the notebook's time budget and two preprocessors."""
+worker (``distlab.grading.worker``): the notebook's time budget and the preprocessors (one for
+autograde, two for the feedback)."""
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
+from nbformat.v4 import new_output
 from nbgrader import utils
 from traitlets import Bool
 
@@ -69,6 +73,79 @@ class FeedbackWithoutHiddenTests(Preprocessor):
             if output.get("output_type") == "error":
                 output["traceback"] = [f"{output.get('ename')}: {output.get('evalue')}"]
         return cell, resources
+
+
+class TeachingOutputsFromSubmission(Preprocessor):
+    """For feedback: a teaching-only cell the grader skipped (``distlab.grading.execution``) shows
+    the outputs it had in the student's own submitted notebook, under a line that says so,
+    instead of an empty ``In [ ]``. Only text and PNG images are copied: nothing from the student's
+    notebook runs in the browser of whoever opens the feedback."""
+
+    enabled = Bool(True)
+    MAX_TEXT = 20_000                 # characters of one output's text
+    MAX_IMAGE = 2_000_000             # characters of one base64 PNG
+    NOTE = ("[The grader does not run this teaching cell. Below: the output it had in your "
+            "submitted notebook, as you ran it.]\n")
+
+    def preprocess(self, nb, resources):
+        import nbformat
+        from distlab.grading.execution import teaching_ids
+        info, folder = resources.get("nbgrader", {}), resources.get("metadata", {}).get("path")
+        student, lab = info.get("student"), info.get("assignment")
+        name = info.get("notebook") or lab
+        if not (folder and student and lab):
+            return nb, resources
+        root = Path(folder).resolve().parents[2]   # <root>/autograded/<student>/<lab>
+        try:
+            source = nbformat.read(root / "source" / lab / f"{name}.ipynb", as_version=4)
+            submitted = nbformat.read(root / "submitted" / student / lab / f"{name}.ipynb",
+                                      as_version=4)
+        except (OSError, ValueError, AttributeError):
+            return nb, resources
+        teaching = teaching_ids(source)
+        theirs = {_grade_id(c): c for c in submitted.cells if c.get("cell_type") == "code"}
+        for cell in nb.cells:
+            gid = _grade_id(cell)
+            if cell.cell_type != "code" or gid not in teaching or cell.get("outputs"):
+                continue
+            mine = theirs.get(gid)
+            outputs = [o for o in (self._safe(o) for o in (mine or {}).get("outputs", [])) if o]
+            note = self.NOTE if outputs else ("[The grader does not run this teaching cell, and "
+                                              "it had no output in your submitted notebook.]\n")
+            cell.outputs = [new_output("stream", name="stdout", text=note)] + outputs
+            count = (mine or {}).get("execution_count")
+            cell.execution_count = count if isinstance(count, int) else None
+        return nb, resources
+
+    def _safe(self, output):
+        """The output's text and PNG image only, size-capped; None if nothing is left."""
+        kind = output.get("output_type")
+        if kind == "stream":
+            return new_output("stream", name="stdout", text=_text(output.get("text"))[:self.MAX_TEXT])
+        if kind == "error":
+            line = f"{_text(output.get('ename'))}: {_text(output.get('evalue'))}"[:self.MAX_TEXT]
+            return new_output("stream", name="stdout", text=line + "\n")
+        if kind in ("display_data", "execute_result"):
+            data = output.get("data", {})
+            kept = {}
+            if isinstance(data.get("text/plain"), (str, list)):
+                kept["text/plain"] = _text(data["text/plain"])[:self.MAX_TEXT]
+            png = data.get("image/png")
+            if isinstance(png, str) and len(png) <= self.MAX_IMAGE and _BASE64.fullmatch(png):
+                kept["image/png"] = png
+            return new_output("display_data", data=kept) if kept else None
+        return None
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value or "")
+
+
+def _grade_id(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 def load_config():

@@ -34,6 +34,9 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     scope = selection.in_shard(found, shard)
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
+    # Students' code runs with their handout's package, never the instructor's (one per lab).
+    settings = dataclasses.replace(settings, views=str(student_views(
+        workdir, sorted({lab for labs in scope.values() for lab in labs}))))
     current = selection.lab_fingerprints(submissions, scope, template, settings.fingerprint())
     run = records.Run(workdir, out, scope, shard, current, write_scores)
     todo, skipped = selection.plan(current, run.records, regrade)
@@ -89,6 +92,14 @@ def _record(student: str, future, workdir: Path, run) -> bool:
     collect_feedback(rows, workdir)
     run.record(student, rows, seconds)
     return True
+
+
+def student_views(workdir: Path, labs: list[str]) -> Path:
+    """Make (or reuse) the student package of each lab graded, in ``workdir/views/<lab>``."""
+    from distlab.grading.student_package import view
+    for lab in labs:
+        view(workdir, lab)
+    return (workdir / "views").resolve()
 
 
 def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ...]:

@@ -140,7 +140,9 @@ class Run:
             record["labs"][row["lab"]] = {
                 "fingerprint": self.current[student][row["lab"]], "row": row,
                 "points": points_per_test(row, self.tests.get(row["lab"], {})),
-                "seconds": round(seconds / len(rows), 2),  # this lab's share of the student's time
+                # what grading this notebook cost (the worker measures it; else its share)
+                "seconds": row.get("cost", {}).get("seconds", round(seconds / len(rows), 2)),
+                "cpu_seconds": row.get("cost", {}).get("cpu_seconds"),
                 "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         save_record(self.workdir, record)
         self.records[student] = record

@@ -13,12 +13,16 @@ from distlab.grading.statuses import status_of_cell
 
 
 def score_tests(root: Path, student: str, lab: str, cells: dict, judge, row: dict) -> dict:
-    """Fill the row's per-test status, message and score. A test cell with checks passes only if
+    """Fill the row's per-test status, message, score and cases (``row["cases"][test]``: every
+    check the cell called, hidden or not, with its arguments, seed, what is special and its
+    outcome; also listed under the cell for the feedback). A test cell with checks passes only if
     the judge passed every check the cell calls; where the kernel showed otherwise, the test is
     set to zero in the gradebook. Returns {test: message} for the tests the judge overrode."""
     from nbgrader.api import Gradebook
+    from distlab.grading.cases import cases_output, cell_cases
     from distlab.grading.gradebook import autograded_tests
     overrides = {}
+    row.setdefault("cases", {})
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "distlab") as gb:
         notebook = next(n for n in gb.find_assignment(lab).notebooks if n.name == lab)
         tests = autograded_tests(notebook)  # manually graded answers are the instructor's
@@ -45,6 +49,11 @@ def score_tests(root: Path, student: str, lab: str, cells: dict, judge, row: dic
                         overrides[test.name] = message
                         grade.manual_score = 0.0
                     score = 0.0
+            if cell is not None:
+                cases = cell_cases(cell.source, judge.verdicts.get(test.name, []))
+                row["cases"][test.name] = cases
+                if cases:
+                    cell.outputs.append(cases_output(cases))
             row["tests"][test.name] = status
             row["messages"][test.name] = message[:2000]
             row["points"][test.name] = score

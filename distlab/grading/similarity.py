@@ -7,23 +7,37 @@ How two pieces of code are compared (the idea of MOSS's winnowing, written small
    (variables, arguments, functions, classes) to ``v0, v1, ...`` in order of first use, and print
    it back in one canonical layout. Names it only uses (``torch``, ``dist.all_reduce``) stay:
    they are the substance. Renaming, reformatting and re-commenting change nothing.
-2. *Fingerprint*: the hashes of every run of ``K`` consecutive tokens.
+2. *Fingerprint*: the hashes of every run of ``K`` consecutive tokens, of the whole cell and of
+   each of its definitions normalised on its own (similarity_code.py): a copied function then
+   matches wherever it sits in the cell, whatever the cell binds before it.
 3. *Compare*: the share of the shorter side's fingerprints found in the other (containment).
 
 What is compared: every solution cell of every submitted notebook, with the same cell of every
 other student and with every function, class and method of the shipped package's lab and check
 modules (``distlab/labs``, ``distlab/checks``: the implementations later labs build on, and the
-checks' references). A cell left as handed out is not compared.
+checks' references). A cell left as handed out is not compared. Beside the text, the report
+compiles (never runs) each answer and compares its functions' code objects with the course's
+(kind ``bytecode``: equal bytecode and constants, names and line numbers aside), and it lists the
+answers that use dynamic code or introspection (kind ``dynamic``, similarity_dynamic.py), which an
+honest answer to these labs never needs. The ``detail`` column says where: the line and function
+of the answer, or each use with its line.
 
 Fingerprints of the handed-out cell and of the course's own solution (``solutions/``) are common
 ground, as MOSS's base files are: the labs walk students towards that solution, so matching it is
 what honest work looks like, and only what two answers share *beyond* it counts, against another
-student or against a shipped implementation. (An exercise whose solution is also shipped, line for
-line, cannot tell a copy from honest work: the report stays silent there rather than accuse.)
+student or against a shipped implementation (its code objects and dynamic uses likewise). (An
+exercise whose solution is also shipped, line for line, cannot tell a copy from honest work: the
+report stays silent there rather than accuse.)
 
 Short answers that honest students write alike (a one-line formula) are not compared at all
-(fewer than ``MIN_TOKENS`` tokens beyond the common ground), and a shorter comparison needs a
-higher share to be flagged (``threshold``).
+(fewer than ``MIN_TOKENS`` tokens beyond the common ground, or ``MIN_INSTRUCTIONS`` for a code
+object), and a shorter comparison needs a higher share to be flagged (``threshold``).
+
+Why not copydetect (MOSS's winnowing on files, with boilerplate sets and an HTML report): it
+tokenises with pygments and writes every name and attribute as one letter, so ``dist.send`` and
+``dist.recv`` read alike and the short answers of these labs would match each other; its files,
+numpy and HTML buy little over the hundred lines of similarity_text.py, which keep the called
+names, the common ground and a CSV.
 
 ``distlab grade`` writes the report to ``<workdir>/similarity.csv`` after grading and prints a
 summary; ``python -m distlab.grading.similarity SUBMISSIONS_DIR`` writes it on its own (after a
@@ -32,127 +46,33 @@ summary; ``python -m distlab.grading.similarity SUBMISSIONS_DIR`` writes it on i
 from __future__ import annotations
 
 import argparse
-import ast
-import builtins
 import collections
 import csv
 import dataclasses
 import functools
-import hashlib
-import io
 import sys
-import textwrap
-import tokenize
 from pathlib import Path
 
 from distlab import paths
+from distlab.grading.similarity_code import MIN_INSTRUCTIONS, code_keys, definitions  # noqa: F401
+# the course's side lived here before: its names stay importable from here
+from distlab.grading.similarity_course import (REFERENCE_FLOORS, course_cells,  # noqa: F401
+                                               course_code, course_implementations, sources_code)
+from distlab.grading.similarity_dynamic import describe_uses, dynamic_uses
+from distlab.grading.similarity_text import (K, MIN_TOKENS, code_fingerprints,  # noqa: F401
+                                             containment, definition_fingerprints, fingerprints,
+                                             normalise, threshold)
 
-K = 6                  # tokens per fingerprint
-MIN_TOKENS = 30        # cells shorter than this are not compared
-FIELDS = ["lab", "cell", "student", "other", "kind", "similarity", "tokens"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalising and fingerprinting
-
-class _Renamer(ast.NodeTransformer):
-    """Rename what the code binds, in order of first appearance; keep what it only uses."""
-
-    def __init__(self, bound: set[str]):
-        self.bound, self.names = bound, {}
-
-    def _name(self, name: str) -> str:
-        if name not in self.bound:
-            return name
-        return self.names.setdefault(name, f"v{len(self.names)}")
-
-    def visit_Name(self, node):
-        node.id = self._name(node.id)
-        return node
-
-    def visit_arg(self, node):
-        node.arg, node.annotation = self._name(node.arg), None
-        return node
-
-    def _visit_def(self, node):
-        node.name = self._name(node.name)
-        if hasattr(node, "returns"):
-            node.returns = None
-        body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            body = body[1:] or [ast.Pass()]
-        node.body = body
-        self.generic_visit(node)
-        return node
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _visit_def
-
-
-def _bound_names(tree: ast.AST) -> set[str]:
-    """Names the code binds: assignment targets, arguments, definitions, loop and with targets."""
-    bound = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-    return bound - set(dir(builtins))
-
-
-def normalise(source: str) -> list[str]:
-    """The code's tokens after renaming, without comments, docstrings or layout."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        text = source           # not Python (yet): compare its raw tokens
-    else:
-        tree = _Renamer(_bound_names(tree)).visit(tree)
-        text = ast.unparse(tree)
-    tokens = []
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
-                            tokenize.DEDENT, tokenize.ENDMARKER):
-                continue
-            tokens.append(tok.string)
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        tokens = text.split()
-    return tokens
-
-
-def code_fingerprints(tokens: list[str]) -> set[int]:
-    return {int.from_bytes(hashlib.blake2b("\x00".join(tokens[i:i + K]).encode(),
-                                           digest_size=8).digest(), "little")
-            for i in range(max(0, len(tokens) - K + 1))}
-
-
-def threshold(tokens: int) -> float:
-    """The containment above which a pair is flagged: 0.8 for long cells, rising to 0.95 for the
-    shortest ones compared (a short cell shares a large part with anything similar by chance)."""
-    if tokens >= 150:
-        return 0.8
-    return 0.95 - 0.15 * (tokens - MIN_TOKENS) / (150 - MIN_TOKENS)
+# ``detail`` came last, so that readers of the first seven columns read on unchanged.
+FIELDS = ["lab", "cell", "student", "other", "kind", "similarity", "tokens", "detail"]
+COPY_KINDS = ("another student", "course implementation", "bytecode")   # and "dynamic"
 
 
 # ---------------------------------------------------------------------------------------------
 # Comparing one solution cell
 
-@functools.lru_cache(maxsize=4096)
-def _print(source: str) -> tuple[int, frozenset[int]]:
-    """(tokens, fingerprints) of ``source``; cached: the references recur for every cell."""
-    tokens = normalise(source)
-    return len(tokens), frozenset(code_fingerprints(tokens))
-
-
-def _share(a: set[int], b: set[int], hits: int | None = None) -> tuple[float, int]:
-    """(containment, tokens compared): the share of the smaller side found in the other, and the
-    smaller side's length in tokens, which sets the threshold."""
-    small = min(len(a), len(b))
-    shared = len(a & b) if hits is None else hits
-    return (shared / small if small else 0.0), small + K - 1
+_code_keys = functools.lru_cache(maxsize=4096)(code_keys)       # read only: shared is safe
+_dynamic_uses = functools.lru_cache(maxsize=4096)(dynamic_uses)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,22 +80,26 @@ class Flag:
     lab: str
     cell: str
     student: str
-    other: str          # another student, or "course: <module:qualname>"
-    kind: str           # "another student" or "course implementation"
-    similarity: float
-    tokens: int         # length of the compared part (beyond the common ground), in tokens
+    other: str          # another student, "course: <module:qualname>", or "" (dynamic)
+    kind: str           # one of COPY_KINDS, or "dynamic"
+    similarity: float   # 1.0 for bytecode, 0.0 for dynamic
+    tokens: int         # length of the compared part (beyond the common ground), in tokens;
+    #                     instructions for bytecode, 0 for dynamic
+    detail: str = ""    # where: "line 3: fit_alpha_beta", "line 3: exec(...); line 5: ..."
 
 
 class References:
     """The shipped implementations, fingerprinted once, with an index from fingerprint to the
-    implementations holding it (so an answer meets only those it shares something with)."""
+    implementations holding it (so an answer meets only those it shares something with), and
+    their code objects by key (``code``; compiled from ``sources`` when not given)."""
 
-    def __init__(self, sources: dict[str, str]):
-        self.prints = {name: _print(src)[1] for name, src in sources.items()}
+    def __init__(self, sources: dict[str, str], code: dict[str, list[str]] | None = None):
+        self.prints = {name: fingerprints(src)[1] for name, src in sources.items()}
         self.index = collections.defaultdict(list)
         for name, prints in self.prints.items():
             for fp in prints:
                 self.index[fp].append(name)
+        self.code = sources_code(sources) if code is None else code
 
     def copied(self, own: frozenset[int], common: frozenset[int]) -> list[tuple[str, float, int]]:
         """(name, containment, tokens) of each implementation that ``own`` (an answer's
@@ -183,7 +107,7 @@ class References:
         hits = collections.Counter(name for fp in own for name in self.index.get(fp, ()))
         found = []
         for name, shared in hits.items():
-            score, size = _share(own, self.prints[name] - common, shared)
+            score, size = containment(own, self.prints[name] - common, shared)
             if size >= MIN_TOKENS and score >= threshold(size):
                 found.append((name, score, size))
         return sorted(found, key=lambda f: -f[1])
@@ -196,79 +120,61 @@ def compare_cell(lab: str, cell: str, answers: dict[str, str], base: list[str],
     the shipped implementations ({"module:qualname": source}, or indexed)."""
     if not isinstance(references, References):
         references = References(references)
-    handed_out = _print(base[0])[1] if base else frozenset()
-    common = frozenset().union(*(_print(b)[1] for b in base))
-    own = {}
-    for student, code in answers.items():
-        tokens, prints = _print(code)
-        if tokens >= MIN_TOKENS and not prints <= handed_out:
-            own[student] = prints - common
-    flags = [_flag(lab, cell, student, f"course: {name}", "course implementation", score, size)
-             for student, prints in sorted(own.items())
-             for name, score, size in references.copied(prints, common)]
-    students = sorted(own)
-    for i, a in enumerate(students):
-        for b in students[i + 1:]:
-            score, size = _share(own[a], own[b])
-            if size >= MIN_TOKENS and score >= threshold(size):
-                flags.append(_flag(lab, cell, a, b, "another student", score, size))
+    handed_out = fingerprints(base[0])[1] if base else frozenset()
+    texts = {student: code for student, code in answers.items()
+             if fingerprints(code)[0] >= MIN_TOKENS and not fingerprints(code)[1] <= handed_out}
+    flags = _text_flags(lab, cell, texts, base, references)
+    # what the common ground compiles to or uses is everyone's (an untouched cell, for one)
+    keys = set().union(*(_code_keys(b) for b in base))
+    uses = {what for b in base for _, what in _dynamic_uses(b)}
+    for student, code in sorted(answers.items()):
+        flags += [_flag(lab, cell, student, f"course: {name}", "bytecode", 1.0, n,
+                        f"line {line}: {qualname}")
+                  for key, (line, qualname, n) in _code_keys(code).items() if key not in keys
+                  for name in references.code.get(key, ())]
+        found = [(line, what) for line, what in _dynamic_uses(code) if what not in uses]
+        if found:
+            flags.append(_flag(lab, cell, student, "", "dynamic", 0.0, 0, describe_uses(found)))
     return flags
 
 
-def _flag(lab, cell, student, other, kind, score, size) -> Flag:
-    return Flag(lab, cell, student, other, kind, round(score, 3), size)
+def _text_flags(lab: str, cell: str, answers: dict[str, str], base: list[str],
+                references: References) -> list[Flag]:
+    """The normalised-text comparisons of ``answers`` (long enough, not left as handed out):
+    whole cells, and every definition on its own (so that a copy is found wherever it sits)."""
+    common = frozenset().union(*(fingerprints(b)[1] | definition_fingerprints(b) for b in base))
+    own = {student: (fingerprints(code)[1] - common, definition_fingerprints(code) - common)
+           for student, code in answers.items()}
+    flags = []
+    for student, views in sorted(own.items()):
+        best: dict[str, tuple[float, int]] = {}
+        for prints in views:
+            for name, score, size in references.copied(prints, common):
+                best[name] = max(best.get(name, (0.0, 0)), (score, size))
+        flags += [_flag(lab, cell, student, f"course: {name}", "course implementation", score,
+                        size, _where(answers[student], references.prints[name]))
+                  for name, (score, size) in sorted(best.items(), key=lambda b: -b[1][0])]
+    students = sorted(own)
+    for i, a in enumerate(students):
+        for b in students[i + 1:]:
+            # whole cells, then their definitions: the closer of the views that count
+            views = [containment(own[a][v], own[b][v]) for v in (0, 1)]
+            found = [(score, size) for score, size in views
+                     if size >= MIN_TOKENS and score >= threshold(size)]
+            if found:
+                flags.append(_flag(lab, cell, a, b, "another student", *max(found)))
+    return flags
 
 
-# ---------------------------------------------------------------------------------------------
-# The course's side: shipped implementations, handed-out cells, solutions
-
-REFERENCE_FLOORS = ("labs", "checks")   # the package's floors whose code could be an answer
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def course_implementations(package: Path = paths.PACKAGE) -> dict[str, str]:
-    """{"module:qualname": source} of every function, class and method in the shipped lab and
-    check modules, read from their files (nothing imported)."""
-    found = {}
-    for floor in REFERENCE_FLOORS:
-        for path in sorted((package / floor).rglob("*.py")):
-            lines = path.read_text().splitlines()
-            module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
-            for node in ast.parse("\n".join(lines)).body:
-                if not isinstance(node, _DEFS):
-                    continue
-                items = [(node, node.name)]
-                if isinstance(node, ast.ClassDef):
-                    items += [(m, f"{node.name}.{m.name}") for m in node.body
-                              if isinstance(m, _DEFS)]
-                for item, qualname in items:
-                    # dedented, so that a method parses (and is normalised) on its own
-                    text = "\n".join(lines[item.lineno - 1:item.end_lineno])
-                    found[f"{module}:{qualname}"] = textwrap.dedent(text)
-    return found
+def _where(code: str, prints: frozenset[int]) -> str:
+    """The definition of ``code`` that holds most of ``prints``: "line 3: fit_alpha_beta"."""
+    shared, line, name = max(((len(fingerprints(text)[1] & prints), line, name)
+                              for line, name, text in definitions(code)), default=(0, 0, ""))
+    return f"line {line}: {name}" if shared else ""
 
 
-def _solution_cells(nb) -> dict[str, str]:
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
-            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
-
-
-def course_cells(lab: str, released: Path | None = None) -> dict[str, list[str]]:
-    """{grade_id: [handed-out code, the course's solution]} for ``lab``'s solution cells; the
-    handed-out cells from ``released/<lab>/`` (the grading run's own nbgrader release) where it
-    has the lab, else from the student labs in ``notebooks/``."""
-    import nbformat
-    from distlab.grading.course_dir import source_notebook
-
-    handout = released / lab / f"{lab}.ipynb" if released else None
-    if handout is None or not handout.is_file():
-        handout = paths.notebooks() / lab / f"{lab}.ipynb"
-    handed = _solution_cells(nbformat.read(handout, as_version=4))
-    solved = _solution_cells(source_notebook(lab))
-    marks = ("### BEGIN SOLUTION", "### END SOLUTION")
-    return {gid: [code, "\n".join(line for line in solved.get(gid, "").splitlines()
-                                  if line.strip() not in marks)]
-            for gid, code in handed.items()}
+def _flag(lab, cell, student, other, kind, score, size, detail="") -> Flag:
+    return Flag(lab, cell, student, other, kind, round(score, 3), size, detail)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,7 +205,7 @@ def report(submissions: Path, found: dict[str, list[str]],
            released: Path | None = None) -> list[Flag]:
     """Every flag for the submissions ``found`` ({student: [lab, ...]}); ``released``: the
     release folder of the grading run's template, if there is one (see ``course_cells``)."""
-    references = References(course_implementations())
+    references = References(course_implementations(), course_code())
     flags = []
     for lab in sorted({lab for labs in found.values() for lab in labs}):
         cells = course_cells(lab, released)
@@ -313,25 +219,46 @@ def write_report(flags: list[Flag], path: Path) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        for flag in sorted(flags, key=lambda f: (f.lab, f.cell, -f.similarity, f.student)):
+        for flag in sorted(flags, key=lambda f: (f.lab, f.cell, -f.similarity, f.student,
+                                                 f.kind, f.other)):
             writer.writerow(dataclasses.asdict(flag))
 
 
 def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
+    """The lines the run ends with: how many answers look copied (an answer flagged as a copy of
+    one source by several kinds counts once), how many use dynamic code, the first few."""
     if not flags:
         return f"similarity: no answers flagged (report: {path})"
-    students = sorted({f.student for f in flags} | {f.other for f in flags
-                                                    if f.kind == "another student"})
-    lines = [f"similarity: {len(flags)} answers look copied "
-             f"({sum(f.kind == 'course implementation' for f in flags)} from the course's "
-             f"implementations), involving {len(students)} students: review {path} (scores are "
-             f"unchanged)"]
-    for f in sorted(flags, key=lambda f: -f.similarity)[:shown]:
-        lines.append(f"  {f.lab}/{f.cell}: {f.student} ~ {f.other} ({f.similarity:.0%} of "
-                     f"{f.tokens} tokens)")
-    if len(flags) > shown:
-        lines.append(f"  ... and {len(flags) - shown} more in {path}")
+    copies = {}                 # (lab, cell, student, other): its most similar flag
+    for f in sorted(flags, key=lambda f: -f.similarity):
+        if f.kind in COPY_KINDS:
+            copies.setdefault((f.lab, f.cell, f.student, f.other), f)
+    dynamic = [f for f in flags if f.kind not in COPY_KINDS]
+    parts = []
+    if copies:
+        students = {f.student for f in copies.values()} | {
+            f.other for f in copies.values() if f.kind == "another student"}
+        course = sum(other.startswith("course: ") for *_, other in copies)
+        parts.append(f"{len(copies)} answers look copied ({course} from the course's "
+                     f"implementations), involving {len(students)} students")
+    if dynamic:
+        n, students = len(dynamic), len({f.student for f in dynamic})
+        parts.append(f"dynamic code or introspection in {n} answer{'s' * (n != 1)} "
+                     f"({students} student{'s' * (students != 1)})")
+    lines = [f"similarity: {'; '.join(parts)}: review {path} (scores are unchanged)"]
+    listed = list(copies.values()) + dynamic
+    lines += [f"  {f.lab}/{f.cell}: {_line(f)}" for f in listed[:shown]]
+    if len(listed) > shown:
+        lines.append(f"  ... and {len(listed) - shown} more in {path}")
     return "\n".join(lines)
+
+
+def _line(f: Flag) -> str:
+    if f.kind == "dynamic":
+        return f"{f.student} uses {f.detail if len(f.detail) < 80 else f.detail[:77] + '...'}"
+    if f.kind == "bytecode":
+        return f"{f.student} ~ {f.other} (the same bytecode, {f.detail})"
+    return f"{f.student} ~ {f.other} ({f.similarity:.0%} of {f.tokens} tokens)"
 
 
 def after_grading(submissions: Path, found: dict[str, list[str]], workdir: Path,
@@ -358,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m distlab.grading.similarity",
         description="Flag solution cells that look copied (from another student or from the "
-                    "course's shipped implementations) into WORKDIR/similarity.csv.")
+                    "course's shipped implementations) or use dynamic code or introspection, "
+                    "into WORKDIR/similarity.csv.")
     p.add_argument("submissions", type=Path, metavar="SUBMISSIONS_DIR")
     p.add_argument("--workdir", type=Path, default=Path("grading"),
                    help="where similarity.csv goes (default ./grading)")

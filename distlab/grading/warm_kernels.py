@@ -31,6 +31,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
@@ -68,6 +69,7 @@ class WarmKernels:
         theirs.close()
         mine.settimeout(REPLY_TIMEOUT)
         self.socket, self.replies = mine, mine.makefile("rb")
+        self.lock = threading.Lock()
 
     def __deepcopy__(self, memo):
         return self   # traitlets deep-copies config values: one server, shared
@@ -79,17 +81,38 @@ class WarmKernels:
     def fork(self, cmd: list[str], env: dict[str, str], cwd: str) -> int | None:
         if self.socket is None or kernel_args(cmd) is None:
             return None
-        try:
-            self.socket.sendall(json.dumps({"cmd": cmd, "env": env, "cwd": str(cwd)}).encode() + b"\n")
-            reply = json.loads(self.replies.readline() or b'{"error": "the server exited"}')
-        except (OSError, ValueError) as exc:   # a timeout, a dead server: it serves no more
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        reply = self._ask({"cmd": cmd, "env": env, "cwd": str(cwd)})
         if "pid" in reply:
             return reply["pid"]
         print(f"distlab grading worker: the warm kernel server failed ({reply['error']}); this "
               f"and later kernels start cold", file=sys.stderr)
         self.close()
         return None
+
+    def spawn_zygote(self, env: dict[str, str], sock_fd: int, log_fd: int) -> int | None:
+        """A zygote forked from the server with ``env``, talking on ``sock_fd`` and writing to
+        ``log_fd``: its pid, or None (start it as a fresh interpreter). ``LaunchSettings.spawn``
+        of the judge's ranks: the server holds no answer, and forks while the judge's thread
+        runs (a process with threads cannot fork safely)."""
+        if self.socket is None:
+            return None
+        reply = self._ask({"zygote": True, "env": env}, fds=[sock_fd, log_fd])
+        if "pid" in reply:
+            return reply["pid"]
+        print(f"distlab grading worker: the warm kernel server could not fork a zygote "
+              f"({reply['error']}); it starts as a fresh interpreter", file=sys.stderr)
+        return None
+
+    def _ask(self, request: dict, fds: list[int] = ()) -> dict:
+        """One request and its reply (the judge's thread and nbgrader's may both ask)."""
+        with self.lock:
+            try:
+                message = json.dumps(request).encode() + b"\n"
+                socket.send_fds(self.socket, [message], list(fds)) if fds else \
+                    self.socket.sendall(message)
+                return json.loads(self.replies.readline() or b'{"error": "the server exited"}')
+            except (OSError, ValueError) as exc:   # a timeout, a dead server: it serves no more
+                return {"error": f"{type(exc).__name__}: {exc}"}
 
     def close(self) -> None:
         if self.socket is not None:
@@ -160,21 +183,74 @@ def serve_kernels(fd: int, cwd: str) -> int:
     sys.path[0] = cwd
     for name in PRELOAD:
         importlib.import_module(name)
-    with socket.socket(fileno=fd) as sock, sock.makefile("rwb") as stream:
-        for line in stream:
-            request = json.loads(line)
+    # The judge's zygotes for the student's ranks fork from here too, one per lab: what they
+    # would each import of PyTorch (its parallel APIs, a second of CPU) is imported once.
+    from distlab.runtime.zygote import RANK_BASE, TORCH_EXTRAS
+    for name in (*RANK_BASE, *TORCH_EXTRAS):
+        try:
+            importlib.import_module(name)
+        except Exception:   # noqa: BLE001 - an optional extra: a rank imports it if it needs it
+            pass
+    with socket.socket(fileno=fd) as sock:
+        for request, fds in _requests(sock):
             try:
-                reply = {"pid": _fork_kernel(request)}
-            except Exception as exc:   # noqa: BLE001 - the worker starts that kernel cold
+                pid = _fork_zygote(request, fds) if request.get("zygote") else _fork_kernel(request)
+                reply = {"pid": pid}
+            except Exception as exc:   # noqa: BLE001 - the worker starts that one cold
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
-            stream.write(json.dumps(reply).encode() + b"\n")
-            stream.flush()
+            finally:
+                for passed in fds:
+                    os.close(passed)
+            sock.sendall(json.dumps(reply).encode() + b"\n")
     return 0
 
 
+def _requests(sock: socket.socket):
+    """(request, file descriptors passed with it) for each JSON line until the worker closes."""
+    buffer, fds = b"", []
+    while True:
+        data, got, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+        if not data:
+            return
+        buffer, fds = buffer + data, fds + got
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield json.loads(line), fds
+            fds = []
+
+
+def _fork_zygote(request: dict, fds: list[int]) -> int:
+    """A rank launcher's zygote (``distlab.runtime.zygote``) forked from here, a process that has
+    imported torch but never a line of the course's answers: the judge's ranks that run a
+    student's code come from it. ``fds``: its socket and its log. It switches to the student
+    package its environment names before anything else."""
+    from distlab.runtime import zygote
+    from distlab.runtime.forked import fork_helper
+    sock_fd, log_fd = fds
+
+    def start() -> int:
+        child = fork_helper(lambda: zygote.main(sock_fd), keep=(sock_fd,), env=request["env"],
+                            output=log_fd, new_session=True)
+        if child is None:
+            raise RuntimeError("the zygote could not be forked")
+        return child.pid
+    return _fork_twice(start, "zygote")
+
+
 def _fork_kernel(request: dict) -> int:
-    """Fork twice; the kernel's pid. The middle process exits at once, so the kernel is
-    reparented to the nearest subreaper: the worker."""
+    """The kernel the request describes, forked from here."""
+    def start() -> int:
+        kernel = os.fork()
+        if kernel == 0:
+            _become_kernel(request)
+        return kernel
+    return _fork_twice(start, "kernel")
+
+
+def _fork_twice(start, what: str) -> int:
+    """Run ``start()`` (which forks the process wanted and returns its pid) in a middle process
+    that exits at once, so that the process is reparented to the nearest subreaper, the worker,
+    which reaps it and counts its memory; its pid."""
     sys.stdout.flush()
     sys.stderr.flush()
     read, write = os.pipe()
@@ -182,10 +258,7 @@ def _fork_kernel(request: dict) -> int:
     if middle == 0:
         try:
             os.close(read)
-            kernel = os.fork()
-            if kernel == 0:
-                _become_kernel(request)
-            os.write(write, str(kernel).encode())
+            os.write(write, str(start()).encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -193,7 +266,7 @@ def _fork_kernel(request: dict) -> int:
     with os.fdopen(read, "rb") as pipe:
         text = pipe.read()
     if not text:
-        raise RuntimeError("the kernel could not be forked")
+        raise RuntimeError(f"the {what} could not be forked")
     return int(text)
 
 
@@ -209,6 +282,10 @@ def _become_kernel(request: dict):
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        package = os.environ.get("DISTLAB_PACKAGE")
+        if package:   # the lab's student package: what this server imported of distlab is dropped
+            from distlab.runtime.forked import import_package_from
+            import_package_from(package)
         from distlab.runtime import landlock
         try:
             landlock.confine_as(landlock.parse(landlock_opts)[0], single_thread=True)

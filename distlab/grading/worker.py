@@ -15,11 +15,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from distlab.grading.settings import GradingSettings
 
 def main(argv: list[str]) -> int:
+    start, cpu = time.monotonic(), _cpu_seconds()
     root, student, settings_json, rows_fd, *labs = argv
     from distlab.grading.imports import skip_slow_imports
     skip_slow_imports()
@@ -37,14 +39,20 @@ def main(argv: list[str]) -> int:
     reaper = sandbox.become_subreaper()  # orphans of the student's code come back here to be killed
     sandbox.die_with_parent()   # and this worker goes with a grader that is killed outright
     folders = _private_folders(root)
-    ranks = settings.launch_settings(str(folders["judge_scratch"]),
-                                     confine=landlock.landlock_abi() > 0, labs=tuple(labs))
-    # The server of this student's kernels and the judge's zygote are forked from this process,
-    # which has imported torch and the checks (launch_settings did), before any thread starts
-    # (distlab.runtime.forked); they import the rest while nbgrader starts.
+    # The server of this student's kernels is forked from this process, which has imported
+    # torch, before any thread starts (distlab.runtime.forked), and before it imports a single
+    # answer (the checks' references): the kernels run the student's code.
     kernels = WarmKernels({**os.environ, **_kernel_env(folders, socket_path(folders["judge"]))},
                           cwd=str(folders["jupyter"])) if reaper else None
-    judge = Judge(folders["judge"], ranks)
+    confine = landlock.landlock_abi() > 0
+    scratch = str(folders["judge_scratch"])
+    # The ranks of references a check computes on ranks (forked from here, with the instructor's
+    # package), and the ranks of the student's code (the first lab's student package).
+    spawn = kernels.spawn_zygote if kernels else None
+    judge = Judge(folders["judge"], settings.launch_settings(scratch, confine, labs=tuple(labs),
+                                                             spawn=spawn),
+                  student=settings.launch_settings(scratch, confine, (labs[0],), student=True,
+                                                   spawn=spawn))
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
@@ -76,11 +84,19 @@ def main(argv: list[str]) -> int:
             budget.reset()
             judge.reset()
             _set_teaching(guards, root, lab)
+            if lab != labs[0]:
+                judge.use(settings.launch_settings(scratch, confine, (lab,), student=True,
+                                                   spawn=spawn))
             lab_dir = root / "autograded" / student / lab
-            _write_kernelspec(folders, lab_dir, judge.address, list(settings.hide))
+            _write_kernelspec(folders, lab_dir, judge.address, settings, lab)
             row = _grade_lab(api, root, student, lab, judge)
-            # The judge's zygote and the kernels' server stay: each costs seconds to start.
-            _kill_leftovers(keep={judge.launcher.zygote_pid(), kernels and kernels.pid})
+            # The judge's zygotes and the kernels' server stay: each costs seconds to start.
+            _kill_leftovers(keep={*judge.launcher.zygote_pids(), kernels and kernels.pid})
+            # What this notebook cost since the last one (the first: since the worker started).
+            now = (time.monotonic(), _cpu_seconds())
+            row["cost"] = {"seconds": round(now[0] - start, 2),
+                           "cpu_seconds": round(now[1] - cpu, 2)}
+            start, cpu = now
             rows_out.write(json.dumps(row) + "\n")
             rows_out.flush()
         # Before the last row's pipe closes: the grader kills this worker as soon as it has
@@ -91,6 +107,25 @@ def main(argv: list[str]) -> int:
         kernels.close()
     judge.close()   # its zygote's exit: the grader does not wait for it
     return 0
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) this worker and its descendants have used so far: its own,
+    its reaped children's, and the living descendants' with their reaped children (a zygote and
+    the kernel server live across labs). The difference over a lab is what grading it cost."""
+    import resource
+    from distlab.grading.sandbox import descendants
+    total = sum(getattr(resource.getrusage(who), field) for who in
+                (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for field in ("ru_utime", "ru_stime"))
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:   # gone since it was listed: its parent counts it once reaped
+            continue
+        total += sum(int(x) for x in fields[11:15]) / ticks   # utime stime cutime cstime
+    return total
 
 
 def _set_teaching(guards, root: Path, lab: str) -> None:
@@ -141,17 +176,25 @@ def _private_folders(root: Path) -> dict[str, Path]:
 
 
 def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: str,
-                      hide: list[str]) -> None:
+                      settings: GradingSettings, lab: str) -> None:
     """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
-    lab's folder, its scratch folder and its sockets' folder, read nothing in ``hide`` (the
-    grading folders, all submissions, the scores) but those, and is told where the judge listens."""
+    lab's folder, its scratch folder and its sockets' folder, read nothing in the hidden folders
+    (the grading folders, all submissions, the scores, the instructor's package) but those and
+    the lab's student package, which it imports distlab from, and is told where the judge
+    listens."""
+    from distlab.runtime.zygote import PACKAGE_ENV
     scratch = folders["kernel_scratch"]
     writable = (lab_dir, scratch, folders["kernel_sockets"])
+    view = settings.view(lab)
     argv = [sys.executable, "-m", "distlab.runtime.landlock",
             *[arg for folder in writable for arg in ("--write", str(folder))],
-            *[arg for folder in hide for arg in ("--hide", folder)],
+            *[arg for folder in settings.hidden_from_students() for arg in ("--hide", folder)],
+            *[arg for folder in settings.readable_to_students(lab) for arg in ("--read", folder)],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     env = _kernel_env(folders, judge_address)
+    if view:   # a cold kernel finds it on PYTHONPATH, a warm one switches to it (warm_kernels)
+        env.update({PACKAGE_ENV: view, "PYTHONPATH": os.pathsep.join(
+            filter(None, [view, os.environ.get("PYTHONPATH")]))})
     spec = folders["jupyter"] / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({

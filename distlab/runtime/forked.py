@@ -88,6 +88,19 @@ def _close_all_but(keep: set[int]) -> None:
     os.closerange(low, 1 << 16)
 
 
+def import_package_from(folder: str) -> None:
+    """From now on, ``import distlab`` finds the package in ``folder`` (a student's view of it,
+    ``distlab.grading.student_package``): the course modules this process imported so far are
+    forgotten, and ``folder`` goes first on sys.path. A helper forked from a process that imported
+    the instructor's package calls this before it runs a student's code; so does a fresh one."""
+    for name in [n for n in sys.modules if n == "distlab" or n.startswith("distlab.")]:
+        del sys.modules[name]
+    # First, even before the folder `python -m` puts first (a checkout's root holds distlab too).
+    sys.path[:] = [folder, *(p for p in sys.path if p != folder)]
+    import importlib
+    importlib.invalidate_caches()
+
+
 class ForkedProcess:
     """What callers use of a ``subprocess.Popen`` (pid, returncode, poll, wait, signals) for a
     child that this process forked, or one that was reparented here (a child subreaper)."""

@@ -173,24 +173,21 @@ def _require_single_thread(what: str) -> None:
 
 
 def confine(writable: list[str | os.PathLike], *, hidden: list[str | os.PathLike] = (),
-            drop_capabilities: bool = True) -> bool:
+            readable: list[str | os.PathLike] = (), drop_capabilities: bool = True) -> bool:
     """Confine this process and everything it starts later, irreversibly: no filesystem change
     outside `writable` (paths that do not exist are skipped) and the few /dev files listed in
     the module docstring; with Landlock ABI >= 6 no signal to, and no abstract unix socket of, a
-    process outside. Drops every capability unless `drop_capabilities=False`. Nothing beneath a
-    `hidden` folder can be read or listed, except beneath the `writable` ones it holds.
-
-    Returns True when confined, False when this kernel has no Landlock (the caller should then
-    fall back to detecting writes). Raises RuntimeError if the process already has threads, and
-    OSError if Landlock is there but refuses the ruleset."""
-    return _confine(writable, drop_capabilities, single_thread=True, hidden=hidden)
+    process outside. Drops every capability unless `drop_capabilities=False`. No file beneath a
+    `hidden` folder can be read, except beneath the `writable` and `readable` ones it holds.
+    True when confined, False without Landlock (the caller should then detect writes). Raises
+    RuntimeError if the process already has threads, OSError if Landlock refuses the ruleset."""
+    return _confine(writable, drop_capabilities, True, hidden=hidden, readable=readable)
 
 
 def readable_roots(hidden: list[str]) -> list[str]:
     """Landlock only allows, so "everything but the hidden folders" is spelled out: walking down
-    from / toward each hidden folder, every entry beside the way (whole subtrees).
-    Folders on the way stay traversable (Landlock never restricts path lookup) but not listable;
-    entries created there later are not readable."""
+    from / toward each hidden folder, every entry beside the way (whole subtrees). Folders on the
+    way stay traversable and listable; files created there later are not readable."""
     hidden = [os.path.realpath(h) for h in hidden]
 
     def within(path: str, folder: str) -> bool:
@@ -218,7 +215,7 @@ def readable_roots(hidden: list[str]) -> list[str]:
     return roots
 
 
-def _confine(writable, drop_capabilities: bool, single_thread: bool, hidden=()) -> bool:
+def _confine(writable, drop_capabilities: bool, single_thread: bool, hidden=(), readable=()) -> bool:
     abi = landlock_abi()
     if abi == 0:
         return False
@@ -234,7 +231,11 @@ def _confine(writable, drop_capabilities: bool, single_thread: bool, hidden=()) 
                        "Report this kernel (uname -r) with the error")
     try:
         if hidden:
-            for path in readable_roots([os.fspath(h) for h in hidden]):
+            # Any folder may be listed (Python lists those it imports from, site-packages among
+            # them, which may hold a hidden package); no file beneath a hidden folder is read.
+            _allow(ruleset, "/", _READ_DIR)
+            for path in [*readable_roots([os.fspath(h) for h in hidden]),
+                         *(os.fspath(r) for r in readable)]:
                 _allow(ruleset, path, _READ_FILE | _READ_DIR)
         for path in writable:
             _allow(ruleset, os.fspath(path), handled & ~_DEVICE_NODES)
@@ -324,19 +325,17 @@ def _private_shm(size_bytes: int) -> bool:
 # Command line
 
 def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+    units, text = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}, text.strip().upper().removesuffix("B")
+    text = text.removesuffix("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
 def parse(argv: list[str]):
     """(options, command) of ``python -m distlab.runtime.landlock OPTIONS -- COMMAND``."""
     parser = argparse.ArgumentParser(
         prog="python -m distlab.runtime.landlock",
-        usage="%(prog)s --write DIR [--write DIR ...] [--home DIR] [--shm-size SIZE] "
-              "-- COMMAND [ARGS...]",
+        usage="%(prog)s --write DIR [--write DIR ...] [--hide DIR] [--read DIR] [--home DIR] "
+              "[--shm-size SIZE] -- COMMAND [ARGS...]",
         description="Run COMMAND unable to change files outside the --write folders (Landlock), "
                     "to signal processes outside, or to use capabilities.")
     parser.add_argument("--write", action="append", default=[], metavar="DIR",
@@ -344,6 +343,8 @@ def parse(argv: list[str]):
     parser.add_argument("--hide", action="append", default=[], metavar="DIR",
                         help="a folder the command may not read (repeatable), except the --write "
                              "folders inside it")
+    parser.add_argument("--read", action="append", default=[], metavar="DIR",
+                        help="a folder inside a --hide one that the command may read (repeatable)")
     parser.add_argument("--home", metavar="DIR",
                         help="writable too; HOME, TMPDIR and the caches of IPython, matplotlib, "
                              "torch go there")
@@ -361,9 +362,8 @@ def parse(argv: list[str]):
 
 def confine_as(opts, single_thread: bool = False) -> bool:
     """Confine this process as ``python -m distlab.runtime.landlock OPTS -- ...`` would (``opts``
-    from ``parse``), before it runs the command: True when confined, False without Landlock
-    (warned on stderr). Raises OSError when Landlock refuses. The grader's warm kernels
-    (distlab.grading.warm_kernels) call it in a fork, which has one thread."""
+    from ``parse``): True when confined, False without Landlock (warned on stderr); OSError when
+    Landlock refuses. The grader's warm kernels call it in a fork, which has one thread."""
     writable = [os.path.abspath(p) for p in opts.write]
     if opts.home:
         os.environ.update(sandbox_env(opts.home))
@@ -372,7 +372,8 @@ def confine_as(opts, single_thread: bool = False) -> bool:
         print("distlab.runtime.landlock: warning: no private /dev/shm (needs root or CAP_SYS_ADMIN); "
               "the command shares the machine's.", file=sys.stderr)
     confined = _confine(writable, drop_capabilities=True, single_thread=single_thread,
-                        hidden=[os.path.abspath(p) for p in opts.hide])
+                        hidden=[os.path.abspath(p) for p in opts.hide],
+                        readable=[os.path.abspath(p) for p in opts.read])
     if not confined:
         print("distlab.runtime.landlock: warning: this kernel has no Landlock (needs Linux >= 5.13 with "
               "landlock in its LSM list); running the command unconfined.", file=sys.stderr)

@@ -56,11 +56,18 @@ class LaunchSettings:
     grader's judge, whose ranks run a student's code, distrusts them: their messages and results
     are read with ``distlab.runtime.safe_pickle`` only (plain data, never code), they start in
     ``cwd``, and the zygote and its ranks may write only the ``confine`` folders and read nothing
-    in the ``hide`` ones (``distlab.grading.sandbox``)."""
+    in the ``hide`` ones (``distlab.grading.sandbox``) but the ``readable`` ones inside them.
+    ``package``: the folder the ranks import distlab from (a student's view of it, without the
+    answers of the lab graded: ``distlab.grading.student_package``), in a zygote started afresh,
+    never forked from a process that holds the instructor's package."""
     distrust: bool = False
     cwd: str | None = None
     confine: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
+    package: str | None = None
+    # how another process forks the zygote (ZygoteHandle's ``spawn``): the grader's kernel server
+    spawn: object = dataclasses.field(default=None, compare=False, repr=False)
     # modules the zygote imports once, not every rank (None: zygote.TORCH_EXTRAS)
     preload: tuple[str, ...] | None = None
     # fork the zygote from the launching process where that is safe (ZygoteHandle), not start
@@ -81,8 +88,18 @@ class LaunchSettings:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),
-                       DISTLAB_HIDE=os.pathsep.join(self.hide))
+                       DISTLAB_HIDE=os.pathsep.join(self.hide),
+                       DISTLAB_READ=os.pathsep.join(self.readable))
+        if self.package:
+            from distlab.runtime.zygote import PACKAGE_ENV
+            env[PACKAGE_ENV] = self.package
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.package,
+                                                               os.environ.get("PYTHONPATH")]))
         return env
+
+    def rank_path(self) -> list[str]:
+        """The ranks' sys.path: the caller's, after the package folder if there is one."""
+        return [self.package, *sys.path] if self.package else list(sys.path)
 
     def loads_message(self, data: bytes):
         if self.distrust:
@@ -124,8 +141,10 @@ class Launcher:
     def warm_up(self) -> ZygoteHandle:
         """Start the zygote now (in the background) so the first ``run`` does not wait for torch."""
         if self.zygote is None or not self.zygote.alive():
+            # A zygote of a student's view never forks from here: this process may hold answers.
             self.zygote = ZygoteHandle(self.settings.zygote_env(), self.settings.loads_message,
-                                       fork=self.settings.fork_zygote)
+                                       fork=self.settings.fork_zygote and not self.settings.package,
+                                       spawn=self.settings.spawn)
         return self.zygote
 
     def zygote_pid(self) -> int | None:
@@ -169,7 +188,8 @@ class Launcher:
                 f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
         task = Task(call=call, world_size=world_size, backend=backend, store_path=store_path,
                     timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
-                    path=list(sys.path), env=dict(os.environ, **self.settings.rank_env()),
+                    path=self.settings.rank_path(),
+                    env=dict(os.environ, **self.settings.rank_env()),
                     threads=threads or max(1, (os.cpu_count() or 1) // world_size),
                     plain_results=self.settings.distrust, guard=call_guard.active_guard())
         watch = RankWatch(zygote, run_id, world_size, backend, timeout,

@@ -26,6 +26,11 @@ MAX_FDS = 512
 # grader's judge names the checks modules, which every rank of a check would otherwise import
 # afresh, and the PyTorch modules of the labs it grades. Unset: TORCH_EXTRAS.
 PRELOAD_ENV = "DISTLAB_ZYGOTE_PRELOAD"
+# Where the ranks import distlab from (a student's view, distlab.grading.student_package): the
+# grader's judge sets it for the ranks that run a student's code.
+PACKAGE_ENV = "DISTLAB_PACKAGE"
+# What every rank needs: torch, its process groups, DDP, and cloudpickle to read its task.
+RANK_BASE = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle")
 # PyTorch's parallel APIs (DTensor, FSDP, pipelining): labs use them on their ranks, and they
 # cost about a second of CPU time to import, which no rank should pay on every launch.
 TORCH_EXTRAS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
@@ -47,10 +52,8 @@ def recv(sock: socket.socket, loads=pickle.loads):
 
 
 def _preload() -> None:
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-    import torch.nn.parallel  # noqa: F401  (DDP)
-    import cloudpickle  # noqa: F401
+    for name in RANK_BASE:
+        __import__(name)
     named = os.environ.get(PRELOAD_ENV)
     extra = TORCH_EXTRAS if named is None else filter(None, named.split(os.pathsep))
     for name in ("numpy", "distlab.runtime.rank", *extra):
@@ -134,17 +137,22 @@ def serve(sock: socket.socket) -> None:
 
 def _confine_if_asked() -> None:
     """The grader's judge starts its zygote with DISTLAB_CONFINE (folders, os.pathsep-separated):
-    every rank forked from here may write only there, cannot read DISTLAB_HIDE's folders, and
-    cannot signal or trace the grader."""
+    every rank forked from here may write only there, cannot read DISTLAB_HIDE's folders (but
+    DISTLAB_READ's inside them), and cannot signal or trace the grader."""
     folders = os.environ.get("DISTLAB_CONFINE")
     if folders:
         from distlab.runtime.landlock import confine
-        hidden = os.environ.get("DISTLAB_HIDE")
-        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [])
+        hidden, readable = (os.environ.get(k) for k in ("DISTLAB_HIDE", "DISTLAB_READ"))
+        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [],
+                readable=readable.split(os.pathsep) if readable else [])
 
 
 def main(fd: int) -> None:
     sock = socket.socket(fileno=fd)
+    package = os.environ.get(PACKAGE_ENV)
+    if package:   # a student's view of distlab: its ranks import nothing else of the course
+        from distlab.runtime.forked import import_package_from
+        import_package_from(package)
     _confine_if_asked()
     _preload()
     serve(sock)

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from distlab.runtime import zygote as _zygote
-from distlab.runtime.forked import fork_helper
+from distlab.runtime.forked import ForkedProcess, fork_helper
 from distlab.runtime.outcome import DistributedError
 
 STARTUP_NOTICE = 10.0   # seconds between reports on a zygote that is still starting
@@ -34,16 +34,21 @@ class ZygoteHandle:
     forks) adds to this process's environment, e.g. where to confine itself; ``loads``: how its
     messages are read."""
 
-    def __init__(self, env: dict[str, str], loads=pickle.loads, fork: bool = False):
+    def __init__(self, env: dict[str, str], loads=pickle.loads, fork: bool = False, spawn=None):
         """``fork``: fork the zygote from this process, which has imported torch, where that is
         safe (``distlab.runtime.forked``), instead of starting a fresh interpreter: the grader's
-        worker does, since a fresh one imports torch again, a second of CPU for every student."""
+        worker does, since a fresh one imports torch again, a second of CPU for every student.
+        ``spawn(env, socket_fd, log_fd) -> pid | None``: have another process fork it (the
+        grader's kernel server, which holds no answer), reparented here."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile()
         env = dict(os.environ, DISTLAB_ZYGOTE="1", PYTHONUNBUFFERED="1", **env)
         fd = theirs.fileno()
         self.proc = fork_helper(lambda: _zygote.main(fd), keep=(fd,), env=env,
                                 output=self.log.fileno(), new_session=True) if fork else None
+        if self.proc is None and spawn is not None:
+            pid = spawn(env, fd, self.log.fileno())
+            self.proc = ForkedProcess(pid) if pid else None
         if self.proc is None:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "distlab.runtime.zygote", str(fd)],

@@ -33,10 +33,12 @@ import torch.distributed as dist
 import distlab
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab02 import (check_bucketed_all_reduce, check_data_parallel_step,
-                                  check_overlapped_all_reduce, check_sharded_adamw)
+                                  check_overlapped_all_reduce, check_predicted_state_bytes,
+                                  check_sharded_adamw)
 from distlab.labs.data_parallel import (Setup, compare_step_times, compare_with_ddp, format_memory,
                                    format_step_times, gradient_average_demo, loss_fn, optimizer_memory,
-                                   plot_optimizer_memory, plot_step_times, show_backend_features)
+                                   overlap_beside_gpu, plot_optimizer_memory, plot_step_times,
+                                   show_backend_features)
 
 # %% [markdown]
 # ## 1. Why averaging gradients is enough
@@ -302,12 +304,45 @@ check_sharded_adamw(ShardedAdamW, world_size=2, seed=fresh_seed())
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The optimizer state per rank, measured on the benchmark model (6 layers of 256, float32:
-# 394 752 parameters) with your `ShardedAdamW`, against replicated AdamW:
+# ### Predict, then measure (1 point)
+#
+# Below, the optimizer state per rank is measured on the benchmark model (6 layers of 256,
+# float32: 394 752 parameters in 12 tensors) with your `ShardedAdamW`, against replicated AdamW.
+# Predict it first. PyTorch's AdamW keeps, per parameter tensor, `exp_avg` and `exp_avg_sq` (one
+# float32 per element each) and a 0-d float32 `step`; ZeRO-1 keeps them for this rank's shard
+# (Rajbhandari et al. 2020, §5.1). Write `predict_state_bytes(numel, num_tensors, world_size,
+# sharded)`: the bytes of optimizer state one rank holds after a step, replicated AdamW
+# (`sharded=False`) or your `ShardedAdamW` (`sharded=True`), for `numel` float32 parameters in
+# `num_tensors` tensors. The check compares it with the formula on this model and another; the
+# measurement below prints beside your prediction.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_state_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_state_bytes(numel: int, num_tensors: int, world_size: int, sharded: bool) -> int:
+    """Bytes of optimizer state on one rank after a step (float32 parameters)."""
+    ### BEGIN SOLUTION
+    if not sharded:
+        return 8 * numel + 4 * num_tensors          # exp_avg + exp_avg_sq, a step per tensor
+    return 8 * math.ceil(numel / world_size) + 4    # one flat shard of s elements, one step
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_state_bytes", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_predicted_state_bytes(predict_state_bytes)
+print("predict_state_bytes: equals the formula")
+### BEGIN HIDDEN TESTS
+check_predicted_state_bytes(predict_state_bytes, seed=fresh_seed())  # 3 models drawn afresh, 2 to 64 ranks
+### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 memory = optimizer_memory(ShardedAdamW, world_sizes=(2, 4))
 print(format_memory(memory))
+from distlab.labs.data_parallel import BENCH_SETUP
+sizes = [p.numel() for p in BENCH_SETUP.model().parameters()]       # the benchmark's tensors
+for row in memory[1:]:
+    w = row["world_size"]
+    print(f"W = {w}: ZeRO-1 predicted {predict_state_bytes(sum(sizes), len(sizes), w, True):,} "
+          f"bytes, measured {row['zero1']:,}; AdamW predicted "
+          f"{predict_state_bytes(sum(sizes), len(sizes), w, False):,}, measured {row['adamw']:,}")
 plot_optimizer_memory(memory);
 
 # %% [markdown]
@@ -341,12 +376,12 @@ plot_step_times(rows);
 # %% [markdown]
 # On this CPU the overlapped step is usually *slower* than the naive one: the lesson's effect
 # cannot show here (see below). Beside it, what a real GPU run shows: the A100 trace shipped with
-# the course (`data/traces/`, 2-rank DDP, NCCL; Lab 6 reads it in detail), where DDP's all-reduce
-# kernels run on their own stream while backward's kernels run.
+# the course (`data/traces/`, 2-rank DDP, NCCL; Lab 6 reads it in detail, with trace readers you
+# write there: the numbers here were measured by the course's), where DDP's all-reduce kernels
+# run on their own stream while backward's kernels run.
 
 # %% nbgrader={"grade": false, "grade_id": "gpu_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-from distlab.labs.timelines.gpu_traces import overlap_beside_cpu
-print(overlap_beside_cpu(rows))
+print(overlap_beside_gpu(rows))
 
 # %% [markdown]
 # ## What to take away
@@ -370,9 +405,10 @@ print(overlap_beside_cpu(rows))
 #   overlap buys little or nothing and per-collective overhead dominates. On GPUs, NCCL's
 #   collectives are kernels on a stream of their own: they run *concurrently* with backward's
 #   kernels, taking some SMs and memory bandwidth from them, and overlap is what hides the
-#   all-reduce (collectives on the copy engines instead of the SMs are an opt-in of recent NCCL
-#   versions, not the default). With 4 ranks on the same 2 cores (`--world-size 4`) DDP, which combines bucketing
-#   and overlap in C++, was the fastest: 74 ms against 150 ms for the naive loop.
+#   all-reduce (recent NCCL versions can move data on the copy engines instead of the SMs, an
+#   opt-in for data-movement collectives such as all-gather; a reduction still adds on SMs).
+#   With 4 ranks on the same 2 cores (`--world-size 4`) DDP, which combines bucketing and overlap
+#   in C++, was the fastest: 74 ms against 150 ms for the naive loop.
 # - DDP's parameters equal single-process training (1.9e-15 in float64); its comm hook shows its
 #   buckets, rebuilt after the first step from the order in which gradients arrived.
 # - ZeRO-1 keeps the communication of plain data parallelism (reduce-scatter + all-gather = one

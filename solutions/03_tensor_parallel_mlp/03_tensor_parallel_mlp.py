@@ -41,11 +41,12 @@ import torch.nn.functional as F
 
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab03 import (check_copy_to_tp, check_gather_from_sp, check_parallel_linears,
-                                  check_reduce_from_tp, check_reduce_scatter_to_sp,
+                                  check_predicted_ring_bytes, check_reduce_from_tp,
+                                  check_reduce_scatter_to_sp,
                                   check_sequence_parallel_block, check_shard_column,
                                   check_shard_row, check_tp_mlp, check_tp_swiglu)
 from distlab.labs.tensor_parallel import (compare_activation_memory, compare_with_dtensor,
-                                     megatron_comm_bytes, timing_table)
+                                     megatron_comm_bytes, mlp_comm_record, timing_table)
 
 # %% [markdown]
 # ## 1. Splitting a matrix multiply two ways
@@ -330,7 +331,9 @@ megatron_comm_bytes(batch=2, seq=8, hidden=16)
 # (`Partial` → `Replicate`). For our MLP the plan is
 # `{"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}` (see `distlab.labs.tensor_parallel.dtensor_plan`),
 # applied with `parallelize_module(model, mesh, plan)` on a 1-D `DeviceMesh`. The run below uses
-# **your** `TensorParallelMLP` as the hand-written side.
+# **your** `TensorParallelMLP` as the hand-written side, on the same model and input as DTensor's
+# run, which the course recorded (your handout holds no DTensor plans: writing one is Lab 7's
+# exercise).
 
 # %% nbgrader={"grade": false, "grade_id": "dtensor_mlp", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 compare_with_dtensor(TensorParallelMLP, "mlp", world_size=2);
@@ -380,7 +383,7 @@ compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 # The norm's weights (and fc2's bias) are replicated but now see only this rank's tokens, so their
 # gradient on each rank is a partial sum: the check adds them over ranks. In training one small
 # all-reduce of these gradients per step completes them (DTensor leaves them `Partial` for the
-# same reason). Dropout RNG follows the same split (Megatron-LM, arXiv 1909.08053 §3). Where an
+# same reason). Dropout RNG follows the same split (Megatron-LM, arXiv 1909.08053, Appendix B.2). Where an
 # activation is *sharded* (the sequence shards here, or the columns and heads inside the TP
 # region) each rank holds different elements, so its masks must be *independent*: Megatron seeds
 # a model-parallel RNG differently on every TP rank. Only where an activation is *replicated*
@@ -496,12 +499,12 @@ check_sequence_parallel_block(SequenceParallelBlock, world_size=4, seed=fresh_se
 # ### What sequence parallelism saves
 #
 # `ActivationMeter` counts the bytes autograd keeps for backward (parameters excluded) in one
-# forward of the block, on each rank: the dense block on one device, the block with a
-# tensor-parallel MLP (norm, dropout mask and residual input replicated), and your
+# forward of the block, on each rank: the dense block on one device, the block with your
+# `TensorParallelMLP` (norm, dropout mask and residual input replicated), and your
 # sequence-parallel block. Dropout 0.1 here, so the masks count too.
 
 # %% nbgrader={"grade": false, "grade_id": "memory", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-compare_activation_memory(SequenceParallelBlock, world_size=2);
+compare_activation_memory(SequenceParallelBlock, TensorParallelMLP, world_size=2);
 
 # %% [markdown]
 # Tensor parallelism already divides the MLP's inner activations (b, s, f/p) by p; sequence
@@ -515,13 +518,53 @@ compare_activation_memory(SequenceParallelBlock, world_size=2);
 compare_with_dtensor(SequenceParallelBlock, "block_sp", world_size=2);
 
 # %% [markdown]
+# ### Predict the bytes on the wire (1 point)
+#
+# The record counts messages as nccl-tests does: the whole b·s·h buffer (section 5). What a rank
+# actually sends on a ring is a share of it (Lab 1): 2(p−1)/p of an all-reduce, (p−1)/p of an
+# all-gather or a reduce-scatter. Write `predict_ring_bytes(batch, seq, hidden, world_size,
+# variant)`: the bytes one rank sends per MLP block on a ring, as `{"forward": ..., "backward":
+# ...}`, for tensor parallelism (`variant="tp"`) and for Megatron's sequence parallelism
+# (`"sp"`, with the extra all-gather of fc1's input in the backward described above), float32.
+# The check compares it with the formula on the lab's sizes and a GPT-3 layer's (b=1, s=2048,
+# h=12288) on 2, 4 and 8 ranks; the cell after it sets your numbers beside the messages your own
+# `TensorParallelMLP` issued.
+
+# %% nbgrader={"grade": false, "grade_id": "predict_ring_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_ring_bytes(batch: int, seq: int, hidden: int, world_size: int, variant: str) -> dict:
+    """Bytes one rank sends per MLP block on a ring: {"forward": ..., "backward": ...}."""
+    ### BEGIN SOLUTION
+    n, p = batch * seq * hidden * 4, world_size             # one (b, s, h) float32 message
+    if variant == "tp":                                     # one all-reduce each way
+        return {"forward": 2 * (p - 1) / p * n, "backward": 2 * (p - 1) / p * n}
+    # SP: all-gather + reduce-scatter forward; reduce-scatter + two all-gathers backward
+    return {"forward": 2 * (p - 1) / p * n, "backward": 3 * (p - 1) / p * n}
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_ring_bytes", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_predicted_ring_bytes(predict_ring_bytes)
+print("predict_ring_bytes: equals the formula")
+### BEGIN HIDDEN TESTS
+check_predicted_ring_bytes(predict_ring_bytes, seed=fresh_seed())  # sizes drawn afresh, up to 16 ranks
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "prediction_vs_record", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+record = mlp_comm_record(TensorParallelMLP, world_size=2, batch=2, seq=8, hidden=16)
+for phase, messages in record.items():
+    sent = sum(2 * (2 - 1) / 2 * nbytes for op, nbytes in messages if op == "all_reduce")
+    print(f"TP {phase}: your prediction {predict_ring_bytes(2, 8, 16, 2, 'tp')[phase]:.0f} bytes per "
+          f"rank; your TensorParallelMLP issued {messages}, {sent:.0f} bytes on a ring")
+
+# %% [markdown]
 # ## 8. Timing, honestly
 #
 # One forward+backward of a bigger MLP (b=4, s=64, h=128, f=512), median of a few steps, slowest
 # rank, for 1, 2 and 4 ranks, each rank limited to one thread (one core stands in for one
 # device). Read it with the machine in mind: two ranks split the matmuls over two cores, but pay
 # for two gloo all-reduces per step through the loopback TCP stack, which at these sizes cost as
-# much as the matmuls they save; four ranks on two cores take turns, so they cannot be faster. DTensor pays a per-op dispatch overhead that matters at
+# much as the matmuls they save; four ranks on two cores take turns, so they cannot be faster. DTensor (timed where your package holds
+# the course's plans, i.e. not in your handout) pays a per-op dispatch overhead that matters at
 # these tiny sizes. On GPUs joined by NVLink, the same code splits real matmul work p ways and the
 # all-reduce moves at hundreds of GB/s; `bench/tp_mlp.py` runs larger shapes.
 

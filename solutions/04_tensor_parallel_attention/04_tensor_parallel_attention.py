@@ -96,11 +96,27 @@ qkv_split_table(n_heads=4, n_kv_heads=2, world_size=2);
 # %% [markdown]
 # ## 2. Exercise 1 — splitting the fused QKV weight by heads (2 points)
 #
-# Write `split_qkv(weight, bias, rank, world_size, n_heads, n_kv_heads)` returning rank `rank`'s
-# shard of the fused ((nh + 2·nkv)·hs, h) weight and of its bias, in the local order
-# **[its q heads | its k heads | its v heads]** (the same layout as the dense weight, with nh/p and
-# nkv/p heads, so that `attend` works on the shard unchanged). hs = h / nh, with h = `weight.shape[1]`.
-# Return copies. The check names the heads your shard holds when they are the wrong ones.
+# **Build** `split_qkv(weight, bias, rank, world_size, n_heads, n_kv_heads)`.
+#
+# **Contract.** Input: the fused ((nh + 2·nkv)·hs, h) weight and its bias (hs = h / nh, h =
+# `weight.shape[1]`), identical on every rank. Output: rank `rank`'s shard of both, copies, in the
+# local order **[its q heads | its k heads | its v heads]**: the dense layout with nh/p query and
+# nkv/p key/value heads, so that `attend` works on the shard unchanged. No communication. The check
+# compares the shard with the dense weight's rows on 2 ranks with grouped-query heads (hidden: 4
+# ranks too), and names the heads your shard holds when they are the wrong ones.
+#
+# **Why it matters.** Cutting by heads is what lets each rank attend with no communication at all.
+#
+# <details><summary>Hint 1</summary>
+#
+# The fused weight is three blocks stacked by rows: Q (nh·hs rows), K and V (nkv·hs each).
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Cut each of the three blocks into p equal row slices, take slice `rank` of each, and stack the
+# three again (`split`, then `cat`); the bias follows the same rows.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "split_qkv", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def split_qkv(weight, bias, rank, world_size, n_heads, n_kv_heads):
@@ -129,20 +145,38 @@ check_split_qkv(split_qkv, world_size=2, seed=fresh_seed(), batch=2, seq=8, hidd
 # %% [markdown]
 # ## 3. Exercise 2 — the tensor-parallel attention forward (3 points)
 #
-# Write `TensorParallelAttention(dense, group)` from a dense `Attention` (identical on every rank,
-# as if loaded from a checkpoint; `dense.n_heads`, `dense.n_kv_heads`, `dense.qkv`, `dense.proj`):
+# **Build** `TensorParallelAttention(dense, group)`, a module, from a dense `Attention`
+# (identical on every rank, as if loaded from a checkpoint; `dense.n_heads`, `dense.n_kv_heads`,
+# `dense.qkv`, `dense.proj`).
 #
-# * `self.qkv`: a module with `weight` and `bias` holding your `split_qkv` shard (an `nn.Linear`
-#   of the shard's size, filled under `torch.no_grad()`);
-# * `self.proj`: the row-parallel output projection — Lab 3's layer,
-#   `RowParallelLinear.from_linear(dense.proj, group)` (it all-reduces the partial outputs and
-#   adds the bias once);
-# * `forward(x)`: `copy_to_tp(x, group)` (Lab 3's f), the local projection → (b, s, (nh+2nkv)·hs/p),
-#   `attend` with the **local** head counts → (b, s, nh·hs/p), then `self.proj` → (b, s, h).
+# **Contract.** Attributes `qkv` (a module whose `weight` and `bias` are this rank's `split_qkv`
+# shard) and `proj` (the output projection, row parallel). `forward(x)`: x (b, s, h) replicated on
+# every rank → the dense attention's (b, s, h) output, replicated, within 1e-3. Rank and degree
+# come from the group (`dist.get_rank(group)`, `dist.get_world_size(group)`). Allowed: Lab 3's
+# operators and layers; the check reads the collective record: **exactly one all-reduce of b·s·h
+# floats in the forward**, none of the weights.
 #
-# Rank and degree come from the group: `dist.get_rank(group)`, `dist.get_world_size(group)`. The
-# check compares the output with the dense attention within 1e-3 on every rank and reads the
-# collective record: exactly one all-reduce of b·s·h floats in the forward.
+# **Why it matters.** This is Megatron-LM's attention (Shoeybi et al. 2019, §3): heads split
+# across ranks, one all-reduce per attention forward.
+#
+# <details><summary>Hint 1</summary>
+#
+# Column parallel in, row parallel out, as Lab 3's MLP: which of Lab 3's operators goes before
+# the local projection, and which layer is the output projection?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `self.qkv` can be an `nn.Linear` of the shard's size, filled under `torch.no_grad()`;
+# `self.proj = RowParallelLinear.from_linear(dense.proj, group)` all-reduces the partial outputs
+# and adds the bias once.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# `forward`: `copy_to_tp(x, group)` (Lab 3's f), the local projection → (b, s, (nh+2nkv)·hs/p),
+# `attend` with the **local** head counts → (b, s, nh·hs/p), then `self.proj` → (b, s, h).
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "tp_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class TensorParallelAttention(nn.Module):
@@ -212,12 +246,30 @@ check_tp_attention_backward(TensorParallelAttention, world_size=4, seed=fresh_se
 #
 # h = x + attn(norm1(x)),  y = h + mlp(norm2(h)),
 #
-# with `mlp` Lab 3's `MLP` (`fc2(gelu(fc1(x)))`). Write `TensorParallelTransformerBlock(dense, group)`
-# with attributes `norm1`, `attn`, `norm2`, `mlp`: copies of the two LayerNorms (replicated: every
-# rank normalises the full activation), your `TensorParallelAttention(dense.attn, group)` and
-# `TensorParallelMLP(dense.mlp, group)` from `distlab.labs.tensor_parallel` (Lab 3's reference).
-# Activations between the sub-layers are replicated, so the residual adds need no communication.
-# The check wants exactly **two all-reduces forward and two backward**, each of b·s·h floats.
+# with `mlp` Lab 3's `MLP` (`fc2(gelu(fc1(x)))`).
+#
+# **Build** `TensorParallelTransformerBlock(dense, group)`.
+#
+# **Contract.** Attributes `norm1`, `attn`, `norm2`, `mlp`; the forward equals the dense block's
+# on every rank, and so do the gradients of every shard and of the input. Allowed: your
+# `TensorParallelAttention` and `TensorParallelMLP(dense.mlp, group)` from
+# `distlab.labs.tensor_parallel` (Lab 3's reference); the check reads the collective record:
+# exactly **two all-reduces forward and two backward**, each of b·s·h floats.
+#
+# **Why it matters.** A whole transformer layer at Megatron's cost: four all-reduces per layer,
+# whatever the number of ranks.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which activations in the block are replicated on every rank? What do the LayerNorms and the
+# residual adds need, then?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The LayerNorms are copies (replicated: every rank normalises the full activation, with the
+# dense weights and eps); the residual adds need no communication.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "tp_block", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class TensorParallelTransformerBlock(nn.Module):
@@ -281,12 +333,36 @@ block_comms_table(TensorParallelTransformerBlock, world_size=2);
 # needs no communication: dL/dz_v = softmax(z)_v − [v = t], and every rank has what it takes to
 # compute its slice of softmax once it holds m and the sum.
 #
-# Write `vocab_parallel_cross_entropy(logits, target, group)`: logits (b, s, V/p) of this rank's
-# slice (rank r holds ids r·V/p … (r+1)·V/p − 1), target (b, s) of global ids; return the **mean**
-# loss over the b·s tokens as a 0-d tensor, the same on every rank, differentiable with respect to
-# `logits`. `dist.all_reduce` is not differentiable, so write a `torch.autograd.Function` with its
-# own backward (save what you need with `ctx.save_for_backward`; the upstream gradient of a mean
-# spreads 1/(b·s) to each token). Do not modify `logits` in place.
+# **Build** `vocab_parallel_cross_entropy(logits, target, group)`.
+#
+# **Contract.** Inputs: logits (b, s, V/p) of this rank's slice (rank r holds ids r·V/p …
+# (r+1)·V/p − 1), target (b, s) of global ids. Output: the **mean** loss over the b·s tokens as a
+# 0-d tensor, the same on every rank, differentiable with respect to `logits`, without modifying
+# them in place. Allowed: at most three all-reduces in forward, each of one number per token (sum
+# or max), and nothing larger in either direction: the logits are never gathered. The check compares loss and gradient with the dense
+# cross-entropy on logits that reach 150 (a naive `exp` overflows) and reads the record.
+#
+# **Why it matters.** The (tokens, V) logits are the largest activation of a language model; this
+# loss never moves them.
+#
+# <details><summary>Hint 1</summary>
+#
+# `dist.all_reduce` is not differentiable: write a `torch.autograd.Function` with its own
+# backward, saving what it needs with `ctx.save_for_backward`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The backward needs each rank's slice of softmax(z) and where the target sits; the upstream
+# gradient of a mean spreads 1/(b·s) to each token.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Forward: local max → all-reduce MAX; subtract it; z_t where this rank owns the target, else 0 →
+# all-reduce sum; local sums of exp → all-reduce sum; loss = log(sum) − z_t, averaged. Backward:
+# softmax − one-hot of the target on its owner, times grad / N.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "vocab_parallel_ce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class VocabParallelCrossEntropy(torch.autograd.Function):
@@ -347,14 +423,15 @@ check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, world_size=4, s
 # How much faster is one block step on N ranks? With T_N the step time on N ranks,
 # **speedup = T1 / T_N** and **strong-scaling efficiency = T1 / (N·T_N)** — *strong* scaling
 # because the problem (b, s, h) stays the same while N grows (weak scaling would grow the problem
-# with N, as data parallelism does): 1.0 means every added rank pays for itself. Below: one forward+backward of a transformer block (b=4, s=64, h=128, 8 heads,
+# with N, as data parallelism does): 1.0 means every added rank pays for itself. Below: one forward+backward of your `TensorParallelTransformerBlock` (b=4, s=64, h=128, 8 heads,
 # f=512), median of 3 steps on the slowest rank, one thread per rank (a core standing in for a
 # device); N = 1 is the dense block. "all-reduce ms" is the time rank 0 spent inside
 # `all_reduce` calls per step, from the collective record — transfer *and* waiting for slower
 # ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "scaling", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-rows = scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads=8, n_kv_heads=8, steps=3)
+rows = scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads=8, n_kv_heads=8, steps=3,
+                     block_cls=TensorParallelTransformerBlock)
 plot_scaling(rows);
 
 # %% [markdown]

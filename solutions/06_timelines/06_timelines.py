@@ -35,8 +35,11 @@
 import distlab
 from distlab.labs.timelines import nsys
 from distlab.checks.assertions import fresh_seed
-from distlab.checks.lab06 import (check_classify, check_collective_events, check_comm_share,
-                                  check_overlap_fraction, stored_timeline, stored_trace)
+from distlab.checks.lab06 import (bucket_problem, check_bucket_plan, check_classify,
+                                  check_collective_events, check_comm_share,
+                                  check_overlap_fraction, check_predicted_messages,
+                                  stored_timeline, stored_trace)
+from distlab.labs.timelines.buckets import BucketProblem, exposed, replay_buckets
 from distlab.labs.timelines.chrome import export
 from distlab.labs.timelines.trace import ITEMSIZE
 from distlab.labs.timelines.views import overlap_table, peek, plot, share_table
@@ -124,17 +127,35 @@ peek(stored_trace("dp_naive", 0))
 # its tensors' `"Input Dims"` (a list of shapes) and `"Input type"` (a list of C++ type names,
 # `"float"` = 4 bytes; `ITEMSIZE` maps every name to bytes).
 #
-# Write `collective_events(trace)`: from one rank's trace (a dict), return one tuple
+# **Build** `collective_events(trace)`: the collectives one rank executed, read from its raw trace.
+#
+# **Contract.** Input: one rank's trace (a dict, as above). Output: one tuple
 # `(op, bytes, start, duration)` per collective executed, sorted by start, where
 # - a collective is a complete event of category `user_annotation` whose name starts with
 #   `gloo:`, and `op` is the rest of the name (`"all_reduce"`, `"send"`, `"barrier"`, ...);
-# - `bytes` is the sum over its inputs of (number of elements of the shape) × `ITEMSIZE[type]`
-#   (0 when the event has no `Input Dims`, as for a barrier);
-# - `start` and `duration` are in **seconds** (`ts` and `dur` times 1e-6).
+# - `bytes` is what its input tensors hold (0 when the event has no `Input Dims`, as for a
+#   barrier);
+# - `start` and `duration` are in **seconds**.
 #
-# (On GPUs the execution is a kernel: category `kernel`, name starting with `nccl`, and
-# `args["Collective name"]`, `args["In msg nelems"]`, `args["dtype"]`; `distlab.labs.timelines.trace`'s reader
-# handles both. The graded traces are gloo's.)
+# The check compares your list, element by element, with the course's on every rank of the four
+# stored runs (hidden: on runs recorded at grading time).
+#
+# **Why it matters.** Every measure below starts from this: a profiler's raw events, turned into
+# what moved, when and for how long. (On GPUs the execution is a kernel: category `kernel`, name
+# starting with `nccl`, and `args["Collective name"]`, `args["In msg nelems"]`, `args["dtype"]`;
+# `distlab.labs.timelines.trace`'s reader handles both. The graded traces are gloo's.)
+#
+# <details><summary>Hint 1</summary>
+#
+# The events are in `trace["traceEvents"]`; many have no `cat` or no `args`, so read them with
+# `.get`. Kineto's times `ts` and `dur` are microseconds.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `args["Input Dims"]` and `args["Input type"]` are parallel lists: for each input, the number of
+# elements of its shape (`math.prod`, 1 for a scalar's `[]`) times `ITEMSIZE[type]`; sum them.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "collective_events", "locked": false, "schema_version": 3, "solution": true, "task": false}
 import math
@@ -179,10 +200,40 @@ check_collective_events(collective_events, seed=fresh_seed())
 #   nothing — the union of comm intervals *minus* the union of compute intervals, both clipped to
 #   the window. That is the time communication adds to the step; overlapped communication is free.
 #
-# First write two helpers on lists of `(start, end)` intervals — `merge_intervals` (the union, as
-# disjoint sorted intervals) and `subtract` (the union of one list minus the union of another);
-# `clipped` (given) turns a rank's spans of one kind into intervals cut to a window. Then both
-# measures are a few lines.
+# **Build** two helpers on lists of `(start, end)` intervals, then both measures:
+#
+# **Contract.**
+# - `merge_intervals(intervals)`: disjoint intervals, sorted by start, covering exactly the union;
+# - `subtract(first, second)`: disjoint sorted intervals covering the union of `first` minus the
+#   union of `second`;
+# - `comm_share(timeline, rank, window)`: a fraction in [0, 1]; `exposed_comm(timeline, rank,
+#   window)`: seconds. `clipped` (given) turns a rank's spans of one kind into intervals cut to a
+#   window.
+#
+# The check runs both measures on every step window of every rank of the four stored runs
+# (hidden: runs of other sizes recorded at grading time) against the plain interval arithmetic,
+# to a relative 1e-9.
+#
+# **Why it matters.** These two numbers are what everyone quotes about a step's communication;
+# computed wrongly (durations summed) they report more communication than the step holds.
+#
+# <details><summary>Hint 1</summary>
+#
+# Sorted by start, an interval either overlaps (or touches) the last one kept, and extends it,
+# or begins a new one.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# For `subtract`, walk the merged `first`; from each interval cut out every merged `second`
+# interval that overlaps it, keeping the pieces before each cut and what remains after the last.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# The share is the total length of `merge_intervals(clipped(..., "comm", window))` over the
+# window's length; the exposed time the total length of `subtract(comm, compute)`, both clipped.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "intervals", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def merge_intervals(intervals) -> list[tuple[float, float]]:
@@ -269,10 +320,25 @@ share_table(runs["TP"].timeline, comm_share, exposed_comm);
 # - **PP**: point-to-point `send`/`recv` at the stage edges, one per microbatch each way, and idle
 #   time (the bubble) that shows up as long waits in `recv`.
 #
-# Write `classify(timeline)` returning `"DP"`, `"TP"` or `"PP"` for an **unlabelled** timeline,
-# from measurable features only (ops, counts, sizes, positions relative to the ranges; barriers
-# are not part of any step's work). It is checked on the stored runs and, at grading, on runs of
-# other sizes recorded then.
+# **Build** `classify(timeline)`.
+#
+# **Contract.** Input: an **unlabelled** timeline (its `label` hidden). Output: `"DP"`, `"TP"` or
+# `"PP"`, from measurable features only (ops, counts, sizes, positions relative to the ranges;
+# barriers are not part of any step's work). The check runs it on the four stored runs and, at
+# grading, on runs of other sizes recorded then: a rule tuned to this lab's sizes fails there.
+#
+# **Why it matters.** Reading a stranger's trace starts with recognising what it is.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which op appears in only one of the three? That settles one label at once.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Between DP and TP, counts and sizes change with the model; *where* a collective starts, relative
+# to the `forward` range (`timeline.of(rank, "range", "forward")`), does not.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "classify", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def classify(timeline) -> str:
@@ -308,13 +374,22 @@ check_classify(classify, seed=fresh_seed())
 #
 # In Lab 2 you started each gradient's all-reduce from a hook as soon as autograd produced it, so
 # that communication runs while backward computes earlier layers. Whether it *did* is a timeline
-# question. Write `overlap_fraction(timeline, rank)`: over all steps of the rank, the fraction of
-# communication time hidden under compute,
+# question.
+#
+# **Build** `overlap_fraction(timeline, rank)`. **Contract:** over all steps of the rank, the
+# fraction of communication time hidden under compute,
 #
 # $$\text{overlap} = 1 - \frac{\sum_\text{steps} \text{exposed}}{\sum_\text{steps} \text{communication time}},$$
 #
-# with a step's communication time = its communication share × its length (use your functions);
-# 0 when the rank did not communicate.
+# with a step's communication time = its communication share × its length; 0 when the rank did
+# not communicate. The check compares it with the course's on the stored naive and overlapped DP
+# runs (hidden: runs recorded at grading time), to a relative 1e-9.
+#
+# <details><summary>Hint 1</summary>
+#
+# `timeline.steps(rank)` gives the windows; your `comm_share` and `exposed_comm` give each step's
+# two sums. Sum over steps before dividing: a mean of per-step fractions weights short steps wrongly.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "overlap_fraction", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def overlap_fraction(timeline, rank: int) -> float:
@@ -352,10 +427,85 @@ plot(runs["DP overlapped"].timeline, title="DP overlapped: all-reduces start dur
 # It hides less than a GPU would: here the ranks and gloo's threads share the same few
 # CPU cores, so communicating slows computing down, and the last gradients (the first layer's)
 # are only ready when backward ends, so their all-reduce cannot hide behind anything. On GPUs,
-# NCCL's collectives are kernels on a CUDA stream of their own (by default they use SMs, not the
-# copy engines): they run concurrently with the compute kernels, slowing them a little by sharing
+# NCCL's collectives are kernels on a CUDA stream of their own (they use SMs; copy engines can
+# only move data, for all-gathers as an opt-in, never add for a reduction): they run concurrently with the compute kernels, slowing them a little by sharing
 # SMs and memory bandwidth, and bucketed overlap (DDP) typically hides most of the all-reduce
 # time except the last bucket's.
+
+# %% [markdown]
+# ### Exercise 7 — plan the buckets (open design, 3 points)
+#
+# Overlap hides communication only behind backward that is still to come. One all-reduce per
+# gradient pays the per-call cost α every time; one bucket for all waits for the last gradient
+# and hides nothing. Somewhere between is the plan that makes the step wait least after backward.
+#
+# **Goal.** Write `plan_buckets(sizes, ready, alpha, bandwidth)` returning a plan: how many layers
+# go in each bucket, in backward order (the last layer's bucket first), e.g. `[1, 3]`.
+#
+# **The model** (`distlab.labs.timelines.buckets`): `sizes[j]` are the bytes of the gradients of
+# the j-th layer that backward reaches, complete `ready[j]` seconds after backward starts; a
+# bucket's all-reduce starts when its last layer is ready and the previous all-reduce is done, and
+# takes α + S/B (Lab 1's model). The lab's problem is measured on the stored naive DP trace: the
+# backward range over the layers, and α and B fitted to the medians of its two all-reduce sizes.
+#
+# **Budget.** The step may wait after backward no longer than the best plan of contiguous buckets
+# does (printed below). The check then runs your plan on 2 real ranks, one flat all-reduce per
+# bucket, and compares the collective record (one all-reduce per bucket, of its bytes) and the
+# averaged gradients with the single-process ones. Hidden tests: other widths, depths and speeds.
+#
+# **Why it matters.** This is the choice behind DDP's `bucket_cap_mb` (Lab 2): the same trade of
+# per-call cost against overlap, read off a timeline. `replay_buckets(problem, plan)` and
+# `exposed(problem, plan)` try a plan on paper.
+#
+# <details><summary>Hint 1</summary>
+#
+# Work out both extremes on the lab's problem first. Where does each lose its time?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The last bucket's all-reduce always runs after backward ends: keep it small. The early buckets
+# have backward to hide behind, but the link must be free when the last one starts.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# With L layers there are 2^(L-1) plans of contiguous buckets; `exposed` prices one in
+# microseconds.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "bucket_problem", "locked": true, "schema_version": 3, "solution": false, "task": false}
+spec6, problem, budget = bucket_problem()
+print(f"{len(problem.sizes)} layers of {problem.sizes[0]} bytes, one every "
+      f"{problem.ready[0] * 1e3:.2f} ms of backward; alpha = {problem.alpha * 1e3:.2f} ms, "
+      f"B = {problem.bandwidth / 1e6:.1f} MB/s; budget: wait at most {budget * 1e3:.3f} ms")
+
+# %% nbgrader={"grade": false, "grade_id": "plan_buckets", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def plan_buckets(sizes, ready, alpha, bandwidth) -> list[int]:
+    """Layers per bucket, in backward order, so that the step waits least after backward."""
+    ### BEGIN SOLUTION
+    import itertools
+    problem = BucketProblem(tuple(sizes), tuple(ready), alpha, bandwidth)
+    layers, best = len(sizes), None
+    for cuts in itertools.product((False, True), repeat=layers - 1):
+        plan, n = [], 1
+        for cut in cuts:                            # a cut after layer j closes a bucket
+            if cut:
+                plan.append(n)
+                n = 0
+            n += 1
+        plan.append(n)
+        if best is None or exposed(problem, plan) < exposed(problem, best):
+            best = plan
+    return best
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_plan_buckets", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+print(check_bucket_plan(plan_buckets))
+### BEGIN HIDDEN TESTS
+print(check_bucket_plan(plan_buckets, seed=fresh_seed()))  # another width, depth (3-7 layers) and link
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 7. The same on a GPU node: NVIDIA Nsight Systems
@@ -391,7 +541,7 @@ print("\n".join(nsys.commands("tp", nproc=2)))
 # %% nbgrader={"grade": false, "grade_id": "nsys_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 gpu_timeline = nsys.timeline_for_lab("tp", nproc=2)
 if gpu_timeline is not None:
-    print(nsys.format_summary(nsys.kernel_summary(gpu_timeline)))
+    print(nsys.format_summary(nsys.kernel_summary(gpu_timeline, merge_intervals)))   # your union
     end = min(s.start for s in gpu_timeline.spans if s.kind == "comm") + 0.02
     plot(gpu_timeline, window=(end - 0.04, end), title=gpu_timeline.label + " (40 ms)")
 
@@ -460,11 +610,67 @@ print("gpu_answers: correct")
 # an idle (p−1)/m of the compute time (Lab 5 stated the same idle time as (p−1)/(m+p−1) of the
 # step: a ratio r to compute is r/(1+r) of the step). With the compute time measured on the
 # trace, the predicted share is predicted comm / (predicted comm + compute).
+#
+# ### Exercise 6 — predict the messages before reading them (2 points)
+#
+# **Build** `predict_messages(run, spec, world_size, rank)`: the messages rank `rank` sends in one
+# step of run `run` (`"DP naive"`, `"DP overlapped"`, `"TP"`, `"PP"`, as profiled in section 1),
+# as a list of `(op, bytes)` pairs, `op` being `"all_reduce"` or `"send"`, bytes counted as
+# nccl-tests does (the tensor's size).
+#
+# **Contract.** `spec` is the runs' `Spec` (`spec.batch`, `spec.dp_batch`, `spec.hidden`,
+# `spec.layers`, `spec.seq`, `spec.microbatches`; all float32). The runs, as `profile_all` builds
+# them: DP, `layers` blocks `Linear(h, h)` + tanh, every gradient all-reduced; TP, `layers`
+# Megatron MLPs h → 4h → h on an input of `(batch // 4, seq, hidden)`; PP, GPipe on
+# `batch // microbatches` rows of width h per microbatch. The check compares, per op, the count and
+# the total bytes with the formulas on every run and rank at the lab's sizes and a smaller one
+# (hidden: sizes drawn afresh, 2 to 4 ranks). The cell below then prints your bytes (formula B)
+# beside the bytes the traces hold (traced B).
+#
+# **Why it matters.** A prediction that gets the bytes right and the time wrong tells you the
+# time went to waiting, not to the wire: that is what the table below is for.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which of the three depend on the batch? Which on the rank?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The first MLP's input needs no gradient, so autograd skips the all-reduce of its backward.
+# A PP stage sends activations forward unless it is the last, gradients back unless it is the
+# first: one message per microbatch each way.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_messages", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_messages(run: str, spec, world_size: int, rank: int) -> list[tuple[str, int]]:
+    """(op, bytes) of every message ``rank`` sends in one step of ``run``, by the formulas."""
+    ### BEGIN SOLUTION
+    item, h = 4, spec.hidden
+    if run.startswith("DP"):
+        return [("all_reduce", h * h * item), ("all_reduce", h * item)] * spec.layers
+    if run == "TP":
+        activation = max(1, spec.batch // 4) * spec.seq * h * item     # (b, s, h)
+        return [("all_reduce", activation)] * (2 * spec.layers - 1)
+    micro = spec.batch // spec.microbatches * h * item                  # (b/m, h)
+    forward = [("send", micro)] * spec.microbatches if rank < world_size - 1 else []
+    backward = [("send", micro)] * spec.microbatches if rank > 0 else []
+    return forward + backward
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_messages", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_predicted_messages(predict_messages)
+print("predict_messages: the formulas' messages on every run and rank")
+### BEGIN HIDDEN TESTS
+check_predicted_messages(predict_messages, seed=fresh_seed())  # two specs drawn afresh, 2 to 4 ranks
+### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "predicted", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 alpha, bandwidth = link_model(world_size=2)
 print(f"all-reduce on this machine: alpha = {alpha * 1e6:.0f} us, B = {bandwidth / 1e9:.2f} GB/s\n")
-rows = predicted_vs_measured(runs, comm_share, alpha, bandwidth)
+rows = predicted_vs_measured(runs, comm_share, alpha, bandwidth, merge_intervals=merge_intervals,
+                             messages=predict_messages)    # formula B: your prediction
 
 # %% [markdown]
 # The byte counts agree exactly: the trace and the formulas describe the same messages. The times

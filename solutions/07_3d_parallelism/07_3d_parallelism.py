@@ -47,7 +47,7 @@ from distlab.labs.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_
                                    TERMS, Cluster, Job, Model, ParallelConfig,
                                    activation_bytes_per_layer, layout_summary,
                                    llama_activation_bytes_per_layer, memory_table, near_tie_table,
-                                   planner, plot_memory, published_comparison, published_verdict,
+                                   planner, plot_memory, published_report,
                                    rule_of_thumb_gpus, step_time, zero_options_table)
 
 # %% [markdown]
@@ -100,10 +100,12 @@ for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
 # reduce-scatters its gradients again (`Job.zero_accumulation = "regather"`, FSDP's default and
 # the course's: memory as in the table, those collectives paid `m` times), or the gathered weights
 # and the full gradients stay resident until the step ends (`"resident"`: collectives once per
-# step, as ZeRO-1, but the weights (ZeRO-3) and gradients (ZeRO-2/3) lose their `1/d`). This is
-# why pipelines usually pair with ZeRO-1, which shards only what the step's end touches: the
-# course's jobs with a pipeline (`JOB_70B`, `LLAMA3_405B_JOB`) are ZeRO-1, charged once per step,
-# and every table below says which stage and which charge it used.
+# step, as ZeRO-1, but the weights (ZeRO-3) and gradients (ZeRO-2/3) lose their `1/d`). ZeRO-1,
+# which shards only what the step's end touches, avoids the choice; DeepSpeed's pipeline engine
+# accepts only ZeRO-1 for that reason, while Llama 3 (Section 3.3.2) shards gradients and
+# optimizer state under its 16-stage pipeline and pays the traffic. The course's jobs with a
+# pipeline (`JOB_70B`, `LLAMA3_405B_JOB`) are ZeRO-1, charged once per step (a simplification,
+# not Llama 3's setting), and every table below says which stage and which charge it used.
 #
 # **Activations.** Korthikanti et al. (2022, "Reducing Activation Recomputation in Large
 # Transformer Models", arXiv:2205.05198, Section 4) count the bytes one layer keeps for backward,
@@ -220,14 +222,14 @@ check_memory_per_gpu(memory_per_gpu, seed=fresh_seed(), count=40)
 # %% [markdown]
 # Where does a 70B model's memory go? Four layouts of the 128 GPUs (`JOB_70B`: sequences of 4,096
 # tokens, 1,024 per step — 4M tokens — micro-batch 1, selective recompute, sequence parallelism,
-# fp32 gradients). The figure uses the reference implementation, so it draws even before your
-# function is done.
+# fp32 gradients). The table and the figure are your `memory_per_gpu`'s: they draw once it is
+# written, and so do the tables below that count memory.
 
 # %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 layouts = [ParallelConfig(1, 1, 128, Job(zero_stage=0)), ParallelConfig(1, 1, 128, Job(zero_stage=3)),
            ParallelConfig(8, 1, 16, JOB_70B), ParallelConfig(8, 4, 4, JOB_70B)]
-print(memory_table(LLAMA3_70B, layouts))
-plot_memory(LLAMA3_70B, layouts, gpu_mem_gb=80);
+print(memory_table(LLAMA3_70B, layouts, memory=memory_per_gpu))
+plot_memory(LLAMA3_70B, layouts, gpu_mem_gb=80, memory=memory_per_gpu);
 
 # %% [markdown]
 # Read it column by column. Plain DP needs 1.4 TB per GPU. ZeRO-3 divides the states by 128 but
@@ -243,18 +245,18 @@ plot_memory(LLAMA3_70B, layouts, gpu_mem_gb=80);
 for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
     print(f"{model.name:13s} rule of thumb: {rule_of_thumb_gpus(model.params, 80):6.1f} x 80 GB GPUs")
 for seq in (2048, 8192, 32768):
-    one = planning.memory_per_gpu(LLAMA3_70B, ParallelConfig(8, 1, 16, Job(seq_len=seq, global_batch=16,
-                                                                   recompute="none")))
+    one = memory_per_gpu(LLAMA3_70B, ParallelConfig(8, 1, 16, Job(seq_len=seq, global_batch=16,
+                                                          recompute="none")))
     print(f"70B, TP=8, no recompute, s = {seq:5d}: activations {one['activations'] / GB:7.1f} GB "
           f"per GPU vs states {(one['total'] - one['activations']) / GB:5.1f} GB")
 
 # %% [markdown]
 # The rule says about 20 GPUs for 70B: the least model-parallel size `t·p` with room for states
 # spread evenly (as ZeRO-3 or `t·p = n` would). It breaks where its two assumptions do:
-# activations are not a constant 25% — without recompute they grow with `s²` (the attention-score
-# term) and with the batch, and at 32k tokens they dwarf the states; and data parallelism without
-# ZeRO replicates states, so two DP replicas of a 20-GPU model need 40 GPUs' worth each holding
-# its own copy. Use it for a first guess, then count.
+# activations are not a constant 25% — without recompute and without a fused attention kernel
+# they grow with `s²` (the attention-score term) and with the batch, and at 32k tokens they dwarf
+# the states; and data parallelism without ZeRO replicates states, so two DP replicas of a 20-GPU
+# model need 40 GPUs' worth each holding its own copy. Use it for a first guess, then count.
 
 # %% [markdown]
 # ## 3. Choosing t, p and d
@@ -297,10 +299,10 @@ for seq in (2048, 8192, 32768):
 # the course: it is not MFU. MFU (model FLOPs utilisation) divides the model's `6·N·tokens` by
 # peak times the *whole* step's time, bubble and communication included, so a run with `η = 0.40`
 # measures an MFU of `0.40 · compute / total`; `planning.model_mfu` computes it. Here is one
-# layout taken apart:
+# layout taken apart (its memory by your `memory_per_gpu`):
 
 # %% nbgrader={"grade": false, "grade_id": "one_layout", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B), memory_per_gpu))
 
 # %% [markdown]
 # ## 4. Exercise 2 — `choose_degrees` (3 points)
@@ -440,9 +442,10 @@ check_405b_answer(answer_405b)
 # PP across nodes, DP the rest:
 
 # %% nbgrader={"grade": false, "grade_id": "answer_70b_detail", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(answer_70b.tp, answer_70b.pp, answer_70b.dp, JOB_70B)))
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(answer_70b.tp, answer_70b.pp, answer_70b.dp, JOB_70B),
+                     memory_per_gpu))
 print()
-print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
+print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B), memory_per_gpu))
 
 # %% [markdown]
 # The cost model prefers less TP and more PP than the folk rule: with 256 micro-batches per
@@ -453,20 +456,22 @@ print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B)))
 # sizes (TP = 8 makes each GPU's matrices 8 times thinner and less efficient), and overlap of
 # DP and PP traffic. That is why exercise 3 accepts any layout within 5% of the fastest with 10%
 # of the memory free. The folk layout, TP = 8 with PP = 2, needs 44.5 GB instead of 69.6 GB but
-# is about 10% slower by the model: outside the 5%. The layouts the model cannot tell apart:
+# is about 10% slower by the model: outside the 5%. The layouts the model cannot tell apart,
+# from your `choose_degrees`'s fastest layout and your `memory_per_gpu`:
 
 # %% nbgrader={"grade": false, "grade_id": "near_ties_70b", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(near_tie_table(LLAMA3_70B, H100_16x8, JOB_70B))
+print(near_tie_table(LLAMA3_70B, H100_16x8, JOB_70B, choose=choose_degrees, memory=memory_per_gpu))
 
 # %% [markdown]
 # **Llama 3 405B, against its published run.** The Llama 3 paper (Llama Team, AI @ Meta, "The
 # Llama 3 Herd of Models", arXiv:2407.21783, 2024; Table 4 and Section 3.3) trained 405B on H100
 # 80 GB GPUs, 8 per server on NVLink, ordering the axes [TP, CP, PP, DP] from innermost to
-# outermost with FSDP as its DP. Its first pre-training stage ran on 8,192 GPUs with TP 8, no
-# context parallelism, PP 16, and therefore DP 64, sequences of 8,192 tokens and 16M tokens per
-# batch (2,048 sequences), at 430 TFLOP/s per GPU (43% BF16 MFU); it later grew to 16,384 GPUs with
-# DP 128. The paper also describes an interleaved pipeline schedule, which this cost model does
-# not have.
+# outermost with FSDP as its DP. Its 8,192-GPU configuration ran TP 8, no context parallelism,
+# PP 16, and therefore DP 64, sequences of 8,192 tokens and 16M tokens per batch (2,048
+# sequences), at 430 TFLOP/s per GPU (43% BF16 MFU); it later grew to 16,384 GPUs with DP 128.
+# That 16M-token batch came after a ramp (Section 3.4.1): 4M tokens of 4,096-token sequences at
+# first, 8M tokens of 8,192-token sequences after 252M tokens, 16M after 2.87T tokens. The paper
+# also describes an interleaved pipeline schedule, which this cost model does not have.
 
 # %% [markdown]
 # **Which ZeRO for a pipeline.** With 32 micro-batches per pipeline, the published layout can
@@ -474,7 +479,7 @@ print(near_tie_table(LLAMA3_70B, H100_16x8, JOB_70B))
 # with full recompute:
 
 # %% nbgrader={"grade": false, "grade_id": "zero_options_405b", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(zero_options_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_PUBLISHED))
+print(zero_options_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_PUBLISHED, memory=memory_per_gpu))
 
 # %% [markdown]
 # Resident ZeRO-2/3 cost what ZeRO-1 costs and save nothing, so the real choice is ZeRO-1 against
@@ -494,11 +499,7 @@ print(zero_options_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_PUBLISHED
 # layouts still holds.
 
 # %% nbgrader={"grade": false, "grade_id": "published", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(published_comparison())
-print()
-print(near_tie_table(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB))
-print()
-print(published_verdict())
+print(published_report(choose_degrees, memory_per_gpu))   # your choice beside the published run
 
 # %% [markdown]
 # **Whole steps against whole steps.** 430 TFLOP/s per GPU, like any MFU, is measured end to
@@ -524,10 +525,11 @@ print(published_verdict())
 #
 # Move the sliders: model size (a Llama-3-shaped model of that many parameters), sequence length,
 # GPUs per node, nodes, GPU memory, batch, ZeRO stage and recompute. It shows the memory per GPU
-# by term of the chosen layout, the bubble, and the traffic per axis.
+# by term of the chosen layout, the bubble, and the traffic per axis, all computed by your
+# `choose_degrees` and `memory_per_gpu`.
 
 # %% nbgrader={"grade": false, "grade_id": "planner", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-planner()
+planner(choose_degrees, memory_per_gpu)   # sliders over your two functions
 
 # %% [markdown]
 # Things to try: 70B on 2 nodes (nothing fits without ZeRO-3); 405B with 32k-token sequences;

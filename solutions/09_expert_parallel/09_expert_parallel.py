@@ -11,10 +11,13 @@
 # %% [markdown]
 # # Lab 9 — Expert parallelism
 #
-# A **mixture-of-experts** (MoE) layer replaces one MLP by E smaller MLPs, the *experts*, and a
-# *router* that sends each token to only k of them (Shazeer et al., 2017). The model has E times
-# the MLP weights, but each token pays for only k experts. Switch Transformer (Fedus et al., 2021)
-# uses k = 1, GShard (Lepikhin et al., 2020) k = 2.
+# A **mixture-of-experts** (MoE) layer replaces one MLP by E MLPs, the *experts*, and a *router*
+# that sends each token to only k of them (Shazeer et al., 2017). In Switch Transformer (Fedus et
+# al., 2021, k = 1) and GShard (Lepikhin et al., 2020, k = 2) every expert is the size of the
+# dense MLP it replaces: the model has E times the MLP weights, but each token pays for only k
+# experts. Fine-grained MoEs split them into smaller experts and route each token to more of them
+# (DeepSeekMoE, Dai et al., 2024, arXiv:2401.06066); this lab's experts are small only to run on a
+# laptop.
 #
 # When the experts no longer fit on one device, **expert parallelism** (EP) puts E/p of them on
 # each of p ranks. Every rank still holds its own tokens (as in data parallelism, Lab 2), so each
@@ -43,11 +46,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab09 import check_aux_loss, check_capacity, check_dispatch, check_moe_layer
 from distlab.labs.experts import (DispatchPlan, ToyTask, compare_training, ep_dp_step,
-                                  measure_traffic, moe_closing_note, phase_times, profile_moe_step,
-                                  show_routing, traffic_summary)
+                                  format_wire_bytes, measure_traffic, moe_closing_note, phase_times,
+                                  profile_moe_step, show_routing, traffic_summary)
 
 # %% [markdown]
 # ## 1. The layer on one process
@@ -58,11 +60,16 @@ from distlab.labs.experts import (DispatchPlan, ToyTask, compare_training, ep_dp
 #
 # y = Σ_j p[i_j] · expert_{i_j}(x).
 #
-# The gates are not renormalised over the k chosen experts: that keeps a gradient flowing into the
-# router through every gate (Switch Transformer §2.1 does the same with k = 1). Each expert is a
-# small MLP w₂(GELU(w₁ x)). `distlab.labs.experts.MoE` is this layer, written plainly with a loop
-# over experts; it is the reference every check of this lab compares with. Below: six tokens,
-# their two experts and gates, and the layer checked against the formula token by token.
+# This lab does not renormalise the gates over the k chosen experts, and that is a choice. With
+# k = 1 it is required: renormalised, the one gate would be the constant 1, and the router would
+# get no gradient from the task (Switch Transformer §2.1 weights the expert's output by its
+# probability). With k ≥ 2 both are used: GShard renormalises its top-2 gates (Algorithm 1 divides
+# g₁ and g₂ by their sum), and so does Mixtral (Jiang et al., 2024, arXiv:2401.04088: a softmax
+# over the top-k logits); renormalised gates still pass gradient to the router, through their
+# ratios. Each expert is a small MLP w₂(GELU(w₁ x)). `distlab.labs.experts.MoE` is this layer, written plainly with a loop
+# over experts; it is the reference every check of this lab compares with (its forward is not in
+# your handout: the lab shows its outputs as the course stored them). Below: six tokens, their two
+# experts and gates, and the layer's output checked against the formula token by token.
 
 # %% nbgrader={"grade": false, "grade_id": "routing", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
@@ -94,7 +101,8 @@ show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
 # (`torch.repeat_interleave` of the local expert ids by the received counts).
 #
 # An all-gather of every rank's tokens would give each rank what it needs too, but it sends every
-# token to every rank: p times the bytes, and memory that grows with p. The check reads the
+# token to every rank: the gathered p·T rows against the T·k an all-to-all sends, p/k times the
+# bytes, and memory that grows with p. The check reads the
 # collective record (`out.comms`) and accepts the count exchange and **one** token all-to-all.
 
 # %% nbgrader={"grade": false, "grade_id": "dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -132,6 +140,7 @@ def dispatch(x, expert_idx, num_experts, group=None):
 check_dispatch(dispatch)
 print("dispatch: every rank received exactly its experts' tokens, with one all-to-all")
 ### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_dispatch(dispatch, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
 check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ffn=12, experts=6, k=1)
 ### END HIDDEN TESTS
@@ -211,9 +220,10 @@ def moe_forward(x, router, experts, num_experts, k, group=None):
 check_moe_layer(moe_forward)
 print("moe_forward: outputs and gradients equal the plain layer; two token all-to-alls each way")
 ### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
 check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6, ffn=12, experts=4, k=1,
-                starve=True)
+                starve=True)   # top-1; rank 3's experts get no token: it must still join the backward
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -224,8 +234,11 @@ check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6
 # the ranks; the backward repeats both. (GShard dispatches and combines with the same two
 # all-to-alls. Under balanced routing (p−1)/p of the bytes leave the rank; the rest is the rank's
 # own, which all_to_all_single still counts.) Tensor parallelism of the same layer
-# (every expert's f split over the ranks, Lab 3) instead gives every rank all p·T tokens and
-# all-reduces the (p·T, h) output: p·T·h·b bytes per all-reduce, one forward and one backward.
+# (every expert's f split over the ranks, Lab 3) assumes instead that every rank **already holds
+# all p·T tokens** (as the activations of a TP group are replicated between its blocks): each rank
+# computes its f/p slice of every expert for all of them and all-reduces the (p·T, h) output:
+# p·T·h·b bytes per all-reduce, one forward and one backward. Bringing the tokens together first
+# would be another collective, not counted here.
 #
 # The table runs **your** `moe_forward` and a TP version of the same layer, one forward and
 # backward each, and lists every collective from the records (`out.comms`) beside the formula.
@@ -235,15 +248,23 @@ check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6
 TRAFFIC = dict(world_size=2, tokens=64, hidden=32, ffn=64, experts=4, k=2)
 traffic_rows = measure_traffic(moe_forward, **TRAFFIC)
 traffic = traffic_summary(traffic_rows)
+print(format_wire_bytes(TRAFFIC["tokens"], TRAFFIC["hidden"], TRAFFIC["k"]))
 traffic
 
 # %% [markdown]
 # Every dispatch sends exactly T·k·h·4 bytes; the combines differ between ranks by the router's
-# imbalance and add up to the same total. Per rank, EP moves 4·T·k·h·b per step against TP's
-# 2·p·T·h·b: EP costs 2k/p times TP's message bytes, so with k = 2 on 2 ranks it sends twice
-# as much. But a ring all-reduce moves 2(p−1)/p of its message through every rank, and TP makes
-# every rank hold and route all p·T tokens; EP keeps each rank's tokens and each expert's weights
-# whole and local. The layouts are chosen together: TP inside a node, EP across (Lab 7).
+# imbalance and add up to the same total. The table counts messages: per rank, EP's four
+# all-to-alls carry 4·T·k·h·b per step against TP's two all-reduces of 2·p·T·h·b. **On the wire**
+# the two differ less: an all-to-all sends (p−1)/p of its message off the rank (balanced routing),
+# a ring all-reduce 2(p−1)/p of its message, so per rank EP sends 4·T·k·h·b·(p−1)/p and TP
+# 4·T·h·b·(p−1): EP sends **k/p of TP's bytes**, the same at k = p = 2 and less with more ranks
+# (the second table above, `wire_bytes` for p = 2, 4, 8). TP also computes every token's slice of
+# every expert on every rank; EP keeps each rank's tokens and each expert's weights whole and
+# local, but its all-to-alls are uneven and wait for the busiest rank. Where each goes is a
+# trade-off, not a rule: many setups keep the EP group inside a node's NVLink domain, where
+# all-to-all is cheap; DeepSeek-V3 (arXiv:2412.19437, §3.2) runs 64-way EP across 8 nodes and
+# bounds the cross-node traffic by node-limited routing (§2.1.2: each token's experts on at most
+# 4 nodes).
 #
 # ## 5. EP × DP on a 2 × 2 mesh
 #
@@ -263,13 +284,17 @@ mesh_run = ep_dp_step(moe_forward)
 # %% [markdown]
 # ## 6. Exercise 3 — capacity (2 points)
 #
-# On real hardware every expert gets a buffer of fixed size, so that shapes are static and the
-# memory is known in advance. GShard (§2.2) sets the **expert capacity** from a capacity
-# factor c:
+# Compilers that need static shapes (XLA on the TPUs where GShard and Switch Transformer ran) give
+# every expert a buffer of fixed size. GPU stacks can be **dropless** instead: MegaBlocks (Gale et
+# al., 2022, arXiv:2211.15841) computes the experts as block-sparse products of whatever size the
+# router makes, and Megatron-Core's MoE layer is dropless by default. A capacity trades dropped
+# tokens for bounded compute and memory per expert. GShard (§2.2) fixes each expert's capacity
+# per group of tokens; Switch Transformer (§2.2, eq. 3) sets it from a **capacity factor** c:
+# tokens per batch / experts × c. With k assignments per token:
 #
 # capacity = ⌈c · T · k / E⌉,
 #
-# T·k assignments spread over E experts, times a margin c (Switch Transformer §2.2 trains with 1.0 to 2.0).
+# T·k assignments spread over E experts, times a margin c (Switch Transformer trains with 1.0 to 2.0).
 # Assignments beyond an expert's capacity are **dropped**: they contribute nothing, and a token
 # whose every assignment is dropped leaves the block through the residual connection unchanged.
 # Who is dropped: fill each expert with every token's *first* choice in token order, then the
@@ -305,6 +330,7 @@ def capacity_mask(expert_idx, num_experts, capacity_factor):
 check_capacity(expert_capacity, capacity_mask)
 print("capacity: the same assignments dropped as the reference, and the fraction right")
 ### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_capacity(expert_capacity, capacity_mask, world_size=4, seed=fresh_seed(), tokens=16, hidden=6,
                ffn=12, experts=8, k=2, capacity_factor=1.25)
 check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), tokens=20, hidden=6,
@@ -341,6 +367,7 @@ def load_balancing_loss(probs, expert_idx, num_experts):
 check_aux_loss(load_balancing_loss)
 print("load_balancing_loss: value and gradient equal the reference")
 ### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_aux_loss(load_balancing_loss, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
 check_aux_loss(load_balancing_loss, world_size=2, seed=fresh_seed(), tokens=16, hidden=6, ffn=12, experts=6, k=1)
 ### END HIDDEN TESTS
@@ -355,23 +382,27 @@ check_aux_loss(load_balancing_loss, world_size=2, seed=fresh_seed(), tokens=16, 
 # the auxiliary loss, expert 0 keeps every token, its capacity holds a quarter of them, and three
 # quarters pass through the residual only. With **your** `load_balancing_loss` (weight α = 0.3;
 # Switch Transformer uses 0.01 over far longer training) the load spreads out and few tokens
-# are dropped. Single process: the distributed layer computes the same numbers (section 3).
+# are dropped. The block is yours too: your `moe_forward` on one rank (every expert local, the
+# all-to-alls rank to itself) and your `capacity_mask`; with top-1 routing a dropped assignment
+# is its token's only one, so the kept output is the layer's output times the mask.
 
 # %% nbgrader={"grade": false, "grade_id": "training", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-runs = compare_training(ToyTask(), aux_weight=0.3, aux_loss=load_balancing_loss)
+runs = compare_training(ToyTask(), aux_weight=0.3, aux_loss=load_balancing_loss,
+                        capacity_mask=capacity_mask, moe_forward=moe_forward)
 
 # %% [markdown]
 # ## 9. One step on the timeline
 #
-# The profiler's view of one step of the shipped EP layer on 2 ranks (T = 512, h = 128, f = 512,
-# E = 4, k = 2), in Lab 6's timeline: the named ranges "dispatch all-to-all", "experts" and
-# "combine all-to-all" (coloured), the compute, and gloo's all-to-alls in the communication row
-# (the first, before the dispatch, is the count exchange). A rank whose experts got fewer tokens
+# The profiler's view of one step of **your** EP layer (`moe_forward`) on 2 ranks (T = 512,
+# h = 128, f = 512, E = 4, k = 2), in Lab 6's timeline: the named ranges "dispatch all-to-all"
+# (from the call to the first local expert, routing and count exchange included), "experts" and
+# "combine all-to-all" (from the last expert to the return), coloured, the compute, and gloo's
+# all-to-alls in the communication row (the first is the count exchange). A rank whose experts got fewer tokens
 # finishes its compute early and waits in the combine for the other: the load imbalance of
 # section 1 becomes idle time. As in section 5, the backward holds one all-to-all, the combine's.
 
 # %% nbgrader={"grade": false, "grade_id": "timeline", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-profile = profile_moe_step(world_size=2)
+profile = profile_moe_step(moe_forward, world_size=2)
 phase_times(profile.timeline)
 
 # %% [markdown]
@@ -382,7 +413,8 @@ phase_times(profile.timeline)
 # * The backward of an all-to-all is the all-to-all reversed; with it the distributed layer trains
 #   exactly like the plain one, and EP × DP needs only the usual gradient all-reduces: experts
 #   over dp, dense weights over every rank.
-# * Capacity ⌈c·T·k/E⌉ (GShard §2.2) makes buffers static at the price of dropped tokens; the
+# * Capacity ⌈c·T·k/E⌉ (Switch Transformer §2.2, eq. 3) bounds each expert's work at the price of
+#   dropped tokens (static shapes need it; dropless GPU layers do without); the
 #   auxiliary loss E·Σ fᵢPᵢ (Switch Transformer §2.2) keeps the load, and the drops, down.
 #
 # The numbers this lab measured:

@@ -155,8 +155,9 @@ print("refused:", refused)
 unreadable = []
 for name, path in {"another submission": TARGETS["another submission"],
                    "the grader's template": here.parents[4] / "template"}.items():
-    try:
-        os.listdir(path) if path.is_dir() else open(path, "rb").read(1)
+    try:   # a folder's names may be listed; its files' text may not be read
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        open(files[0], "rb").read(1)
     except OSError:
         unreadable.append(name)
 print("unreadable:", unreadable)
@@ -207,6 +208,33 @@ print("copied from:", copied)
 '''
 
 
+# Answers in memory: a process that imported the instructor's package (or was forked from one)
+# holds the course's implementations, whatever its sys.modules says; the kernel and the judge's
+# ranks must hold none of Lab 1's (they import its student package).
+SEEKS_ANSWERS = '''\
+import gc, types
+_LAB1_ANSWERS = @ANSWERS@
+
+def _answers_held():
+    return sorted({f.__qualname__ for f in gc.get_objects() if isinstance(f, types.FunctionType)
+                   and f.__qualname__ in _LAB1_ANSWERS
+                   and "is yours to write" not in repr(f.__code__.co_consts)})
+
+print("answers held in the kernel:", _answers_held())
+_own_bandwidths = bandwidths
+
+def bandwidths(nbytes, seconds, factor):
+    print("answers held on the rank:", _answers_held())
+    return _own_bandwidths(nbytes, seconds, factor)
+'''
+
+
+def _answers_of(lab: str) -> set[str]:
+    """The qualnames of ``lab``'s answers, as the checks modules declare them."""
+    from distlab.grading.student_package import answers_by_lab
+    return {name.partition(":")[2] for name, owner in answers_by_lab().items() if owner == lab}
+
+
 def orphans() -> list[psutil.Process]:
     """The processes the orphans sample left that are still running."""
     found = []
@@ -246,6 +274,8 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
         "orphans": (_append(solved(LAB), "bandwidths", ORPHANS), ok),
         "writes_outside": (_append(student(LAB), "bandwidths", WRITES),
                            _statuses("not-done", "not-done", "not-done", "not-done")),
+        "seeks_answers": (_append(solved(LAB), "bandwidths", SEEKS_ANSWERS.replace(
+            "@ANSWERS@", repr(sorted(_answers_of(LAB))))), ok),
         "copies_solution": (_append(student(LAB), "all_reduce_rs_ag", COPIES_SOLUTION),
                             _statuses("not-done", "not-done", "not-done", "not-done")),
     }

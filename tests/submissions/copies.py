@@ -3,10 +3,14 @@
 - ``course_copier``: Lab 1 with the alpha-beta fit copied from the shipped package's
   ``distlab.labs.collectives.reference_fit``, its names changed and comments removed;
 - ``ann`` and ``ben``: Lab 1 with the same ring all-reduce, written their own way (not the
-  course's), ``ben``'s a disguised copy of ``ann``'s.
+  course's), ``ben``'s a disguised copy of ``ann``'s;
+- ``moe_copier``: Lab 9's dispatch cell with the course's ``plan_dispatch`` copied, disguised,
+  after the cell's other definition (so the cell's numbering of names is shifted);
+- ``source_runner``: Lab 9's dispatch cell running the course's ``plan_dispatch`` from its source
+  text, fetched at run time (no copy in the cell: only the dynamic code tells).
 
 Every other answer in them is the course's solution, which the report treats as common ground, so
-exactly these three answers must be flagged. The disguise is done by code (``disguise``), as a
+exactly these answers must be flagged. The disguise is done by code (``disguise``), as a
 student would do it by hand: every name the code binds renamed, docstrings and comments dropped,
 the layout redone.
 """
@@ -22,6 +26,7 @@ import nbformat
 from . import replace_cell, solved
 
 LAB = "01_collectives"
+LAB9 = "09_expert_parallel"
 
 # A ring all-reduce unlike the course's (which uses isend and tensor_split): slices of one flat
 # buffer and blocking send/recv ordered by rank parity. Written for the similarity report: these
@@ -104,18 +109,57 @@ def copied_fit() -> str:
     return "import math\n\n" + fit + "\n\n" + predict
 
 
-def copy_samples() -> dict[str, nbformat.NotebookNode]:
-    """{student: Lab 1 notebook}: the copier of the course and the two students who share."""
+def _dispatch_cell(before: str = "") -> str:
+    """Lab 9's dispatch cell with ``before`` it and only the solution's ``dispatch`` after."""
+    cell = next(c.source for c in solved(LAB9).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "dispatch")
+    return before + cell[cell.index("def dispatch("):].rstrip() + "\n\n\n"
+
+
+def copied_plan() -> str:
+    """The dispatch cell with the course's ``plan_dispatch`` disguised after ``dispatch`` (whose
+    names would shift a whole-cell numbering)."""
+    from distlab.labs.experts.parallel import plan_dispatch
+
+    return _dispatch_cell() + disguise(inspect.getsource(plan_dispatch),
+                                       {"plan_dispatch": "plan_dispatch"})
+
+
+# The course's plan_dispatch, run from its source text.
+RUN_SOURCE = """\
+import inspect
+from distlab.labs.experts import parallel
+exec(inspect.getsource(parallel.plan_dispatch))
+
+"""
+
+
+def copy_samples() -> dict[tuple[str, str], nbformat.NotebookNode]:
+    """{(student, lab): notebook}: the copiers of the course and the two students who share."""
     return {
-        "course_copier": replace_cell(solved(LAB), "alpha_beta", copied_fit()),
-        "ann": replace_cell(solved(LAB), "ring_all_reduce", OWN_RING),
-        "ben": replace_cell(solved(LAB), "ring_all_reduce",
-                            disguise(OWN_RING, {"ring_all_reduce": "ring_all_reduce"})),
+        ("course_copier", LAB): replace_cell(solved(LAB), "alpha_beta", copied_fit()),
+        ("ann", LAB): replace_cell(solved(LAB), "ring_all_reduce", OWN_RING),
+        ("ben", LAB): replace_cell(solved(LAB), "ring_all_reduce",
+                                   disguise(OWN_RING, {"ring_all_reduce": "ring_all_reduce"})),
+        ("moe_copier", LAB9): replace_cell(solved(LAB9), "dispatch", copied_plan()),
+        ("source_runner", LAB9): replace_cell(solved(LAB9), "dispatch", _dispatch_cell(RUN_SOURCE)),
     }
 
 
-# The flags the report must raise for them: (student, cell, the other side).
-EXPECTED_FLAGS = {
-    ("course_copier", "alpha_beta", "course: distlab.labs.collectives:reference_fit"),
-    ("ann", "ring_all_reduce", "ben"),
-}
+def _course(fn) -> str:
+    return f"course: {fn.__module__}:{fn.__qualname__}"
+
+
+def expected_flags() -> set[tuple[str, str, str]]:
+    """The copies the report must find in them: (student, cell, the other side)."""
+    from distlab.labs.collectives import reference_fit
+    from distlab.labs.experts.parallel import plan_dispatch
+
+    return {("course_copier", "alpha_beta", _course(reference_fit)),
+            ("ann", "ring_all_reduce", "ben"),
+            ("moe_copier", "dispatch", _course(plan_dispatch))}
+
+
+# The answers the report must list for their dynamic code: {(student, cell): the detail}.
+EXPECTED_DYNAMIC = {("source_runner", "dispatch"):
+                    "line 1: import inspect; line 3: exec(...); line 3: inspect.getsource"}

@@ -7,7 +7,17 @@ has a reference function) is answered by that implementation, by one route per s
 - ``importlib``: a function whose body finds the course's function with ``importlib`` and
   ``getattr`` (seen only at run time), or a class whose base is found that way;
 - ``default``: a function that calls the course's function through a default argument (seen
-  only at run time), or a class that subclasses the course's.
+  only at run time), or a class that subclasses the course's;
+- ``getsource``: the course object's source text, obtained at run time (``inspect.getsource``)
+  and executed in a copy of its module's namespace (new code objects, from ``<string>``);
+- ``file``: the same, but the source read from the instructor's package file itself;
+- ``code``: a copy of the course function's code object with one attribute changed, made into a
+  new function (``types.FunctionType``), or of the course class's namespace;
+- ``eval``: an eval'd one-line lambda (or class) that calls the course's object;
+- ``unguarded``: a wrapper that turns the guard off (``sys.setprofile(None)``) before it calls.
+
+Under the grader, the student's code imports the lab's student package, where each of these
+finds a stub ("... is yours to write in Lab N") or a file it may not read.
 
 Each graded exercise listed scores zero with feedback naming the course object. The others
 are left as handed out, so grading stops them at once (a sample costs what an untouched lab
@@ -21,7 +31,7 @@ import nbformat
 
 from . import solved
 
-ROUTES = ("alias", "importlib", "default")
+ROUTES = ("alias", "importlib", "default", "getsource", "file", "code", "eval", "unguarded")
 # (parameters, arguments) of a wrapper whose course function takes other arguments than the
 # exercise: Lab 3's shard_column(weight, bias, rank, world_size) is column_shard(linear, ...).
 _LINEAR = ("weight, bias, rank, world_size",
@@ -39,6 +49,10 @@ DELEGATED = {
     "01_collectives": {
         "bandwidths": [("bandwidths", "distlab.checks.lab01:reference_bandwidths")],
         "alpha_beta": [("fit_alpha_beta", "distlab.labs.collectives:reference_fit")],
+    },
+    "02_data_parallel": {
+        "predict_state_bytes": [("predict_state_bytes",
+                                 "distlab.checks.lab02_prediction:_state_bytes")],
     },
     "03_tensor_parallel_mlp": {
         "shard": [("shard_column", "distlab.labs.tensor_parallel.layers:column_shard", _LINEAR),
@@ -73,6 +87,8 @@ DELEGATED = {
     },
     "05_pipeline_parallel": {
         "partition": [("partition", "distlab.labs.pipeline.model:partition_layers")],
+        "predict_sent_bytes": [("predict_sent_bytes",
+                                "distlab.checks.lab05_design:_boundary_bytes")],
     },
     "06_timelines": {
         "collective_events": [("collective_events", "distlab.labs.timelines.trace:collective_events")],
@@ -82,6 +98,7 @@ DELEGATED = {
                        ("exposed_comm", "distlab.checks.lab06:reference_exposed_comm")],
         "classify": [("classify", "distlab.checks.lab06:reference_classify")],
         "overlap_fraction": [("overlap_fraction", "distlab.checks.lab06:reference_overlap_fraction")],
+        "predict_messages": [("predict_messages", "distlab.labs.timelines.runs:formula_messages")],
     },
     "07_3d_parallelism": {
         "memory_per_gpu": [("memory_per_gpu", "distlab.labs.planning.memory:memory_per_gpu")],
@@ -106,15 +123,16 @@ DELEGATED = {
 # The test cells each lab's delegation must zero (every one whose exercise is delegated).
 ZEROED = {
     "01_collectives": ("test_bandwidths", "test_alpha_beta"),
+    "02_data_parallel": ("test_predict_state_bytes",),
     "03_tensor_parallel_mlp": ("test_shard", "test_copy_to_tp", "test_reduce_from_tp",
                                "test_parallel_linears", "test_tp_mlp", "test_tp_swiglu",
                                "test_sp_ops", "test_sp_block"),
     "04_tensor_parallel_attention": ("test_split_qkv", "test_tp_attention_forward",
                                      "test_tp_attention_backward", "test_tp_block",
                                      "test_vocab_parallel_ce"),
-    "05_pipeline_parallel": ("test_partition",),
+    "05_pipeline_parallel": ("test_partition", "test_predict_sent_bytes"),
     "06_timelines": ("test_collective_events", "test_comm_share", "test_classify",
-                     "test_overlap_fraction"),
+                     "test_overlap_fraction", "test_predict_messages"),
     "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan"),
     "08_sharded_data_parallel": ("test_choose_checkpoints",),
     "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"),
@@ -126,10 +144,44 @@ def _is_class(target: str) -> bool:
     return isinstance(resolve(target), type)
 
 
+def _run_time_copy(name: str, target: str, route: str) -> str:
+    """Code that rebuilds ``target`` as ``name`` at run time: from its source text (asked of
+    ``inspect`` or read from the instructor's file), its code object, or an eval."""
+    from distlab import paths
+    module, _, qualname = target.partition(":")
+    head = f"import inspect, types\nfrom {module} import {qualname} as _course_{name}\n"
+    namespace = f"_ns_{name} = dict(vars(inspect.getmodule(_course_{name})))\n"
+    if route in ("getsource", "file"):
+        source = (f"inspect.getsource(_course_{name})" if route == "getsource" else
+                  f"open({str(paths.PACKAGE.joinpath(*module.split('.')[1:]))!r} + '.py').read()")
+        return head + namespace + f"exec({source}, _ns_{name})\n{name} = _ns_{name}[{qualname!r}]"
+    if route == "eval":
+        made = f"type({name!r}, (_course_{name},), {{}})" if _is_class(target) else \
+            f"lambda *a, **k: _course_{name}(*a, **k)"
+        return head + f"{name} = eval({made!r})"
+    if _is_class(target):   # route == "code": the class's namespace, copied
+        return head + (f"{name} = type({name!r}, _course_{name}.__bases__, {{k: v for k, v in "
+                       f"vars(_course_{name}).items() if k not in ('__dict__', '__weakref__')}})")
+    return head + namespace + (
+        f"{name} = types.FunctionType(_course_{name}.__code__.replace(co_firstlineno=1), "
+        f"_ns_{name}, {name!r}, _course_{name}.__defaults__)")
+
+
 def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
     """Code that makes ``name`` the course's ``target`` by ``route``."""
     module, _, qualname = target.partition(":")
     params, call = signature
+    if route in ("getsource", "file", "code", "eval"):
+        return _run_time_copy(name, target, route)
+    if route == "unguarded":
+        if _is_class(target):
+            return (f"import sys\nfrom {module} import {qualname} as _Course{name}\n"
+                    f"class {name}(_Course{name}):\n"
+                    f"    def __init__(self, *args, **kwargs):\n"
+                    f"        sys.setprofile(None)\n        super().__init__(*args, **kwargs)")
+        return (f"import sys\nfrom {module} import {qualname} as _course_{name}\n"
+                f"def {name}({params}):\n    sys.setprofile(None)\n"
+                f"    return _course_{name}({call})")
     if route == "alias":
         return f"from {module} import {qualname} as {name}"
     if _is_class(target):
@@ -156,7 +208,9 @@ def delegated(lab: str, route: str) -> nbformat.NotebookNode:
     for cell in nb.cells:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         if gid in cells:
-            cell.source = cell.source.rstrip() + "\n\n# the course's own, handed in\n" + \
+            # The own answers go first: a route that fails must not leave them to be graded.
+            own = ", ".join(entry[0] for entry in cells[gid])
+            cell.source = cell.source.rstrip() + f"\n\n# the course's own, handed in\ndel {own}\n" + \
                 "\n".join(delegation(*entry[:2], route, *entry[2:]) for entry in cells[gid])
     return nb
 

@@ -68,9 +68,10 @@ def _time_steps(model, x, steps: int, warmup: int, dev) -> tuple[list[float], li
     return times, windows
 
 
-def _scaling_rank(rank, world_size, sizes, config, shape, steps, warmup):
-    """For each N in `sizes`, ranks 0..N-1 time the block on a group of N ranks (N = 1: the dense
-    block); the others wait. Returns {N: (median seconds of the slowest rank, windows)}."""
+def _scaling_rank(rank, world_size, sizes, config, shape, steps, warmup, block_cls):
+    """For each N in `sizes`, ranks 0..N-1 time `block_cls(dense block, group)` on a group of N
+    ranks (N = 1: the dense block); the others wait. Returns {N: (median seconds of the slowest
+    rank, windows)}."""
     dev = rank_device()
     groups = {n: dist.new_group(list(range(n))) for n in sizes if n > 1}   # every rank creates all
     g = torch.Generator().manual_seed(1)
@@ -79,7 +80,7 @@ def _scaling_rank(rank, world_size, sizes, config, shape, steps, warmup):
     for n in sizes:
         if rank < n:
             block = dense_transformer("block", 0, **config).to(dev)
-            model = block if n == 1 else TensorParallelTransformerBlock(block, groups[n]).to(dev)
+            model = block if n == 1 else block_cls(block, groups[n]).to(dev)
             times, windows = _time_steps(model, x, steps, warmup, dev)
             worst = torch.tensor([statistics.median(times)], dtype=torch.float64, device=dev)
             if n > 1:   # a step is over when the slowest rank is done
@@ -98,9 +99,11 @@ def _comm_seconds(comms, windows) -> float | None:
 
 
 def scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads=8, n_kv_heads=8,
-                  ffn=None, steps=5, warmup=2) -> list[dict]:
-    """Forward+backward time of one tensor-parallel transformer block on 1, 2, 4 ranks; print a
-    table with speedup T1/TN and scaling efficiency T1/(N TN) against the dense 1-rank block.
+                  ffn=None, steps=5, warmup=2,
+                  block_cls=TensorParallelTransformerBlock) -> list[dict]:
+    """Forward+backward time of one tensor-parallel transformer block, `block_cls(dense block,
+    group)` (in a lab: yours), on 1, 2, 4 ranks; print a table with speedup T1/TN and scaling
+    efficiency T1/(N TN) against the dense 1-rank block.
 
     One thread per rank: a core stands in for a device. "all-reduce ms" is rank 0's time inside
     all-reduce calls per step, from the collective record (on NCCL that is only the launch: the
@@ -111,7 +114,7 @@ def scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads=8,
     config = dict(hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn=ffn)
     sizes = sorted(set(world_sizes))
     QKVLayout(hidden, n_heads, n_kv_heads).check_degree(max(sizes))   # fail here, not on every rank
-    out = distlab.run(_scaling_rank, max(sizes), sizes, config, (batch, seq), steps, warmup,
+    out = distlab.run(_scaling_rank, max(sizes), sizes, config, (batch, seq), steps, warmup, block_cls,
                       threads=1, timeout=600)
     t1 = out[0][sizes[0]][0] * sizes[0] if sizes[0] == 1 else None
     rows = []

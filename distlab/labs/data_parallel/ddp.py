@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from distlab.labs.data_parallel.problem import Setup, final_state, rank_problem, reference_training, train_steps
+from distlab.labs.data_parallel.problem import (Setup, final_state, flat, rank_problem,
+                                                reference_training, stored, train_steps)
 from distlab.runtime.devices import device
 
 def ddp_model(model: nn.Module, bucket_bytes: int, record: list | None = None) -> nn.Module:
@@ -85,14 +86,19 @@ def show_backend_features(world_size: int = 2, backend: str = "auto") -> str:
 
 def compare_with_ddp(world_size: int = 2, steps: int = 3, bucket_bytes: int = 8192,
                      setup: Setup = Setup()) -> str:
-    """Train the lab's model with DDP on ranks and with plain AdamW in this process; report the
-    largest parameter difference per rank and the buckets DDP all-reduced in each step."""
+    """Train the lab's model with DDP on ranks and compare with plain AdamW on the full batch in
+    one process (for the lab's case, 3 steps of ``Setup()``, the course's stored run, which the
+    visible tests read too; otherwise trained now); report the largest parameter difference per
+    rank and the buckets DDP all-reduced in each step."""
     from distlab import run
     out = run(ddp_training, world_size, setup, steps, bucket_bytes, timeout=120)
-    ref = reference_training(setup, steps)
+    if (setup, steps) == (Setup(), 3):
+        ref_params = stored("adamw_3_steps")["params"]
+    else:
+        ref_params = flat(reference_training(setup, steps)["params"])
     lines = []
     for rank in range(world_size):
-        diff = max((a - b).abs().max().item() for a, b in zip(out[rank]["params"], ref["params"]))
+        diff = (flat(out[rank]["params"]) - ref_params).abs().max().item()
         lines.append(f"rank {rank}: max |DDP - single process| after {steps} steps = {diff:.2e}")
     hooked, ends = out[0]["buckets"], out[0]["step_end"]
     for step, end in enumerate(ends):

@@ -1,14 +1,22 @@
 """ZeRO-1: optimizer-state bytes per rank against replicated AdamW, measured on ranks."""
 from __future__ import annotations
 
-from distlab.labs.data_parallel.problem import Setup, optimizer_state_bytes, rank_problem, reference_training, train_steps
+import torch
+
+from distlab.labs.data_parallel.problem import Setup, optimizer_state_bytes, rank_problem, train_steps
 from distlab.labs.data_parallel.step_times import BENCH_SETUP
 
-def _state_bytes_rank(rank: int, world_size: int, cls, setup: Setup) -> int:
-    model, x, y = rank_problem(setup, rank, world_size)
-    optimizer = cls(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
-    train_steps(model, optimizer, x, y, 1)  # AdamW allocates its state at the first step
-    return optimizer_state_bytes(getattr(optimizer, "local_optimizer", optimizer))
+def _state_bytes_rank(rank: int, world_size: int, cls, setup: Setup) -> dict[str, int]:
+    """Optimizer-state bytes on this rank after one step: ``cls`` (ZeRO-1, its
+    ``local_optimizer``) and a replicated AdamW (a plain local step: its state's size does not
+    depend on the gradients' values)."""
+    sizes = {}
+    for name, make in (("zero1", cls), ("adamw", torch.optim.AdamW)):
+        model, x, y = rank_problem(setup, rank, world_size)
+        optimizer = make(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+        train_steps(model, optimizer, x, y, 1)  # AdamW allocates its state at the first step
+        sizes[name] = optimizer_state_bytes(getattr(optimizer, "local_optimizer", optimizer))
+    return sizes
 
 
 def optimizer_memory(cls, world_sizes=(2, 4), setup: Setup = BENCH_SETUP) -> list[dict]:
@@ -17,11 +25,12 @@ def optimizer_memory(cls, world_sizes=(2, 4), setup: Setup = BENCH_SETUP) -> lis
     Replicated AdamW keeps 8 bytes per float32 parameter on every rank; ZeRO-1 keeps 8 per
     element of the rank's shard, ceil(P / W) elements."""
     from distlab import run
-    full = reference_training(setup, 1)["state_bytes"]
+    runs = {world_size: run(_state_bytes_rank, world_size, cls, setup, timeout=120)
+            for world_size in world_sizes}
+    full = max(r["adamw"] for out in runs.values() for r in out)
     rows = [{"world_size": 1, "adamw": full, "zero1": full}]
-    for world_size in world_sizes:
-        out = run(_state_bytes_rank, world_size, cls, setup, timeout=120)
-        rows.append({"world_size": world_size, "adamw": full, "zero1": max(out)})
+    for world_size, out in runs.items():
+        rows.append({"world_size": world_size, "adamw": full, "zero1": max(r["zero1"] for r in out)})
     for row in rows:
         row["ratio"] = row["zero1"] / full
     return rows

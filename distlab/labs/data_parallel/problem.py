@@ -154,10 +154,12 @@ def shard_bounds(numel: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 
-def gradient_average_demo(world_size: int = 4, setup: Setup = Setup()) -> str:
+def gradient_average(world_size: int = 4, setup: Setup = Setup()) -> dict[str, torch.Tensor]:
     """In one process: split the batch into ``world_size`` shards, compute each shard's loss and
-    gradient, and compare the mean and the sum of the shard gradients with the full-batch gradient.
-    Returns the table as text (it shows the losses differ and that the *mean* is the full gradient)."""
+    gradient, and compare the mean and the sum of the shard gradients with the full-batch
+    gradient. Returns the numbers of ``gradient_average_demo``'s table: ``shard_loss``,
+    ``shard_norm``, ``shard_diff`` (W,) and the scalars ``full_loss``, ``full_norm``,
+    ``mean_norm``, ``mean_diff``, ``sum_norm``, ``sum_diff`` (diff: max |g - full-batch g|)."""
     model = setup.model()
     x, y = setup.data()
 
@@ -169,13 +171,50 @@ def gradient_average_demo(world_size: int = 4, setup: Setup = Setup()) -> str:
 
     full_loss, full = grad(x, y)
     shards = [grad(xs, ys) for xs, ys in zip(x.chunk(world_size), y.chunk(world_size))]
-    lines = [f"{'':<16} {'loss':>8} {'|grad|':>8} {'max |g - full-batch g|':>23}"]
-    for r, (loss, g) in enumerate(shards):
-        lines.append(f"rank {r}'s rows   {loss:>8.4f} {g.norm():>8.4f} {(g - full).abs().max():>23.2e}")
     mean = sum(g for _, g in shards) / world_size
     total = sum(g for _, g in shards)
-    lines.append(f"{'full batch':<16} {full_loss:>8.4f} {full.norm():>8.4f} {0:>23.2e}")
-    lines.append(f"{'mean of ranks':<16} {'':>8} {mean.norm():>8.4f} {(mean - full).abs().max():>23.2e}")
-    lines.append(f"{'sum of ranks':<16} {'':>8} {total.norm():>8.4f} {(total - full).abs().max():>23.2e}")
+    numbers = {"shard_loss": [loss for loss, _ in shards],
+               "shard_norm": [g.norm().item() for _, g in shards],
+               "shard_diff": [(g - full).abs().max().item() for _, g in shards],
+               "full_loss": full_loss, "full_norm": full.norm().item(),
+               "mean_norm": mean.norm().item(), "mean_diff": (mean - full).abs().max().item(),
+               "sum_norm": total.norm().item(), "sum_diff": (total - full).abs().max().item()}
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in numbers.items()}
+
+
+def format_gradient_average(n: dict[str, torch.Tensor]) -> str:
+    """``gradient_average``'s numbers as the lab's table."""
+    lines = [f"{'':<16} {'loss':>8} {'|grad|':>8} {'max |g - full-batch g|':>23}"]
+    for r, (loss, norm, diff) in enumerate(zip(n["shard_loss"], n["shard_norm"], n["shard_diff"])):
+        lines.append(f"rank {r}'s rows   {loss:>8.4f} {norm:>8.4f} {diff:>23.2e}")
+    lines.append(f"{'full batch':<16} {n['full_loss']:>8.4f} {n['full_norm']:>8.4f} {0:>23.2e}")
+    lines.append(f"{'mean of ranks':<16} {'':>8} {n['mean_norm']:>8.4f} {n['mean_diff']:>23.2e}")
+    lines.append(f"{'sum of ranks':<16} {'':>8} {n['sum_norm']:>8.4f} {n['sum_diff']:>23.2e}")
     return "\n".join(lines)
+
+
+# The lab's cases, stored with the course (data/02_data_parallel/, made by `distlab references`
+# from the course's implementations, which a student's handout of Lab 2 leaves out).
+GRADIENT_AVERAGE_CASE = {"world_size": 4, "setup": Setup()}
+
+
+def stored(name: str) -> dict[str, torch.Tensor]:
+    """Reference set ``name`` of Lab 2 (``data/02_data_parallel/<name>.pt``)."""
+    from distlab import paths
+    path = paths.data() / "02_data_parallel" / f"{name}.pt"
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: rebuild it with "
+                                f"`distlab references 02_data_parallel`") from None
+
+
+def gradient_average_demo(world_size: int = 4, setup: Setup = Setup()) -> str:
+    """The table of ``gradient_average`` (it shows the losses differ and that the *mean* is the
+    full gradient): for the lab's case (4 shards of ``Setup()``) the course's stored numbers,
+    otherwise computed now."""
+    case = {"world_size": world_size, "setup": setup}
+    numbers = stored("gradient_average") if case == GRADIENT_AVERAGE_CASE else \
+        gradient_average(world_size, setup)
+    return format_gradient_average(numbers)
 

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from distlab.labs.data_parallel.ddp import ddp_model
-from distlab.labs.data_parallel.problem import Setup, param_bytes, rank_problem, train_steps
+from distlab.labs.data_parallel.problem import (Setup, param_bytes, rank_problem, stored,
+                                                train_steps)
 
 
 # Timing runs in float32, the dtype training uses, on a model large enough for communication to show.
@@ -114,5 +115,33 @@ def plot_step_times(rows: list[dict], ax=None):
     ax.set_ylabel("ms per step (slowest rank, median)")
     ax.set_title("one data-parallel training step")
     return ax
+
+
+# The A100 trace of data/traces/ (2-rank DDP, NCCL), measured by Lab 6's trace readers and
+# interval measures (distlab.labs.timelines.gpu_traces.measures) when the references were made:
+# a Lab 2 handout holds no trace readers (they are Lab 6's exercises), so it reads the numbers.
+A100_LABEL = "A100, 2-rank DDP, rank 0 (Kineto; data/traces)"
+A100_MEASURES = ("window_s", "comm_s", "nccl_share", "exposed_s", "overlap")
+
+
+def a100_overlap_set() -> dict[str, torch.Tensor]:
+    """The A100 trace's measures, as tensors to store (needs Lab 6's readers)."""
+    from distlab.labs.timelines.gpu_traces import a100_timeline, measures
+    m = measures(a100_timeline(), 0)
+    return {k: torch.tensor(m[k], dtype=torch.float64) for k in A100_MEASURES}
+
+
+def overlap_beside_gpu(rows: list[dict]) -> str:
+    """This CPU's naive and overlapped step times (rows of ``compare_step_times``) beside the
+    A100 trace's overlap, from the stored measures."""
+    m = {k: float(v) for k, v in stored("a100_overlap").items()}
+    ms = {r["strategy"]: r["ms_per_step"] for r in rows}
+    cpu = (f"naive {ms.get('naive', float('nan')):.1f} ms/step, overlapped "
+           f"{ms.get('overlapped', float('nan')):.1f} ms/step")
+    return (f"{'this CPU (gloo, 2 ranks on shared cores):':<44}{cpu}\n"
+            f"{'real GPUs, ' + A100_LABEL:<44}\n"
+            f"{'':<44}NCCL kernels {m['comm_s'] * 1e3:.1f} ms of a {m['window_s'] * 1e3:.1f} ms "
+            f"window ({m['nccl_share']:.1%}); {m['overlap']:.1%} of it overlapped by compute "
+            f"kernels, {m['exposed_s'] * 1e3:.2f} ms exposed")
 
 

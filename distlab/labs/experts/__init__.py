@@ -10,4 +10,5 @@ from distlab.labs.experts.demos import moe_closing_note, show_routing  # noqa: F
 from distlab.labs.experts.ep_dp import ep_dp_step  # noqa: F401,E402
 from distlab.labs.experts.timeline import phase_times, profile_moe_step  # noqa: F401,E402
 from distlab.labs.experts.training import ToyTask, compare_training, train  # noqa: F401,E402
-from distlab.labs.experts.traffic import measure_traffic, traffic_summary  # noqa: F401,E402
+from distlab.labs.experts.traffic import (format_wire_bytes, measure_traffic,  # noqa: F401,E402
+                                          traffic_summary, wire_bytes)

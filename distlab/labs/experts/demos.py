@@ -5,18 +5,36 @@ from __future__ import annotations
 import torch
 
 from distlab.labs.experts.moe import make_moe
+from distlab.labs.experts.stored import stored_output
 from distlab.labs.tables import format_table
+
+ROUTING = dict(tokens=6, hidden=8, ffn=16, experts=4, k=2, seed=0)   # the lab's case (stored)
+
+
+def _routing_case(tokens, hidden, ffn, experts, k, seed):
+    moe = make_moe(hidden, ffn, experts, k, seed)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed + 1))   # (T, h)
+    return moe, x
+
+
+def routing_output(tokens: int = 6, hidden: int = 8, ffn: int = 16, experts: int = 4, k: int = 2,
+                   seed: int = 0) -> torch.Tensor:
+    """The plain layer's output (T, h) on show_routing's tokens (the course's full package)."""
+    moe, x = _routing_case(tokens, hidden, ffn, experts, k, seed)
+    with torch.no_grad():
+        return moe(x)
 
 
 def show_routing(tokens: int = 6, hidden: int = 8, ffn: int = 16, experts: int = 4, k: int = 2,
                  seed: int = 0) -> dict:
     """Route a few tokens through a fresh layer: each token's experts and gates, each expert's
-    load, and the output computed token by token against the layer's batched loop."""
-    moe = make_moe(hidden, ffn, experts, k, seed)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed + 1))   # (T, h)
+    load, and the output computed token by token against the layer's batched loop (for the lab's
+    case, its output as the course stored it: a handout has no plain layer)."""
+    case = dict(tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, k=k, seed=seed)
+    moe, x = _routing_case(**case)
+    y = stored_output("routing_y") if case == ROUTING else routing_output(**case)
     with torch.no_grad():
         probs, gates, idx = moe.route(x)
-        y = moe(x)
         by_token = torch.stack([sum(gates[t, j] * moe.experts[int(idx[t, j])](x[t])
                                     for j in range(k)) for t in range(tokens)])
     print(format_table([{"token": t, "experts": str(idx[t].tolist()),
@@ -39,7 +57,11 @@ def moe_closing_note(summary: dict, world_size: int, tokens: int, hidden: int, k
         f"{tokens * k * hidden * 4} bytes "
         f"({'as the formula says' if ep['dispatch_matches_formula'] else 'NOT the formula'}); "
         f"TP of the same layer all-reduced {tp['bytes_per_rank']:.0f} bytes per rank in "
-        f"{tp['calls_per_rank']:.0f} all-reduces of p·T·h·4 = {world_size * tokens * hidden * 4}. "
+        f"{tp['calls_per_rank']:.0f} all-reduces of p·T·h·4 = {world_size * tokens * hidden * 4}; "
+        f"on the wire (off the rank: (p−1)/p of an all-to-all, 2(p−1)/p of a ring all-reduce) "
+        f"EP {ep['bytes_per_rank'] * (world_size - 1) / world_size:.0f} and TP "
+        f"{tp['bytes_per_rank'] * 2 * (world_size - 1) / world_size:.0f} bytes, k/p = "
+        f"{k / world_size:g}. "
         f"EP × DP on the 2 × 2 mesh matched one plain step within {mesh_diff:.1e}. "
         f"Toy training, last 10 steps: {dropped['without']:.0%} of tokens dropped without the "
         f"auxiliary loss, {dropped['with']:.0%} with it.")

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from distlab.labs.experts.moe import make_moe
 from distlab.labs.experts.parallel import ep_moe_forward, local_experts
+from distlab.labs.experts.stored import stored_output
 from distlab.labs.tables import format_table
 from distlab.runtime.devices import device as rank_device
 
@@ -58,13 +59,14 @@ def _mesh_rank(rank, world_size, moe_forward, seed, tokens, hidden, ffn, experts
                         for i, e in enumerate(mine)}}
 
 
-def ep_dp_step(moe_forward=ep_moe_forward, seed: int = 0, tokens: int = 16, hidden: int = 16,
-               ffn: int = 32, experts: int = 4, k: int = 2, lr: float = 0.5) -> dict:
-    """One step on the 2 × 2 mesh against one plain step; prints the largest difference of every
-    parameter group and the collectives of rank 0. Returns {"max_diff", "comms"}."""
-    import distlab
+EP_DP = dict(seed=0, tokens=16, hidden=16, ffn=32, experts=4, k=2, lr=0.5)   # the lab's (stored)
+
+
+def plain_step(seed: int = 0, tokens: int = 16, hidden: int = 16, ffn: int = 32, experts: int = 4,
+               k: int = 2, lr: float = 0.5) -> dict:
+    """One plain SGD step of the layer on all 4·T tokens (the course's full package): the router
+    weight (E, h) and every expert's w1 (E, f, h) and w2 (E, h, f) after it."""
     world = MESH[0] * MESH[1]
-    out = distlab.run(_mesh_rank, world, moe_forward, seed, tokens, hidden, ffn, experts, k, lr)
     moe = make_moe(hidden, ffn, experts, k, seed)
     x, target = _problem(seed, world * tokens, hidden)
     _loss(moe(x), x, target, world * tokens).backward()
@@ -72,11 +74,28 @@ def ep_dp_step(moe_forward=ep_moe_forward, seed: int = 0, tokens: int = 16, hidd
         for p in moe.parameters():
             p -= lr * (p.grad if p.grad is not None else 0)
     moe.requires_grad_(False)
+    return {"router": moe.router.weight.detach().clone(),
+            "w1": torch.stack([e.w1.weight.detach() for e in moe.experts]),
+            "w2": torch.stack([e.w2.weight.detach() for e in moe.experts])}
+
+
+def ep_dp_step(moe_forward=ep_moe_forward, seed: int = 0, tokens: int = 16, hidden: int = 16,
+               ffn: int = 32, experts: int = 4, k: int = 2, lr: float = 0.5) -> dict:
+    """One step on the 2 × 2 mesh against one plain step; prints the largest difference of every
+    parameter group and the collectives of rank 0. Returns {"max_diff", "comms"}."""
+    import distlab
+    world = MESH[0] * MESH[1]
+    out = distlab.run(_mesh_rank, world, moe_forward, seed, tokens, hidden, ffn, experts, k, lr)
+    case = dict(seed=seed, tokens=tokens, hidden=hidden, ffn=ffn, experts=experts, k=k, lr=lr)
+    # The lab's case: the plain step as the course stored it (a handout has no plain layer).
+    plain = {key: stored_output(f"ep_dp_{key}") for key in ("router", "w1", "w2")} \
+        if case == EP_DP else plain_step(**case)
     rows, worst = [], 0.0
     for rank, res in enumerate(out):
-        diffs = [float((res["router"] - moe.router.weight).abs().max())]
+        diffs = [float((res["router"] - plain["router"]).abs().max())]
         for e, params in res["experts"].items():
-            diffs += [float((a - b).abs().max()) for a, b in zip(params, moe.experts[e].parameters())]
+            diffs += [float((a - b).abs().max()) for a, b in zip(params, (plain["w1"][e],
+                                                                        plain["w2"][e]))]
         worst = max(worst, *diffs)
         rows.append({"rank": rank, "mesh (dp, ep)": str(divmod(rank, MESH[1])),
                      "experts": str(sorted(res["experts"])), "max |Δ| after the step": f"{max(diffs):.1e}"})

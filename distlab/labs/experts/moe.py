@@ -4,12 +4,15 @@ A router (a bias-free ``nn.Linear(h, E)``) scores each token, softmax turns the 
 probabilities, and each token goes to its ``k`` most probable experts (top-k routing, Shazeer et
 al. 2017; Switch Transformer uses k=1, GShard k=2). Expert ``e`` is a small MLP
 ``w2(gelu(w1 x))``. A token's output is the sum of its experts' outputs weighted by the
-probabilities that chose them (the gates, not renormalised, so the router gets a gradient through
-them, as in Switch Transformer §2.1):
+probabilities that chose them (the gates). Not renormalising them over the k chosen is a choice:
+with k = 1 it is required (renormalised, the one gate is the constant 1 and the router gets no
+gradient; Switch Transformer §2.1), while GShard (Algorithm 1) and Mixtral renormalise their
+top-2, whose gates still pass gradient to the router through their ratios:
 
     y_t = Σ_j p_t[i_tj] · expert_{i_tj}(x_t),   (i_t1 .. i_tk) = top-k of p_t = softmax(W_r x_t).
 
-With a capacity (GShard, Lepikhin et al. 2020, §2.2) each expert takes at most
+With a capacity (the capacity factor c of Switch Transformer §2.2, eq. 3, with k assignments
+per token; GShard §2.2 fixes a capacity per group) each expert takes at most
 ``ceil(c · T · k / E)`` of the ``T · k`` assignments, first choices of all tokens before second
 choices, each in token order; an assignment over capacity is dropped (contributes nothing), so a
 token whose every assignment is dropped leaves the block through the residual alone.
@@ -78,7 +81,8 @@ def make_moe(hidden: int, ffn: int, num_experts: int, k: int, seed: int,
 
 
 def reference_capacity(tokens: int, k: int, num_experts: int, capacity_factor: float) -> int:
-    """GShard §2.2: an expert's buffer holds ceil(c · T · k / E) assignments (T tokens, k each)."""
+    """Switch Transformer §2.2, eq. 3 (capacity factor c), with k assignments per token: an
+    expert's buffer holds ceil(c · T · k / E) assignments (T tokens, k each)."""
     return math.ceil(capacity_factor * tokens * k / num_experts)
 
 

@@ -1,7 +1,8 @@
 """Expert parallelism by hand: each rank holds E/p experts and its own tokens; tokens travel to
 the ranks of their experts and back with two ``all_to_all_single`` calls with uneven splits
-(GShard, Lepikhin et al. 2020; DeepSpeed-MoE). The course's own implementation, used by the
-lab's figures and the checks' demos; the lab's exercises rebuild it.
+(GShard, Lepikhin et al. 2020; DeepSpeed-MoE). The course's own implementation, which the lab's
+exercises rebuild: a Lab 9 handout withholds it (``distlab.grading.student_package``), so the
+lab's figures run the reader's ``moe_forward``; this one serves their defaults and the tests.
 
 Order of a rank's send buffer: its kept assignments (token t, slot j), flat index t·k+j, sorted
 stably by expert, so that the blocks for ranks 0..p-1 follow each other and, inside a block, the

@@ -7,7 +7,11 @@ Formulas (bytes as ``distlab.Comm.bytes`` counts them, b bytes per element):
 - EP dispatch, per rank: the T·k rows it sends, T·k·h·b (GShard: an all-to-all of the
   dispatched tokens); the combine sends back what the rank received (T·k·h·b on average).
 - TP, per rank: an all-reduce of the (p·T, h) output, p·T·h·b, forward, and of dL/dx backward;
-  a ring moves 2(p−1)/p of it through each rank.
+  a ring moves 2(p−1)/p of it through each rank. TP assumes every rank already holds all p·T
+  tokens.
+- On the wire (``wire_bytes``): an all-to-all sends (p−1)/p of its message off the rank under
+  balanced routing, so per forward+backward EP sends 4·T·k·h·b·(p−1)/p and TP 4·T·h·b·(p−1):
+  EP/TP = k/p. An all-gather dispatch gathers p·T rows where the all-to-all sends T·k: p/k.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch.nn.functional as F
 
 from distlab.labs.experts.moe import make_moe
 from distlab.labs.experts.parallel import local_experts
+from distlab.labs.experts.stored import stored_output
 from distlab.labs.tables import format_table
 from distlab.labs.tensor_parallel import copy_to_tp, reduce_from_tp, split_at_barriers
 from distlab.runtime.devices import device as rank_device
@@ -68,6 +73,17 @@ def _tp_rank(rank, world_size, seed, tokens, hidden, ffn, experts, k):
     return y.detach()
 
 
+TRAFFIC = dict(world_size=2, tokens=64, hidden=32, ffn=64, experts=4, k=2, seed=0)   # stored
+
+
+def plain_output(world_size: int = 2, tokens: int = 64, hidden: int = 32, ffn: int = 64,
+                 experts: int = 4, k: int = 2, seed: int = 0) -> torch.Tensor:
+    """The plain layer's output (p T, h) on measure_traffic's tokens (the course's full package)."""
+    plain = make_moe(hidden, ffn, experts, k, seed)
+    with torch.no_grad():
+        return plain(_batch(seed, world_size * tokens, hidden)[0])
+
+
 def measure_traffic(moe_forward, world_size: int = 2, tokens: int = 64, hidden: int = 32,
                     ffn: int = 64, experts: int = 4, k: int = 2, seed: int = 0) -> list[dict]:
     """One forward+backward of the layer under EP (``moe_forward``, e.g. yours) and under TP;
@@ -77,9 +93,11 @@ def measure_traffic(moe_forward, world_size: int = 2, tokens: int = 64, hidden: 
     args = (seed, tokens, hidden, ffn, experts, k)
     ep = distlab.run(_ep_rank, world_size, moe_forward, *args)
     tp = distlab.run(_tp_rank, world_size, *args)
-    plain = make_moe(hidden, ffn, experts, k, seed)
-    with torch.no_grad():
-        y = plain(_batch(seed, world_size * tokens, hidden)[0])
+    case = dict(world_size=world_size, tokens=tokens, hidden=hidden, ffn=ffn, experts=experts,
+                k=k, seed=seed)
+    # The lab's case: the plain layer's output as the course stored it (a handout has no plain
+    # layer); any other case computes it.
+    y = stored_output("traffic_y") if case == TRAFFIC else plain_output(**case)
     ep_err = max(float((ep[r] - y[r * tokens:(r + 1) * tokens]).abs().max()) for r in range(world_size))
     tp_err = max(float((tp[r] - y).abs().max()) for r in range(world_size))
     b = 4
@@ -109,3 +127,23 @@ def traffic_summary(rows: list[dict]) -> dict:
     dispatch = [r for r in rows if r["layout"] == "EP" and r["what"] == "tokens" and r["phase"] == "forward"][::2]
     out["EP"]["dispatch_matches_formula"] = all(r["bytes"] == r["formula"] for r in dispatch)
     return out
+
+
+def wire_bytes(world_size: int, tokens: int, hidden: int, k: int, b: int = 4) -> dict:
+    """Bytes one rank sends off itself per forward+backward of the layer (balanced routing, ring
+    all-reduce): EP's four all-to-alls, TP's two all-reduces, their ratio (k/p), and an all-gather
+    dispatch's gathered bytes against the all-to-all's message (p/k)."""
+    p = world_size
+    ep = 4 * tokens * k * hidden * b * (p - 1) / p
+    tp = 2 * (2 * (p - 1) / p) * (p * tokens * hidden * b)
+    return {"p": p, "EP": ep, "TP": tp, "EP/TP": ep / tp,
+            "gather/all-to-all": (p * tokens * hidden * b) / (tokens * k * hidden * b)}
+
+
+def format_wire_bytes(tokens: int, hidden: int, k: int, world_sizes=(2, 4, 8), b: int = 4) -> str:
+    """``wire_bytes`` for several world sizes, as a table."""
+    rows = [wire_bytes(p, tokens, hidden, k, b) for p in world_sizes]
+    return format_table([{"p": r["p"], "EP bytes sent": f"{r['EP']:,.0f}",
+                          "TP bytes sent": f"{r['TP']:,.0f}", "EP / TP (= k/p)": f"{r['EP/TP']:.2f}",
+                          "all-gather dispatch / all-to-all (= p/k)": f"{r['gather/all-to-all']:.2f}"}
+                         for r in rows])

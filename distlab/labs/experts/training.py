@@ -57,7 +57,33 @@ def train(task: ToyTask = ToyTask(), aux_weight: float = 0.0, aux_loss=reference
         return _train(task, aux_weight, aux_loss)
 
 
-def _train(task: ToyTask, aux_weight: float, aux_loss) -> dict:
+def _their_block(capacity_mask, moe_forward):
+    """The block x + MoE(x) from a reader's functions: ``moe_forward`` (the expert-parallel layer,
+    here on a group of one rank, every expert local) and ``capacity_mask``. With top-1 routing
+    an assignment dropped by capacity is its token's only one, so the kept output is the layer's
+    output times the keep mask."""
+    def block(moe, x, idx, task):
+        keep, _ = capacity_mask(idx, task.experts, task.capacity_factor)
+        keep = keep.to(torch.bool)
+        y = moe_forward(x, moe.router, moe.experts, task.experts, task.k, None)   # (T, h)
+        return x + y * keep[:, :1].to(y.dtype), keep                             # dropped: residual
+    return block
+
+
+def _reference_block(moe, x, idx, task):
+    probs, gates, idx = moe.route(x)
+    keep = reference_keep(idx, task.experts, task.capacity_factor)
+    return x + combine_reference(x, gates, idx, keep, moe.experts), keep        # dropped: residual
+
+
+def _runs_on_rank(rank, world_size, task, aux_weight, aux_loss, capacity_mask, moe_forward):
+    block = _their_block(capacity_mask, moe_forward)
+    with one_thread():
+        return {name: _train(task, weight, aux_loss, block)
+                for name, weight in (("without", 0.0), ("with", aux_weight))}
+
+
+def _train(task: ToyTask, aux_weight: float, aux_loss, block=_reference_block) -> dict:
     g = torch.Generator().manual_seed(task.seed)
     data = _data(task, g)
     moe = make_moe(task.hidden, task.ffn, task.experts, task.k, task.seed)
@@ -68,10 +94,9 @@ def _train(task: ToyTask, aux_weight: float, aux_loss) -> dict:
     for _ in range(task.steps):
         x, target = _batch(task, data, g)
         probs, gates, idx = moe.route(x)
-        keep = reference_keep(idx, task.experts, task.capacity_factor)
-        y = x + combine_reference(x, gates, idx, keep, moe.experts)   # dropped: residual only
+        y, keep = block(moe, x, idx, task)
         loss = ((y - target) ** 2).mean()
-        total = loss + aux_weight * aux_loss(probs, idx, task.experts)
+        total = loss + aux_weight * aux_loss(probs, idx, task.experts) if aux_weight else loss
         opt.zero_grad()
         total.backward()
         opt.step()
@@ -81,11 +106,25 @@ def _train(task: ToyTask, aux_weight: float, aux_loss) -> dict:
     return {"load": torch.stack(load), "dropped": torch.tensor(dropped), "loss": torch.tensor(losses)}
 
 
-def compare_training(task: ToyTask = ToyTask(), aux_weight: float = 0.3, aux_loss=reference_aux_loss):
+def compare_training(task: ToyTask = ToyTask(), aux_weight: float = 0.3, aux_loss=reference_aux_loss,
+                     capacity_mask=None, moe_forward=None):
     """Both runs, drawn: expert load per step as heat maps, dropped fraction and loss as lines.
-    Returns {"without": run, "with": run}."""
+    Returns {"without": run, "with": run}. With a reader's ``capacity_mask`` and ``moe_forward``
+    (the lab passes its own), the block is theirs, run on one rank (top-1 routing only); without,
+    the course's plain layer."""
     import matplotlib.pyplot as plt
-    runs = {"without": train(task, 0.0), "with": train(task, aux_weight, aux_loss)}
+    if (capacity_mask is None) != (moe_forward is None):
+        raise ValueError("pass both capacity_mask and moe_forward (your exercises), or neither")
+    if moe_forward is not None:
+        import distlab
+        if task.k != 1:
+            raise ValueError(f"the toy's block from your moe_forward needs top-1 routing "
+                             f"(k = 1, got {task.k}): a dropped assignment is then its token's "
+                             f"only one, so your capacity_mask's keep masks the layer's output")
+        runs = distlab.run(_runs_on_rank, 1, task, aux_weight, aux_loss, capacity_mask,
+                           moe_forward)[0]
+    else:
+        runs = {"without": train(task, 0.0), "with": train(task, aux_weight, aux_loss)}
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.2),
                              gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
     for ax, (name, run) in zip(axes[:2], runs.items()):

@@ -19,14 +19,16 @@ the names below are re-exported here, where the lab imports them):
 - ``run_schedules``: runs step functions (yours, or ``library_step`` for
   ``torch.distributed.pipelining``) on real ranks and returns grads, events and timings;
 - ``measured_bubble``, ``plot_schedule``, ``schedule_table``: the bubble and the Gantt chart;
-- ``schedule_order``, ``simulate``, ``schedule_explorer``: the same schedules on paper.
+- ``schedule_order``, ``simulate``, ``schedule_explorer``: the same schedules on paper;
+  ``replay`` times any per-stage order on paper, ``recorded_orders`` reads one from a run.
 """
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import (PipeSpec, ResidualLayer, make_model, partition_layers,
                                          reference_step, stage_layers)
 from distlab.labs.pipeline.plots import plot_runs, plot_schedule, plot_simulations, schedule_explorer
 from distlab.labs.pipeline.runs import ScheduleRun, grad_error, library_step, run_schedules, schedule_table
-from distlab.labs.pipeline.schedules import SCHEDULES, boundary_traffic, schedule_order, simulate
+from distlab.labs.pipeline.schedules import (SCHEDULES, boundary_traffic, recorded_orders, replay,
+                                             schedule_order, simulate)
 from distlab.labs.pipeline.stages import (Event, TimedStage, measured_bubble, peak_in_flight,
                                           theoretical_bubble)
 
@@ -34,4 +36,5 @@ __all__ = ["PipeSpec", "ResidualLayer", "make_model", "partition_layers", "refer
            "stage_layers", "loss_fn", "Event", "TimedStage", "measured_bubble", "peak_in_flight",
            "theoretical_bubble", "ScheduleRun", "grad_error", "library_step", "run_schedules",
            "schedule_table", "SCHEDULES", "boundary_traffic", "schedule_order", "simulate",
+           "replay", "recorded_orders",
            "plot_runs", "plot_schedule", "plot_simulations", "schedule_explorer"]

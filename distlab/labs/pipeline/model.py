@@ -77,9 +77,12 @@ def partition_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def stage_layers(model: nn.Sequential, stage: int, num_stages: int) -> nn.Sequential:
+def stage_layers(model: nn.Sequential, stage: int, num_stages: int,
+                 bounds: list[tuple[int, int]] | None = None) -> nn.Sequential:
     """The blocks of ``stage``, keeping their global indices as names, so that the stage's
-    ``named_parameters()`` read ``"5.lin.weight"`` exactly as in the whole model."""
-    start, stop = partition_layers(len(model), num_stages)[stage]
+    ``named_parameters()`` read ``"5.lin.weight"`` exactly as in the whole model. ``bounds``: the
+    ``(start, stop)`` of every stage, computed by the caller (the ranks of a check get them as
+    data); without them, ``partition_layers``'s."""
+    start, stop = (bounds or partition_layers(len(model), num_stages))[stage]
     return nn.Sequential(collections.OrderedDict((str(i), model[i]) for i in range(start, stop)))
 

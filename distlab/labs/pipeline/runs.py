@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.labs.losses import loss_fn
-from distlab.labs.pipeline.model import PipeSpec, reference_step, stage_layers
+from distlab.labs.pipeline.model import PipeSpec, partition_layers, reference_step, stage_layers
 from distlab.labs.pipeline.stages import Event, TimedStage, measured_bubble, peak_in_flight, theoretical_bubble
 from distlab.runtime.devices import device as rank_device
 
@@ -58,6 +58,9 @@ class ScheduleRun:
     step_time: float
     activation_bytes: list[int]
     sent_bytes: list[int]
+    # A run stored with the course (``grads`` left out): the largest difference of its gradients
+    # from the single-process step, measured when it was recorded.
+    grad_error: float | None = None
 
     @property
     def bubble(self) -> float:
@@ -77,11 +80,12 @@ def _call(fn, rank, world_size, stage, x, target, m):
         fn(rank, world_size, stage, x, target, m)
 
 
-def _rank_schedules(rank, world_size, spec, schedules, warmup):
-    """On each rank: build this rank's stage of ``spec``'s model once per schedule, run
-    ``warmup`` untimed steps and one timed step, and return what ``ScheduleRun`` needs."""
+def _rank_schedules(rank, world_size, spec, schedules, warmup, bounds):
+    """On each rank: build this rank's stage of ``spec``'s model (its layers ``bounds[rank]``)
+    once per schedule, run ``warmup`` untimed steps and one timed step, and return what
+    ``ScheduleRun`` needs."""
     device = rank_device()
-    layers = stage_layers(spec.model(), rank, world_size).to(device)
+    layers = stage_layers(spec.model(), rank, world_size, bounds).to(device)
     x, target = (t.to(device) for t in spec.data())
     results = {}
     for name, (fn, m) in schedules.items():
@@ -101,7 +105,8 @@ def _rank_schedules(rank, world_size, spec, schedules, warmup):
 
 
 def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(), *,
-                  warmup: int = 0, timeout: float = 60) -> dict[str, ScheduleRun]:
+                  bounds: list[tuple[int, int]] | None = None, warmup: int = 0,
+                  timeout: float = 60) -> dict[str, ScheduleRun]:
     """Run each schedule on ``world_size`` ranks, one stage per rank, in a single launch.
 
     ``schedules`` maps a name to ``(step_fn, num_microbatches)``; ``step_fn(rank, world_size,
@@ -109,9 +114,17 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     ``num_microbatches`` argument is left out when it is None) and returns the loss on the last
     rank. ``stage`` is this rank's ``TimedStage``; ``x`` and ``target`` are the whole batch on
     every rank (stage 0 reads ``x``, the last stage ``target``).
+
+    ``bounds``: the ``(start, stop)`` layers of every stage, e.g. your ``partition(L, p)``;
+    computed here, never on the ranks, which receive them as data. Without them,
+    ``partition_layers``'s (not in a student's handout of Lab 5: pass your own).
     """
     import distlab
-    out = distlab.run(_rank_schedules, world_size, spec, schedules, warmup, timeout=timeout)
+    bounds = _checked_bounds(bounds if bounds is not None else
+                             partition_layers(spec.num_layers, world_size),
+                             spec.num_layers, world_size)
+    out = distlab.run(_rank_schedules, world_size, spec, schedules, warmup, bounds,
+                      timeout=timeout)
     runs = {}
     for name, (_, m) in schedules.items():
         per_rank = [out[r][name] for r in range(world_size)]
@@ -127,20 +140,47 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     return runs
 
 
-def grad_error(run: ScheduleRun, spec: PipeSpec) -> float:
-    """The largest absolute difference between ``run``'s gradients and the single-process ones."""
-    _, ref = reference_step(spec)
+def _checked_bounds(bounds, num_layers: int, world_size: int) -> list[tuple[int, int]]:
+    """``bounds`` as plain ``(start, stop)`` pairs, or a ValueError saying what is wrong."""
+    try:
+        bounds = [(int(a), int(b)) for a, b in bounds]
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds={bounds!r}: expected a list of (start, stop) pairs, one per "
+                         f"stage, as partition({num_layers}, {world_size}) returns.") from None
+    if (len(bounds) != world_size or bounds[0][0] != 0 or bounds[-1][1] != num_layers
+            or any(a >= b for a, b in bounds)
+            or any(bounds[s][1] != bounds[s + 1][0] for s in range(world_size - 1))):
+        raise ValueError(f"bounds={bounds}: expected {world_size} non-empty ranges, one per "
+                         f"stage, from 0 to {num_layers}, each beginning where the previous one "
+                         f"stops. Check your partition({num_layers}, {world_size}).")
+    return bounds
+
+
+def grad_error(run: ScheduleRun, spec: PipeSpec | None = None,
+               reference: dict[str, torch.Tensor] | None = None) -> float:
+    """The largest absolute difference between ``run``'s gradients and ``reference`` (name ->
+    gradient), by default the single-process ones of ``spec``; a stored run's own figure."""
+    if run.grad_error is not None:
+        return run.grad_error
+    ref = reference if reference is not None else reference_step(spec)[1]
     return max((g - ref[n]).abs().max().item() if g is not None else float("inf")
                for grads in run.grads for n, g in grads.items())
 
 
-def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None) -> str:
+def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None, *,
+                   baseline: str | None = None) -> str:
     """One row per schedule: step time, bubble (measured and theory), peak microbatches in flight
-    per rank, peak activation memory and bytes sent on rank 0, and, given ``spec``, the largest
-    gradient error against the single-process step."""
+    per rank, peak activation memory and bytes sent on rank 0, and the largest gradient error:
+    given ``spec``, against the single-process step; given ``baseline`` (a run's name, e.g.
+    ``"naive"``: the whole batch layer after layer, the single-process arithmetic), against that
+    run's gradients. A stored run shows the error measured when it was recorded."""
+    reference = None
+    if baseline is not None:
+        reference = {n: g for grads in runs[baseline].grads for n, g in grads.items()}
+    errors = spec is not None or baseline is not None
     head = (f"{'schedule':<14}{'p':>3}{'m':>4}{'step ms':>10}{'bubble':>9}{'theory':>9}"
             f"{'in flight':>11}{'act KiB r0':>12}{'sent KiB r0':>13}"
-            + (f"{'max |dgrad|':>13}" if spec else ""))
+            + (f"{'max |dgrad|':>13}" if errors else ""))
     rows = [head, "-" * len(head)]
     for run in runs.values():
         flight = run.in_flight
@@ -148,6 +188,6 @@ def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None) -
                     f"{run.step_time * 1e3:>10.1f}{run.bubble:>9.2f}{run.theory:>9.2f}"
                     f"{'/'.join(str(flight[r]) for r in sorted(flight)):>11}"
                     f"{run.activation_bytes[0] / 1024:>12.0f}{run.sent_bytes[0] / 1024:>13.0f}"
-                    + (f"{grad_error(run, spec):>13.1e}" if spec else ""))
+                    + (f"{grad_error(run, spec, reference):>13.1e}" if errors else ""))
     return "\n".join(rows)
 

@@ -39,9 +39,17 @@ def simulate(kind: str, num_stages: int, num_microbatches: int, *, t_fwd: float 
     """Times of every op when each stage runs ``schedule_order`` as early as its inputs allow:
     ``F(s, i)`` waits for ``F(s-1, i)``, ``B(s, i)`` for ``B(s+1, i)`` (the last stage's for its own
     ``F(s, i)``). Naive runs the whole batch as one op of ``m`` times the microbatch cost."""
-    p = num_stages
     scale = num_microbatches if kind == "naive" else 1
-    orders = schedule_order(kind, p, num_microbatches)
+    return replay(schedule_order(kind, num_stages, num_microbatches), t_fwd=scale * t_fwd,
+                  t_bwd=scale * t_bwd, name=f"schedule {kind}")
+
+
+def replay(orders: list[list[tuple[str, int]]], *, t_fwd: float = 1.0, t_bwd: float = 2.0,
+           name: str = "schedule") -> list[Event]:
+    """Any schedule on paper: stage ``s`` runs ``orders[s]`` (``("F", i)`` / ``("B", i)``) in that
+    order, each op as early as its input allows (as ``simulate``), a forward taking ``t_fwd`` and a
+    backward ``t_bwd``, messages free. A RuntimeError names where a stage waits forever."""
+    p = len(orders)
     done: dict[tuple[str, int, int], float] = {}
     free, nxt, events = [0.0] * p, [0] * p, []
     while any(nxt[s] < len(orders[s]) for s in range(p)):
@@ -57,14 +65,22 @@ def simulate(kind: str, num_stages: int, num_microbatches: int, *, t_fwd: float 
                 else:
                     break
                 start = max(free[s], ready)
-                free[s] = done[(op, s, i)] = start + scale * (t_fwd if op == "F" else t_bwd)
+                free[s] = done[(op, s, i)] = start + (t_fwd if op == "F" else t_bwd)
                 events.append(Event(s, i, op, start, free[s]))
                 nxt[s] += 1
                 progressed = True
         if not progressed:
             stuck = ", ".join(f"stage {s} at {orders[s][nxt[s]]}" for s in range(p) if nxt[s] < len(orders[s]))
-            raise RuntimeError(f"schedule {kind} deadlocks: {stuck}")
+            raise RuntimeError(f"{name} deadlocks: {stuck}")
     return events
+
+
+def recorded_orders(events: list[Event], num_stages: int) -> list[list[tuple[str, int]]]:
+    """Per stage, the order in which a measured run's stages ran their passes (by start time):
+    what ``replay`` times on paper."""
+    return [[(e.kind, e.mb) for e in sorted((e for e in events if e.rank == s),
+                                            key=lambda e: e.start)]
+            for s in range(num_stages)]
 
 
 

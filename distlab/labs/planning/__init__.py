@@ -18,8 +18,8 @@ from distlab.labs.planning.memory import (GATHERED_LAYERS, LOGIT_BYTES, activati
                                           stage_params, zero_divides)
 from distlab.labs.planning.reports import (ZERO_OPTIONS, layout_summary, memory_table,
                                            near_tie_table, plan_report, planner, plot_memory,
-                                           published_comparison, published_verdict,
-                                           zero_options_table)
+                                           published_comparison, published_report,
+                                           published_verdict, zero_options_table)
 from distlab.labs.planning.shapes import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
                                           LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB, LLAMA3_405B_MFU,
                                           LLAMA3_405B_PUBLISHED, LLAMA3_405B_TFLOPS, TERMS,

@@ -70,15 +70,25 @@ def reference_choose_degrees(model: Model, cluster: Cluster, job: Job = Job(),
     return best
 
 
-def near_ties(model: Model, cluster: Cluster, job: Job,
-              within: float = RESOLUTION) -> list[tuple[ParallelConfig, float]]:
-    """The valid layouts within ``within`` (a fraction) of the fastest, with each one's step time
-    relative to it (1.0 for the fastest), fastest first."""
-    valid, _ = valid_layouts(model, cluster, job)
+def near_ties(model: Model, cluster: Cluster, job: Job, within: float = RESOLUTION,
+              best: ParallelConfig | None = None,
+              memory=memory_per_gpu) -> list[tuple[ParallelConfig, float]]:
+    """The valid layouts (by ``memory``) within ``within`` (a fraction) of ``best``'s step time
+    and no faster, with each one's step time relative to it (1.0 for ``best``), fastest first.
+    ``best`` is the fastest valid layout (default: reference_choose_degrees'); the lab passes its
+    reader's choose_degrees and memory_per_gpu."""
+    if best is None:
+        best = reference_choose_degrees(model, cluster, job)
+    best = ParallelConfig(best.tp, best.pp, best.dp, job)
+    reason = why_invalid(model, cluster, best, memory)
+    if reason:   # the ties of a valid layout only: this lists what is no faster than ``best``
+        raise ValueError(f"{best} is not a valid layout of {model.name} on {cluster.name}: "
+                         f"{reason}. Pass the fastest valid layout (your choose_degrees').")
+    fastest = step_time(model, cluster, best)["total"]
+    valid = [c for c in candidates(cluster, job) if not why_invalid(model, cluster, c, memory)]
     times = sorted(((step_time(model, cluster, c)["total"], c.tp * c.pp, c.pp, c) for c in valid),
                    key=lambda r: r[:3])
-    best = times[0][0]
-    return [(c, t / best) for t, _, _, c in times if t <= best * (1 + within)]
+    return [(c, t / fastest) for t, _, _, c in times if fastest <= t <= fastest * (1 + within)]
 
 
 def acceptable_layout(model: Model, cluster: Cluster, cfg: ParallelConfig,

@@ -48,9 +48,11 @@ def plot_memory(model: Model, configs: list[ParallelConfig], gpu_mem_gb: float,
     return fig
 
 
-def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
-    """Memory, bubble and per-axis communication of one layout, as text."""
-    mem, st = memory_per_gpu(model, cfg), step_time(model, cluster, cfg)
+def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig,
+                   memory=memory_per_gpu) -> str:
+    """Memory (by ``memory``: the lab passes its reader's memory_per_gpu), bubble and per-axis
+    communication of one layout, as text."""
+    mem, st = memory(model, cfg), step_time(model, cluster, cfg)
     comm, bw = comm_bytes_per_step(model, cfg), axis_bandwidth(cluster, cfg)
     job = cfg.job
     lines = [f"{model.name} on {cluster.name}, {cfg}, ZeRO-{job.zero_stage}, "
@@ -71,30 +73,37 @@ def layout_summary(model: Model, cluster: Cluster, cfg: ParallelConfig) -> str:
     return "\n".join(lines)
 
 
-def near_tie_table(model: Model, cluster: Cluster, job: Job, within: float = RESOLUTION) -> str:
-    """The layouts within ``within`` of the fastest: step time, its ratio to the fastest, memory."""
+def near_tie_table(model: Model, cluster: Cluster, job: Job, within: float = RESOLUTION, *,
+                   choose=reference_choose_degrees, memory=memory_per_gpu,
+                   best: ParallelConfig | None = None) -> str:
+    """The layouts within ``within`` of the fastest (``best``, else ``choose``'s layout): step
+    time, its ratio to the fastest, memory. The lab passes its reader's choose_degrees and
+    memory_per_gpu."""
+    best = choose(model, cluster, job) if best is None else best
     lines = [f"{model.name} on {cluster.name}: layouts within {100 * within:g}% of the fastest",
              f"  (ZeRO-{job.zero_stage}, "
              + ("once per step" if job.zero_stage <= 1 else f"{job.zero_accumulation} over "
                 f"micro-batches") + f"; {job.recompute} recompute)",
              f"  {'layout':20s} {'s/step':>8s} {'vs best':>8s} {'GB/GPU':>7s}"]
-    for cfg, ratio in near_ties(model, cluster, job, within):
+    for cfg, ratio in near_ties(model, cluster, job, within, best=best, memory=memory):
         lines.append(f"  {str(cfg):20s} {step_time(model, cluster, cfg)['total']:8.2f} "
-                     f"{100 * (ratio - 1):+7.1f}% {memory_per_gpu(model, cfg)['total'] / GB:7.1f}")
+                     f"{100 * (ratio - 1):+7.1f}% {memory(model, cfg)['total'] / GB:7.1f}")
     return "\n".join(lines)
 
 
-def published_comparison(choose=reference_choose_degrees) -> str:
-    """Llama 3 405B: the layout ``choose`` picks for its published cluster and batch, beside the
-    published layout (TP 8, PP 16, DP 64 on 8,192 GPUs), and the model's whole step beside the
-    measured one (430 TFLOP/s per GPU is end to end, so it implies the whole step)."""
-    ours = choose(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB)
+def published_comparison(choose=reference_choose_degrees, memory=memory_per_gpu,
+                         best: ParallelConfig | None = None) -> str:
+    """Llama 3 405B: the layout ``choose`` picks (or ``best``) for its published cluster and
+    batch, beside the published layout (TP 8, PP 16, DP 64 on 8,192 GPUs), and the model's whole
+    step beside the measured one (430 TFLOP/s per GPU is end to end, so it implies the whole
+    step)."""
+    ours = choose(LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB) if best is None else best
     ours = ParallelConfig(ours.tp, ours.pp, ours.dp, LLAMA3_405B_JOB)
     cluster = LLAMA3_405B_CLUSTER
     lines = ["                    " + f"{'published (Llama 3, Table 4)':>30s}{'this model picks':>22s}"]
     for label, fn in [("layout", str),
                       ("ZeRO, recompute", lambda c: f"ZeRO-{c.job.zero_stage}, {c.job.recompute}"),
-                      ("memory GB/GPU", lambda c: f"{memory_per_gpu(LLAMA3_405B, c)['total'] / GB:.1f}"),
+                      ("memory GB/GPU", lambda c: f"{memory(LLAMA3_405B, c)['total'] / GB:.1f}"),
                       ("bubble (p-1)/(m+p-1)", lambda c: f"{bubble_fraction(c.pp, c.microbatches):.3f}"),
                       ("step time s (model)", lambda c: f"{step_time(LLAMA3_405B, cluster, c)['total']:.1f}"),
                       ("MFU (model)", lambda c: f"{100 * model_mfu(LLAMA3_405B, cluster, c):.0f}%")]:
@@ -111,9 +120,10 @@ ZERO_OPTIONS = ((1, "regather"), (2, "regather"), (2, "resident"), (3, "regather
 
 
 def zero_options_table(model: Model, cluster: Cluster, cfg: ParallelConfig,
-                       recomputes=("selective", "full")) -> str:
+                       recomputes=("selective", "full"), memory=memory_per_gpu) -> str:
     """One layout under each ZeRO stage and charge (ZERO_OPTIONS) and each recompute setting:
-    weights and total memory per GPU, whether it fits, DP bytes per step and the step time."""
+    weights and total memory per GPU (by ``memory``: the lab passes its reader's), whether it
+    fits, DP bytes per step and the step time."""
     lines = [f"{model.name}, {cfg} (m = {cfg.microbatches}) on {cluster.name}",
              f"  {'ZeRO':5s} {'over micro-batches':18s} {'recompute':10s} {'weights':>8s} "
              f"{'GB/GPU':>7s} {'fits':>5s} {'DP GB':>7s} {'s/step':>7s}"]
@@ -121,7 +131,7 @@ def zero_options_table(model: Model, cluster: Cluster, cfg: ParallelConfig,
         for stage, acc in ZERO_OPTIONS:
             c = replace(cfg, job=replace(cfg.job, zero_stage=stage, zero_accumulation=acc,
                                          recompute=recompute))
-            mem = memory_per_gpu(model, c)
+            mem = memory(model, c)
             how = "once per step" if stage == 1 else acc
             lines.append(f"  {stage:<5d} {how:18s} {recompute:10s} {mem['weights'] / GB:8.1f} "
                          f"{mem['total'] / GB:7.1f} "
@@ -131,11 +141,12 @@ def zero_options_table(model: Model, cluster: Cluster, cfg: ParallelConfig,
     return "\n".join(lines)
 
 
-def published_verdict(within: float = RESOLUTION) -> str:
-    """Where the published 405B layout lands among the near ties of the course's model, in one
-    sentence."""
+def published_verdict(within: float = RESOLUTION, best: ParallelConfig | None = None,
+                      memory=memory_per_gpu) -> str:
+    """Where the published 405B layout lands among the near ties of the course's model (of
+    ``best``, the fastest layout, and ``memory``), in one sentence."""
     model, cluster, job = LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB
-    ties = near_ties(model, cluster, job, within)
+    ties = near_ties(model, cluster, job, within, best=best, memory=memory)
     best = ties[0][0]
     pub = LLAMA3_405B_PUBLISHED
     gap = step_time(model, cluster, pub)["total"] / step_time(model, cluster, best)["total"] - 1
@@ -147,9 +158,22 @@ def published_verdict(within: float = RESOLUTION) -> str:
             f"{job.recompute} recompute).")
 
 
-def planner(choose=reference_choose_degrees):
+def published_report(choose=reference_choose_degrees, memory=memory_per_gpu) -> str:
+    """Llama 3 405B's published run against ``choose``'s layout (published_comparison), its near
+    ties (near_tie_table) and where the published layout lands (published_verdict), with
+    ``choose`` called once. The lab passes its reader's choose_degrees and memory_per_gpu."""
+    model, cluster, job = LLAMA3_405B, LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB
+    best = choose(model, cluster, job)
+    best = ParallelConfig(best.tp, best.pp, best.dp, job)
+    return "\n\n".join([published_comparison(memory=memory, best=best),
+                        near_tie_table(model, cluster, job, memory=memory, best=best),
+                        published_verdict(best=best, memory=memory)])
+
+
+def planner(choose=reference_choose_degrees, memory=memory_per_gpu):
     """Sliders for model size, sequence length, GPUs per node, nodes and GPU memory; shows the
-    chosen degrees, memory per GPU by term, the bubble and the communication per axis."""
+    chosen degrees (by ``choose``), memory per GPU by term (by ``memory``), the bubble and the
+    communication per axis. The lab passes its reader's choose_degrees and memory_per_gpu."""
     import ipywidgets as w
 
     def show(params_b, seq_len, gpus_per_node, nodes, gpu_mem_gb, batch_m_tokens, zero_stage,
@@ -168,7 +192,7 @@ def planner(choose=reference_choose_degrees):
         except ValueError as err:
             print(err)
             return
-        print(layout_summary(model, cluster, ParallelConfig(cfg.tp, cfg.pp, cfg.dp, job)))
+        print(layout_summary(model, cluster, ParallelConfig(cfg.tp, cfg.pp, cfg.dp, job), memory))
 
     style = {"description_width": "150px"}
     layout = w.Layout(width="480px")

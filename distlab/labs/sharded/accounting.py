@@ -3,8 +3,8 @@ paper's terms and measured on ranks (Lab 8, sections 1, 5 and 6).
 
 Computed (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 3.1 and 5, Figure 1): mixed-precision
 Adam keeps per parameter 2 bytes of fp16/bf16 weights, 2 of gradients and K = 12 of optimizer
-state (fp32 master weights 4, Adam's moments 4 + 4): 16 bytes. The course notes (seed 001, the
-rule num_GPUs = params_B * 18 * 1.25 / GPU_GB) count 18: gradients kept in fp32 (4 bytes). On W
+state (fp32 master weights 4, Adam's moments 4 + 4): 16 bytes. Hugging Face's Transformers
+documentation ("Model training anatomy") counts 18: gradients kept in fp32 (4 bytes). On W
 ranks stage 1 divides the optimizer state by W, stage 2 also the gradients, stage 3 also the
 weights.
 
@@ -35,7 +35,7 @@ from distlab.labs.sharded.problem import ShardSetup, padded_flat, rank_batch
 from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
 
-CONVENTIONS = {"ZeRO paper (fp16 gradients)": (2, 2, 12), "course notes (fp32 gradients)": (2, 4, 12)}
+CONVENTIONS = {"ZeRO paper (fp16 gradients)": (2, 2, 12), "Hugging Face (fp32 gradients)": (2, 4, 12)}
 STAGE_NAMES = ["stage 0 (DP)", "stage 1 (optimizer)", "stage 2 (+gradients)", "stage 3 (+weights)"]
 PAPER_VOLUME = {"DP": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3}  # units of Psi, sec. 7
 # float32 training, as measured: (weights, gradients, optimizer) bytes per parameter.

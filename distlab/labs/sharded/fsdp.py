@@ -26,7 +26,7 @@ import torch.distributed as dist
 from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.flat import storage_bytes
 from distlab.labs.sharded.harness import wrap_blocks, zero3_training
-from distlab.labs.sharded.problem import ShardSetup, rank_batch, reference_sharded_training
+from distlab.labs.sharded.problem import ShardSetup, rank_batch, reference_params
 from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
 
@@ -100,7 +100,7 @@ def compare_with_fsdp(zero3_cls, world_size: int = 2, steps: int = 3,
     same data; one row per variant, measured on rank 0 (module doc)."""
     from distlab import run
     out = run(_compare_rank, world_size, zero3_cls, setup, steps, timeout=180)
-    ref = reference_sharded_training(setup, steps)["params"]
+    ref = reference_params(setup, steps)        # the lab's case: stored
     names = ["your ZeRO-3 (Zero3Block)"] + [name for name, _, _ in FSDP_VARIANTS]
     rows = []
     for i, name in enumerate(names):

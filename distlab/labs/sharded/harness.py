@@ -22,6 +22,7 @@ import time
 import torch
 
 from distlab.labs.losses import loss_fn
+from distlab.labs.sharded.alive import TensorsMade, kept_beyond, optimizer_tensors, quiet_warnings
 from distlab.labs.sharded.flat import storage_bytes
 from distlab.labs.sharded.problem import ShardSetup, block_flats, rank_batch
 from distlab.runtime.devices import device
@@ -42,25 +43,36 @@ def grad_bytes(tensors) -> int:
 def zero2_training(rank: int, world_size: int, cls, setup: ShardSetup, steps: int) -> dict:
     """Train with ``cls(buckets, lr=, weight_decay=)`` (one bucket per block) for ``steps`` steps.
     Measured after each backward, before the step: the gradient bytes this rank holds (the
-    parameters' ``.grad`` and its optimizer's shards' ``.grad``)."""
+    parameters' ``.grad`` and its optimizer's shards' ``.grad``), and every byte the tensors made
+    since the optimizer's construction keep alive beyond the model's parameters
+    (``kept``: its local optimizer's shards, their gradients and state; anything else).
+    Warnings raised meanwhile come back once each in ``warnings``, not printed."""
     model, x, y = _rank_problem(setup, rank, world_size)
-    optimizer = cls([list(block.parameters()) for block in model], lr=setup.lr,
-                    weight_decay=setup.weight_decay)
-    local = getattr(optimizer, "local_optimizer", None)
-    if not isinstance(local, torch.optim.Optimizer):
-        raise TypeError("the ZeRO-2 optimizer must keep this rank's torch.optim.AdamW over its "
-                        "shards in the attribute local_optimizer")
-    shards = [p for group in local.param_groups for p in group["params"]]
-    losses, grads = [], []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        grads.append(grad_bytes(list(model.parameters()) + shards))
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": losses, "params": block_flats(model), "grad_bytes": grads,
-            "shard_numel": sum(s.numel() for s in shards)}
+    made = TensorsMade()
+    with quiet_warnings() as seen, made:
+        optimizer = cls([list(block.parameters()) for block in model], lr=setup.lr,
+                        weight_decay=setup.weight_decay)
+        local = getattr(optimizer, "local_optimizer", None)
+        if not isinstance(local, torch.optim.Optimizer):
+            raise TypeError("the ZeRO-2 optimizer must keep this rank's torch.optim.AdamW over its "
+                            "shards in the attribute local_optimizer")
+        shards = [p for group in local.param_groups for p in group["params"]]
+        losses, grads, kept = [], [], []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            grads.append(grad_bytes(list(model.parameters()) + shards))
+            kept.append(kept_beyond(made, optimizer_tensors(local),
+                                    exclude=[*model.parameters(), loss]))
+            optimizer.step()
+            losses.append(loss.item())
+    return {"losses": losses, "params": block_flats(model), "grad_bytes": grads, "kept": kept,
+            "shard_numel": sum(s.numel() for s in shards), "warnings": seen}
+
+
+class FreedParameters(RuntimeError):
+    """Backward reached a block whose gathered parameters had been freed and not gathered again."""
 
 
 class _Probes:
@@ -107,23 +119,41 @@ def zero3_training(rank: int, world_size: int, wrap, setup: ShardSetup, steps: i
     per step the probes' timestamps and the step's window (to cut ``out.comms`` by step)."""
     model, x, y = _rank_problem(setup, rank, world_size)
     probes = _Probes(model)
-    shards = wrap(model)
-    probes.after_student()
-    optimizer = setup.optimizer(shards)
-    losses, steps_seen = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        grads = [s.grad.detach().clone() if s.grad is not None else None for s in shards]
-        optimizer.step()
-        losses.append(loss.item())
-        steps_seen.append({"window": (start, time.perf_counter()),
-                           **{k: list(v) for k, v in probes.times.items()}})
+    with quiet_warnings() as seen:
+        shards = wrap(model)
+        probes.after_student()
+        optimizer = setup.optimizer(shards)
+        losses, steps_seen = [], []
+        for _ in range(steps):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            _backward(loss, probes, start)
+            grads = [s.grad.detach().clone() if s.grad is not None else None for s in shards]
+            optimizer.step()
+            losses.append(loss.item())
+            steps_seen.append({"window": (start, time.perf_counter()),
+                               **{k: list(v) for k, v in probes.times.items()}})
     return {"losses": losses, "shards": [s.detach().clone() for s in shards], "grads": grads,
-            "gathered": probes.gathered, "steps": steps_seen,
+            "gathered": probes.gathered, "steps": steps_seen, "warnings": seen,
             "block_bytes": [world_size * s.numel() * s.element_size() for s in shards]}
+
+
+def _backward(loss, probes: _Probes, start: float) -> None:
+    """``loss.backward()``; a block's parameters found freed in backward (PyTorch's ``setStorage
+    ... storage of size 0``) become a ``FreedParameters`` that names the block and the fix."""
+    try:
+        loss.backward()
+    except RuntimeError as err:
+        if "setStorage" not in str(err) and "storage of size 0" not in str(err):
+            raise
+        reached = [(t, i) for i, t in enumerate(probes.times["bwd_start"]) if t and t >= start]
+        block = f"block {max(reached)[1]}" if reached else "a block"
+        raise FreedParameters(
+            f"the backward of {block} needed its parameters, but their storage had been freed "
+            f"after its forward (0 bytes) and nothing gathered them again. In forward, register "
+            f"a hook on the block's output (output.register_hook) that gathers the block again "
+            f"(alloc_storage, then the all-gather) when backward reaches it.") from None
 
 
 def wrap_blocks(cls):

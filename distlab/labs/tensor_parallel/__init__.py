@@ -56,6 +56,7 @@ from distlab.labs.tensor_parallel.ops import (CopyToTensorParallel, GatherFromSe
 from distlab.labs.tensor_parallel.sequence_parallel import (TensorParallelBlock,
                                                             compare_activation_memory,
                                                             megatron_comm_bytes,
+                                                            mlp_comm_record,
                                                             ring_bytes_per_rank)
 
 __all__ = ["format_table", "compare_with_dtensor", "split_at_barriers", "timing_table", "MLP",
@@ -65,4 +66,5 @@ __all__ = ["format_table", "compare_with_dtensor", "split_at_barriers", "timing_
            "GatherFromSequenceParallel", "GatherFromTensorParallel", "ReduceFromTensorParallel",
            "ReduceScatterToSequenceParallel", "copy_to_tp", "gather_from_sp", "gather_from_tp",
            "reduce_from_tp", "reduce_scatter_to_sp", "TensorParallelBlock",
-           "compare_activation_memory", "megatron_comm_bytes", "ring_bytes_per_rank"]
+           "compare_activation_memory", "megatron_comm_bytes", "ring_bytes_per_rank",
+           "mlp_comm_record"]

@@ -33,50 +33,124 @@ def _step(model, x, dy, between=None):
     return y.detach(), x.grad
 
 
-def _dtensor_rank(rank, world_size, kind, hand_cls, shape):
-    """Rank body of `compare_with_dtensor`: hand-written step, barrier, DTensor step."""
-    import copy
+def _problem(kind: str, rank: int, world_size: int, shape):
+    """The dense model and this rank's input and output gradient (its sequence block for
+    "block_sp"), on the rank's device: the same on every run."""
     dev = rank_device()
     batch, seq, hidden, ffn = shape
     dense_model = dense_mlp("block" if kind == "block_sp" else kind, hidden, ffn, seed=0).to(dev)
     x, dy = (t.to(dev) for t in random_batch(batch, seq, hidden))
     if kind == "block_sp":
         x, dy = x.chunk(world_size, 1)[rank], dy.chunk(world_size, 1)[rank]   # (b, s/p, h)
-    # The barriers mark the record: [hand forward] | [hand backward] | [DTensor's set-up].
-    y_hand, dx_hand = _step(_wrap(kind, copy.deepcopy(dense_model), hand_cls).to(dev), x, dy,
-                            between=dist.barrier)
-    dist.barrier()
-    dt_model = parallelize(copy.deepcopy(dense_model), kind)
-    log = comm_debug_mode_class()()
-    with log:
-        y_dt, dx_dt = _step(dt_model, x, dy)
-    return {"y": (y_hand - y_dt).abs().max().item(), "dx": (dx_hand - dx_dt).abs().max().item(),
-            "dtensor": log.records}
+    return dense_model, x, dy
+
+
+def _hand_rank(rank, world_size, kind, hand_cls, shape):
+    """Rank body of `compare_with_dtensor`: the hand-written step; the barrier between forward
+    and backward marks the record: [hand forward] | [hand backward]."""
+    dense_model, x, dy = _problem(kind, rank, world_size, shape)
+    y, dx = _step(_wrap(kind, dense_model, hand_cls).to(x.device), x, dy, between=dist.barrier)
+    return {"y": y, "dx": dx}
+
+
+def _dtensor_rank(rank, world_size, kinds, shape):
+    """Rank body of `dtensor_runs`: each plan's DTensor step, its collectives recorded."""
+    result = {}
+    for kind in kinds:
+        dense_model, x, dy = _problem(kind, rank, world_size, shape)
+        model = parallelize(dense_model, kind)
+        log = comm_debug_mode_class()()
+        with log:
+            y, dx = _step(model, x, dy)
+        result[kind] = {"y": y, "dx": dx, "records": log.records}
+    return result
+
+
+def dtensor_runs(kinds, world_size: int = 2, batch=2, seq=8, hidden=16, ffn=64) -> dict:
+    """DTensor's side of `compare_with_dtensor`, run now: ``{kind: {"y": [per rank], "dx": [per
+    rank], "records": rank 0's collectives}}``. It needs the course's plans (`dtensor_plan`, Lab
+    7's exercise), which a student's handout of an earlier lab leaves out: the lab's own case is
+    stored (`stored_dtensor_run`)."""
+    import distlab
+    out = distlab.run(_dtensor_rank, world_size, tuple(kinds), (batch, seq, hidden, ffn))
+    return {kind: {"y": [r[kind]["y"] for r in out], "dx": [r[kind]["dx"] for r in out],
+                   "records": out[0][kind]["records"]} for kind in kinds}
+
+
+# The lab's case, stored with the course (data/03_tensor_parallel_mlp/dtensor_<kind>.pt, made by
+# `distlab references`): 2 ranks, b=2, s=8, h=16, f=64. Records as rows of integers:
+# (phase, op, bytes, ndim, shape padded with -1 to 4 dims).
+STORED_DTENSOR = {"world_size": 2, "shape": (2, 8, 16, 64)}
+DTENSOR_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+               "broadcast")
+PHASES = ("forward", "backward")
+
+
+def dtensor_reference_set(run: dict) -> dict[str, torch.Tensor]:
+    """One kind of `dtensor_runs` as tensors, to store."""
+    rows = []
+    for r in run["records"]:
+        if r["op"] not in DTENSOR_OPS:
+            raise ValueError(f"DTensor issued {r['op']}, which DTENSOR_OPS does not list: add it")
+        shape = list(r["shape"])
+        rows.append([PHASES.index(r["phase"]), DTENSOR_OPS.index(r["op"]), r["bytes"], len(shape),
+                     *shape, *[-1] * (4 - len(shape))])
+    return {"y": torch.stack(run["y"]), "dx": torch.stack(run["dx"]),
+            "records": torch.tensor(rows, dtype=torch.int64).reshape(-1, 8)}
+
+
+def dtensor_reference_sets() -> dict[str, dict]:
+    """Lab 3's stored DTensor runs (``make_references``): ``dtensor_<kind>`` of the lab's case."""
+    runs = dtensor_runs(("mlp", "swiglu", "block_sp"), STORED_DTENSOR["world_size"],
+                        *STORED_DTENSOR["shape"])
+    return {f"dtensor_{kind}": {"seed": 0, **dtensor_reference_set(run)}
+            for kind, run in runs.items()}
+
+
+def stored_dtensor_run(kind: str) -> dict:
+    """DTensor's run of the lab's case, as the course recorded it (`dtensor_runs`' form)."""
+    from distlab import paths
+    path = paths.data() / "03_tensor_parallel_mlp" / f"dtensor_{kind}.pt"
+    try:
+        stored = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: rebuild it with "
+                                f"`distlab references 03_tensor_parallel_mlp`") from None
+    records = [{"phase": PHASES[row[0]], "op": DTENSOR_OPS[row[1]], "bytes": row[2],
+                "shape": tuple(row[4:4 + row[3]])} for row in stored["records"].tolist()]
+    return {"y": list(stored["y"]), "dx": list(stored["dx"]), "records": records}
 
 
 def compare_with_dtensor(hand_cls=None, kind: str = "mlp", world_size: int = 2,
                          batch=2, seq=8, hidden=16, ffn=64) -> list[dict]:
-    """Run the hand-written module (`hand_cls(dense, group)`, default: this module's) and the
-    same dense model under `parallelize_module(dtensor_plan(kind))` on the same input; print the
-    largest differences and both lists of collectives (rank 0), side by side by phase.
+    """Run the hand-written module (`hand_cls(dense, group)`, default: this module's) and compare
+    it with the same dense model under `parallelize_module(dtensor_plan(kind))` on the same
+    input; print the largest differences and both lists of collectives (rank 0), side by side by
+    phase. DTensor's side of the lab's case (2 ranks, default shapes) is the course's stored run
+    (a handout has no DTensor plans: they are Lab 7's exercise); any other case runs it now.
 
     The hand-written collectives come from `out.comms` (torch.distributed calls); DTensor's go
     through functional collectives, which only `CommDebugMode` sees.
     """
     import distlab
-    out = distlab.run(_dtensor_rank, world_size, kind, hand_cls, (batch, seq, hidden, ffn))
-    hand_phases = dict(zip(("forward", "backward"), split_at_barriers(out.comms[0])))
+    shape = (batch, seq, hidden, ffn)
+    stored = {"world_size": world_size, "shape": shape} == STORED_DTENSOR
+    theirs = stored_dtensor_run(kind) if stored else dtensor_runs([kind], world_size, *shape)[kind]
+    out = distlab.run(_hand_rank, world_size, kind, hand_cls, shape)
+    hand_phases = dict(zip(PHASES, split_at_barriers(out.comms[0])))
     rows = []
-    for phase in ("forward", "backward"):
+    for phase in PHASES:
         mine = [f"{c.op} {list(c.shapes[0])} {c.bytes} B" for c in hand_phases[phase]]
-        theirs = [f"{r['op']} {list(r['shape'])} {r['bytes']} B" for r in out[0]["dtensor"]
-                  if r["phase"] == phase]
-        for i in range(max(len(mine), len(theirs), 1)):
+        dt = [f"{r['op']} {list(r['shape'])} {r['bytes']} B" for r in theirs["records"]
+              if r["phase"] == phase]
+        for i in range(max(len(mine), len(dt), 1)):
             rows.append({"phase": phase if i == 0 else "",
                          "hand-written (out.comms)": mine[i] if i < len(mine) else "-",
-                         "DTensor (CommDebugMode)": theirs[i] if i < len(theirs) else "-"})
-    print(f"{kind} on {world_size} ranks: max |hand - DTensor| output "
-          f"{max(r['y'] for r in out):.2e}, input gradient {max(r['dx'] for r in out):.2e}")
+                         "DTensor (CommDebugMode)": dt[i] if i < len(dt) else "-"})
+    gap = {key: max((r[key] - t).abs().max().item() for r, t in zip(out, theirs[key]))
+           for key in ("y", "dx")}
+    print(f"{kind} on {world_size} ranks: max |hand - DTensor| output {gap['y']:.2e}, input "
+          f"gradient {gap['dx']:.2e}" + (" (DTensor: the course's stored run)" if stored else ""))
     print(format_table(rows))
     return rows
 
@@ -101,8 +175,11 @@ def _timing_rank(rank, world_size, hand_cls, shape, steps):
     batch, seq, hidden, ffn = shape
     model = dense_mlp("mlp", hidden, ffn, seed=0).to(dev)
     x, dy = (t.to(dev) for t in random_batch(batch, seq, hidden))
-    variants = {"hand-written": _wrap("mlp", model, hand_cls).to(dev),
-                "DTensor": parallelize(dense_mlp("mlp", hidden, ffn, seed=0).to(dev), "mlp")}
+    variants = {"hand-written": _wrap("mlp", model, hand_cls).to(dev)}
+    try:
+        variants["DTensor"] = parallelize(dense_mlp("mlp", hidden, ffn, seed=0).to(dev), "mlp")
+    except NotImplementedError:   # a handout without the course's DTensor plans: not timed
+        pass
     if world_size == 1:
         variants = {"dense": model, **variants}
     result = {}
@@ -127,7 +204,9 @@ def _timing_rank(rank, world_size, hand_cls, shape, steps):
 def timing_table(hand_cls=None, world_sizes=(1, 2, 4), batch=8, seq=128, hidden=256, ffn=1024,
                  steps=5) -> list[dict]:
     """Forward+backward time of one MLP, dense vs hand-written TP vs DTensor TP, per world size
-    (median of `steps`, slowest rank). Ranks share this machine's cores."""
+    (median of `steps`, slowest rank). Ranks share this machine's cores. DTensor is timed where
+    the package holds the course's DTensor plans (a student's handout before Lab 8 does not:
+    they are Lab 7's exercise)."""
     import os
 
     import distlab
@@ -140,4 +219,7 @@ def timing_table(hand_cls=None, world_sizes=(1, 2, 4), batch=8, seq=128, hidden=
                          "backend": out.backend})
     print(f"MLP b={batch} s={seq} h={hidden} f={ffn}, {os.cpu_count()} CPU cores")
     print(format_table(rows))
+    if not any(r["variant"] == "DTensor" for r in rows):
+        print("DTensor is not timed: your handout does not hold the course's DTensor plans "
+              "(writing one is Lab 7's exercise).")
     return rows

@@ -3,6 +3,8 @@ the norm, dropout and residual run on sequence shards (b, s/p, h); what it saves
 memory (``compare_activation_memory``) and what it costs on the wire (``megatron_comm_bytes``)."""
 from __future__ import annotations
 
+import copy
+
 import torch.nn as nn
 
 from distlab.labs.activation_memory import ActivationMeter
@@ -68,7 +70,7 @@ def ring_bytes_per_rank(comm_bytes: dict, world_size: int) -> dict:
             for phase, ops in comm_bytes.items()}
 
 
-def _memory_rank(rank, world_size, sp_cls, shape, dropout):
+def _memory_rank(rank, world_size, sp_cls, tp_mlp_cls, shape, dropout):
     """Rank body of `compare_activation_memory`: saved bytes of one forward, three ways."""
     batch, seq, hidden, ffn = shape
     block = dense_mlp("block", hidden, ffn, seed=0)
@@ -76,7 +78,12 @@ def _memory_rank(rank, world_size, sp_cls, shape, dropout):
     x, _ = random_batch(batch, seq, hidden)
     shard_x = x.chunk(world_size, 1)[rank]                                   # (b, s/p, h)
     sp = sp_cls(block, None) if sp_cls is not None else TensorParallelBlock(block, None, True)
-    variants = [("dense (one device)", block, x), ("tensor parallel", TensorParallelBlock(block), x),
+    if tp_mlp_cls is not None:   # the dense block around a tensor-parallel MLP: norm, dropout
+        tp_block = copy.deepcopy(block)   # and residual stay replicated on every rank
+        tp_block.mlp = tp_mlp_cls(block.mlp, None)
+    else:
+        tp_block = TensorParallelBlock(block)
+    variants = [("dense (one device)", block, x), ("tensor parallel", tp_block, x),
                 ("sequence parallel", sp, shard_x)]
     result = {}
     for name, model, inp in variants:
@@ -88,12 +95,14 @@ def _memory_rank(rank, world_size, sp_cls, shape, dropout):
     return result
 
 
-def compare_activation_memory(sp_cls=None, world_size: int = 2, batch=4, seq=64, hidden=64,
-                              ffn=256, dropout: float = 0.1) -> list[dict]:
-    """Bytes each rank keeps for backward in one `Block` forward: dense, tensor parallel
-    (replicated norm/dropout activations) and sequence parallel (`sp_cls(block, group)`)."""
+def compare_activation_memory(sp_cls=None, tp_mlp_cls=None, world_size: int = 2, batch=4,
+                              seq=64, hidden=64, ffn=256, dropout: float = 0.1) -> list[dict]:
+    """Bytes each rank keeps for backward in one `Block` forward: dense, tensor parallel (the
+    block around `tp_mlp_cls(dense_mlp, group)`: replicated norm/dropout activations) and
+    sequence parallel (`sp_cls(block, group)`). Without a class, the course's own modules."""
     import distlab
-    out = distlab.run(_memory_rank, world_size, sp_cls, (batch, seq, hidden, ffn), dropout)
+    out = distlab.run(_memory_rank, world_size, sp_cls, tp_mlp_cls, (batch, seq, hidden, ffn),
+                      dropout)
     dense_bytes = out[0]["dense (one device)"]
     rows = [{"variant": name, "saved KiB per rank": f"{b / 1024:.1f}",
              "vs dense": f"{b / dense_bytes:.2f}"} for name, b in out[0].items()]
@@ -101,3 +110,30 @@ def compare_activation_memory(sp_cls=None, world_size: int = 2, batch=4, seq=64,
     print(format_table(rows))
     return rows
 
+
+
+def _record_rank(rank, world_size, mlp_cls, shape):
+    """Rank body of `mlp_comm_record`: one forward, a barrier, one backward."""
+    import torch.distributed as dist
+    batch, seq, hidden, ffn = shape
+    x, dy = random_batch(batch, seq, hidden)
+    layer = mlp_cls(dense_mlp("mlp", hidden, ffn, seed=0), None)
+    y = layer(x.requires_grad_(True))   # the input needs a gradient: f's backward all-reduce runs
+    dist.barrier()
+    y.backward(dy)
+
+
+def mlp_comm_record(mlp_cls, world_size: int = 2, batch=2, seq=8, hidden=16, ffn=None) -> dict:
+    """The collectives rank 0 issued in one forward and one backward of ``mlp_cls(dense_mlp,
+    group)`` (e.g. your `TensorParallelMLP`): ``{"forward": [(op, bytes)], "backward": [...]}``,
+    bytes as nccl-tests counts them (the whole buffer)."""
+    import distlab
+    out = distlab.run(_record_rank, world_size, mlp_cls, (batch, seq, hidden, ffn or 4 * hidden))
+    phases = {"forward": [], "backward": []}
+    phase = "forward"
+    for c in out.comms[0]:                          # the barrier separates the two passes
+        if c.op == "barrier":
+            phase = "backward"
+        else:
+            phases[phase].append((c.op, c.bytes))
+    return phases

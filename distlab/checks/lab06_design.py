@@ -1,0 +1,113 @@
+"""Lab 6's open design exercise (called from ``distlab.checks.lab06``, which the judge serves):
+``plan_buckets(sizes, ready, alpha, bandwidth) -> [layers per bucket]``, a bucket plan for a
+data-parallel backward, graded by its properties:
+
+- on paper (``distlab.labs.timelines.buckets``): the seconds the step waits after backward for the
+  last all-reduce, against a budget, the least any plan of contiguous buckets reaches;
+- on real ranks (2, gloo): the plan run as one flat all-reduce per bucket, its collective record
+  (one all-reduce per bucket, of the bucket's bytes) and the averaged gradients against the
+  single-process ones.
+
+The visible problem is the lab's DP model with t_layer, alpha and B measured on the stored naive DP
+trace (``problem_from_timeline``), stored with its budget in ``data/06_timelines/buckets.pt``;
+hidden problems draw other sizes and speeds from the seed, their budget computed in the judge."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import torch
+
+from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.ranks import run_each_backend
+from distlab.labs.timelines.buckets import (BucketProblem, bucketed_dp_grads, exposed,
+                                            problem_for, problem_from_timeline, replay_buckets)
+from distlab.labs.timelines.runs import Spec, _data, _mlp_stack
+
+LAB = "06_timelines"
+WORLD = 2
+
+
+def _best_exposed(problem: BucketProblem) -> float:
+    """The least exposed time over every plan of contiguous buckets (2^(L-1) of them)."""
+    layers, best = len(problem.sizes), float("inf")
+    for cuts in itertools.product((False, True), repeat=layers - 1):
+        plan, n = [], 1
+        for cut in cuts:
+            if cut:
+                plan.append(n)
+                n = 0
+            n += 1
+        best = min(best, exposed(problem, plan + [n]))
+    return best
+
+
+def bucket_set(timeline) -> dict:
+    """The visible problem, measured on the stored naive DP ``timeline``, and its budget."""
+    problem = problem_from_timeline(timeline, Spec())
+    return {"seed": Spec().seed, "sizes": torch.tensor(problem.sizes),
+            "ready": torch.tensor(problem.ready, dtype=torch.float64),
+            "alpha": torch.tensor(problem.alpha, dtype=torch.float64),
+            "bandwidth": torch.tensor(problem.bandwidth, dtype=torch.float64),
+            "budget": torch.tensor(_best_exposed(problem), dtype=torch.float64)}
+
+
+def visible_problem() -> tuple[Spec, BucketProblem, float]:
+    from distlab.checks.stored import load
+    stored = load(LAB, "buckets")
+    problem = BucketProblem(tuple(stored["sizes"].tolist()), tuple(stored["ready"].tolist()),
+                            stored["alpha"].item(), stored["bandwidth"].item())
+    return Spec(), problem, stored["budget"].item()
+
+
+def hidden_problem(seed: int) -> tuple[Spec, BucketProblem, float]:
+    """Other sizes and speeds: alpha and a layer's transfer time each 0.2 to 2 backward layers."""
+    rng = random.Random(seed)
+    spec = Spec(hidden=rng.choice([16, 32, 64]), layers=rng.randint(3, 7), dp_batch=64, seed=seed)
+    t_layer = 1e-3 * rng.uniform(0.5, 5)
+    layer = 4 * (spec.hidden ** 2 + spec.hidden)
+    problem = problem_for(spec, t_layer, t_layer * rng.uniform(0.2, 2),
+                          layer / (t_layer * rng.uniform(0.2, 2)))
+    return spec, problem, _best_exposed(problem)
+
+
+def _timeline(problem: BucketProblem, plan) -> str:
+    return "; ".join(f"bucket {k}: {b} B, {s * 1e3:.3f}..{e * 1e3:.3f} ms"
+                     for k, (s, e, b) in enumerate(replay_buckets(problem, plan)))
+
+
+def grade_bucket_plan(plan_buckets, seed: int | None = None) -> str:
+    spec, problem, budget = visible_problem() if seed is None else hidden_problem(seed)
+    call = (f"plan_buckets(sizes={list(problem.sizes)}, ready=[{', '.join(f'{r:.6f}' for r in problem.ready)}], "
+            f"alpha={problem.alpha:.3g}, bandwidth={problem.bandwidth:.3g})")
+    plan = plan_buckets(list(problem.sizes), list(problem.ready), problem.alpha, problem.bandwidth)
+    try:
+        waited = exposed(problem, plan)
+    except ValueError as err:
+        raise CheckFailed(f"{call} returned an unusable plan: {err}") from None
+    plan = [int(n) for n in plan]
+    layers = len(problem.sizes)
+    if waited > budget * (1 + 1e-9) + 1e-12:
+        raise CheckFailed(
+            f"{call} returned {plan}: the step waits {waited * 1e3:.3f} ms after backward "
+            f"(backward ends at {problem.ready[-1] * 1e3:.3f} ms; {_timeline(problem, plan)}). "
+            f"The budget is {budget * 1e3:.3f} ms. For comparison, one bucket waits "
+            f"{exposed(problem, [layers]) * 1e3:.3f} ms, one bucket per layer "
+            f"{exposed(problem, [1] * layers) * 1e3:.3f} ms. Each bucket pays alpha once; a "
+            f"bucket that waits for late layers hides nothing: where should the cuts go?")
+    starts = [sum(plan[:k]) for k in range(len(plan))]
+    want = [sum(problem.sizes[a:a + n]) for a, n in zip(starts, plan)]
+    model = _mlp_stack(spec)
+    model(_data(spec, spec.dp_batch, spec.hidden)).square().mean().backward()
+    for backend, out in run_each_backend(bucketed_dp_grads, WORLD, spec, plan):
+        for rank in range(WORLD):
+            got = [c.bytes for c in out.comms[rank] if c.op == "all_reduce"]
+            if got != want:
+                raise CheckFailed(f"plan {plan} on rank {rank} ({backend}): all-reduces of {got} "
+                                  f"bytes, expected one per bucket, {want}.")
+            for name, p in model.named_parameters():
+                assert_close(out[rank][name], p.grad, what=f"averaged gradient of {name}",
+                             rank=rank)
+    return (f"plan {plan}: the step waits {waited * 1e3:.3f} ms after backward (budget "
+            f"{budget * 1e3:.3f} ms); on {WORLD} ranks, {len(plan)} all-reduces of {want} bytes, "
+            f"gradients equal to the single-process ones")

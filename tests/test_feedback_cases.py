@@ -1,0 +1,134 @@
+"""What the feedback and the records show beyond a status: the cases each test cell ran (hidden
+ones named with their world size, sizes, seed and what is special), and the teaching cells the
+grader skips, shown with the outputs of the student's own submitted notebook."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from distlab.grading.cases import cases_output, cell_cases, describe_case
+from distlab.grading.nbgrader_plugins import TeachingOutputsFromSubmission
+
+LAB9 = Path(__file__).resolve().parents[1] / "solutions/09_expert_parallel/09_expert_parallel.py"
+
+
+@dataclasses.dataclass
+class Verdict:   # the judge's record of one check call (distlab.grading.judge.Verdict)
+    check: str
+    status: str
+    message: str
+    seed: int | None
+
+
+def _test_cell(path: Path, grade_id: str) -> str:
+    import jupytext
+    nb = jupytext.read(path, fmt="py:percent")
+    return next(c.source for c in nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def test_a_cells_cases_name_the_hidden_ones_with_their_sizes_seed_and_what_is_special():
+    source = _test_cell(LAB9, "test_moe_layer")
+    verdicts = [Verdict("check_moe_layer", "pass", "", None),
+                Verdict("check_moe_layer", "pass", "", 1234),
+                Verdict("check_moe_layer", "hang", "moe_forward on fresh inputs (seed 99, ...): "
+                                                   "the ranks failed.", 99)]
+    cases = cell_cases(source, verdicts)
+    assert [(c["hidden"], c["status"], c["seed"]) for c in cases] == [
+        (False, "pass", None), (True, "pass", 1234), (True, "hang", 99)]
+    starved = cases[2]
+    assert starved["arguments"] == {"world_size": 4, "seed": 99, "tokens": 7, "hidden": 6,
+                                    "ffn": 12, "experts": 4, "k": 1, "starve": True}
+    assert "rank 3's experts get no token" in starved["special"]
+    assert starved["message"].startswith("moe_forward on fresh inputs")
+    assert describe_case(starved).startswith("check_moe_layer with world_size 4, seed 99, tokens 7")
+    assert "[hidden test — top-1; rank 3's experts get no token" in describe_case(starved)
+    json.dumps(cases)   # the worker sends rows as JSON lines; the records keep them
+
+
+def test_a_case_the_cell_never_reached_says_so_and_keeps_its_source_seed():
+    source = ("check_x(f)\n### BEGIN HIDDEN TESTS\n"
+              "check_x(f, world_size=4, seed=fresh_seed())   # uneven shards\n"
+              "### END HIDDEN TESTS\n")
+    cases = cell_cases(source, [Verdict("check_x", "fail", "wrong on rank 1", None)])
+    assert [c["status"] for c in cases] == ["fail", "not run"]
+    assert cases[1]["arguments"] == {"world_size": 4, "seed": "fresh_seed()"}
+    assert cases[1]["special"] == "uneven shards" and cases[1]["hidden"]
+
+
+def test_the_feedback_lists_the_cases_under_their_cell_escaped():
+    cases = cell_cases("check_x(f, world_size=2)  # <b>bold</b>\n",
+                       [Verdict("check_x", "fail", "got <script>1</script>", None)])
+    out = cases_output(cases)
+    assert out["output_type"] == "display_data"
+    assert "check_x with world_size 2 [visible test — <b>bold</b>]: fail: got" in out["data"]["text/plain"]
+    assert "<script>" not in out["data"]["text/html"] and "&lt;script&gt;" in out["data"]["text/html"]
+
+
+def _lab(cells, tags=False):
+    nb = new_notebook()
+    for gid, outputs in cells:
+        cell = new_code_cell(f"show_{gid}()", outputs=outputs, execution_count=7 if outputs else None)
+        cell.metadata["nbgrader"] = {"grade_id": gid, "locked": True, "grade": False,
+                                     "solution": False, "schema_version": 3}
+        if tags and gid.startswith("figure"):
+            cell.metadata["tags"] = ["teaching"]
+        nb.cells.append(cell)
+    return nb
+
+
+def test_teaching_cells_show_the_students_own_outputs_marked_and_only_text_and_images(tmp_path):
+    png = "iVBORw0KGgo="
+    submitted_outputs = [
+        new_output("stream", name="stdout", text="measured 12 ms\n"),
+        new_output("display_data", data={"text/plain": "<Figure>", "image/png": png,
+                                         "text/html": "<script>alert(1)</script>"}),
+        new_output("error", ename="ValueError", evalue="bad", traceback=["\x1b[31m..."]),
+    ]
+    root, student, lab = tmp_path, "ada", "08_x"
+    for kind, nb in (("source", _lab([("figure", []), ("setup", [])], tags=True)),
+                     ("submitted", _lab([("figure", submitted_outputs), ("setup", [])]))):
+        folder = root / kind / (student if kind == "submitted" else "") / lab
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{lab}.ipynb")
+    autograded = _lab([("figure", []), ("setup", [])])   # the grader skipped the figure
+    folder = root / "autograded" / student / lab
+    folder.mkdir(parents=True)
+    resources = {"nbgrader": {"student": student, "assignment": lab, "notebook": lab},
+                 "metadata": {"path": str(folder)}}
+    nb, _ = TeachingOutputsFromSubmission().preprocess(autograded, resources)
+    figure, setup = nb.cells
+    note, text, image, error = figure.outputs
+    assert "does not run this teaching cell" in note["text"] and "your" in note["text"]
+    assert text["text"] == "measured 12 ms\n"
+    assert image["data"] == {"text/plain": "<Figure>", "image/png": png}   # no HTML, no script
+    assert error["text"] == "ValueError: bad\n"
+    assert figure.execution_count == 7
+    assert setup.outputs == [] and setup.execution_count is None   # not a teaching cell
+
+
+def test_the_cases_shown_quote_no_hidden_test_code_of_any_lab():
+    """The feedback names every case but never a hidden test's source line (as
+    tests/test_grader.py's test_feedback_hides_hidden_test_code reads a whole feedback page)."""
+    import html
+    import re
+    from distlab.course import notebooks
+    from distlab.course.notebooks import source_notebook
+    for lab in notebooks.labs():
+        for cell in source_notebook(lab).cells:
+            if "### BEGIN HIDDEN TESTS" not in cell.source:
+                continue
+            hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+            visible = set(cell.source.splitlines()) - set(hidden.splitlines())
+            for verdicts in ([], [Verdict(n, "fail", "", 7) for n in re.findall(r"(check_\w+)\(",
+                                                                               cell.source)]):
+                out = cases_output(cell_cases(cell.source, verdicts))["data"]
+                text = out["text/plain"] + html.unescape(re.sub(r"<[^>]+>", "", out["text/html"]))
+                for line in hidden.splitlines():
+                    line = line.strip()
+                    if line and line not in visible:
+                        assert line not in text, (lab, line)

@@ -1,0 +1,242 @@
+"""The student package of each lab (``distlab.grading.student_package``): it holds no answer to
+the lab or a later one, and the lab runs with it alone.
+
+- Every function and class of a lab's student package is compared, by normalised AST (names,
+  docstrings and line numbers left out), with the functions and classes of that lab's and every
+  later lab's solution cells and with the course implementations it withholds: none may be
+  equal.
+- The lab, solutions in place, runs top to bottom in a kernel that imports distlab from the lab's
+  student package and cannot read the instructor's package, ``solutions/`` or ``tests/``
+  (Landlock, as the grader confines students): its visible tests pass, and its teaching cells
+  need nothing the handout leaves out.
+- The student version of the lab (stubs) fails every visible test.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from distlab import paths
+from distlab.course import notebooks
+from distlab.grading import student_package
+from distlab.runtime.landlock import landlock_abi
+
+REPO = Path(__file__).resolve().parents[1]
+LABS = notebooks.labs()
+MIN_NODES = 25   # smaller definitions (a one-line formula) say nothing about who wrote them
+
+
+# ---------------------------------------------------------------------------------------------
+# Stubbing
+
+SOURCE = '''\
+"""A module."""
+import torch
+
+
+def kept(x):
+    """Stays."""
+    return x + 1
+
+
+def answer(x, y=2):
+    """The contract."""
+    z = x * y
+    return z
+
+
+class Layer(torch.nn.Module):
+    """A layer."""
+    size = 3
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        return x * self.n
+'''
+
+
+def test_stubs_keep_signatures_docstrings_and_everything_else():
+    out = student_package.stub_source(SOURCE, "distlab.labs.demo",
+                                      {"answer": "03_tensor_parallel_mlp", "Layer": "04_x"})
+    namespace = {}
+    exec(compile(out, "demo", "exec"), namespace)
+    assert namespace["kept"](1) == 2
+    assert namespace["answer"].__doc__ == "The contract."
+    with pytest.raises(NotImplementedError, match=r"distlab.labs.demo:answer is yours to write "
+                                                  r"in Lab 3 \(03_tensor_parallel_mlp\)"):
+        namespace["answer"](1)
+    with pytest.raises(NotImplementedError, match="Layer.__init__ is yours to write in Lab 4"):
+        namespace["Layer"](2)
+    assert namespace["Layer"].size == 3 and "x * self.n" not in out and "z = x * y" not in out
+    assert out.splitlines()[:8] == SOURCE.splitlines()[:8]
+
+
+def test_a_stale_table_is_named():
+    with pytest.raises(LookupError, match="defines no gone, which a checks module"):
+        student_package.stub_source(SOURCE, "distlab.labs.demo", {"gone": "01_collectives"})
+
+
+def test_a_lab_keeps_earlier_labs_answers_and_withholds_its_own_and_later_ones():
+    owner = student_package.answers_by_lab()
+    withheld = student_package.withheld(["04_tensor_parallel_attention"])
+    names = {f"{m}:{q}" for m, qs in withheld.items() for q in qs}
+    assert names == {n for n, lab in owner.items() if lab >= "04"}
+    assert "distlab.labs.tensor_parallel.layers:ColumnParallelLinear" not in names
+    assert "distlab.labs.attention.parallel:TensorParallelAttention" in names
+
+
+# ---------------------------------------------------------------------------------------------
+# No answer in a student package, by normalised AST
+
+class _Anonymous(ast.NodeTransformer):
+    """Every name the code binds or uses becomes ``_``, docstrings go: what is left is shape."""
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name("_", node.ctx), node)
+
+    def visit_arg(self, node):
+        node.arg, node.annotation = "_", None
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        node.attr = "_"
+        return node
+
+    def _definition(self, node):
+        node.name, node.decorator_list = "_", []
+        if node.body and isinstance(node.body[0], ast.Expr) and isinstance(
+                getattr(node.body[0], "value", None), ast.Constant):
+            node.body = node.body[1:] or [ast.Pass()]
+        if hasattr(node, "returns"):
+            node.returns = None
+        self.generic_visit(node)
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _definition
+
+
+def shapes(tree: ast.AST, nested: bool = True) -> dict[str, str]:
+    """{normalised dump: where} of every function and class in ``tree`` big enough to count
+    (``nested=False``: its top-level ones, or ``tree`` itself when it is one: a method of an
+    answer, e.g. a block's forward, may equal the dense model's, which is no answer)."""
+    found = {}
+    definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    nodes = ast.walk(tree) if nested else [tree] if isinstance(tree, definitions) else tree.body
+    for node in nodes:
+        if isinstance(node, definitions) and sum(1 for _ in ast.walk(node)) >= MIN_NODES:
+            copy = _Anonymous().visit(ast.parse(ast.unparse(node)))
+            found[ast.dump(copy, annotate_fields=False)] = f"{node.name} (line {node.lineno})"
+    return found
+
+
+def answer_shapes(lab: str) -> dict[str, str]:
+    """The shapes of the answers a student package of ``lab`` must not hold: the solution cells
+    of it and every later lab, and the instructor's implementations it withholds."""
+    found = {}
+    for later in (x for x in LABS if x >= lab):
+        for cell in notebooks.reader_notebook(later).cells:
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+                try:
+                    tree = ast.parse(cell.source)
+                except SyntaxError:   # IPython magics: not an answer's code
+                    continue
+                found.update({k: f"{later} cell {cell.metadata.nbgrader['grade_id']}: {v}"
+                              for k, v in shapes(tree, nested=False).items()})
+    for module, names in student_package.withheld([lab]).items():
+        path = student_package._module_file(paths.PACKAGE, module)
+        for qualname, node in student_package._definitions(ast.parse(path.read_text())):
+            if qualname in names:
+                found.update({k: f"{module}:{qualname}" for k in shapes(node, nested=False)})
+    return found
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("views")
+    return {lab: student_package.view(base, lab) for lab in LABS}
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_no_answer_in_the_student_package(packages, lab):
+    answers = answer_shapes(lab)
+    assert answers, f"{lab} declares no answers and has no solution cells"
+    leaks = []
+    for path in sorted((packages[lab] / "distlab").rglob("*.py")):
+        for shape, where in shapes(ast.parse(path.read_text())).items():
+            if shape in answers:
+                leaks.append(f"{path.relative_to(packages[lab])}: {where} equals {answers[shape]}")
+    assert not leaks, "the student package holds answers:\n  " + "\n  ".join(leaks)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lab runs with its student package alone
+
+def kernel_spec(folder: Path, package: Path, writable: Path) -> None:
+    """A kernel confined as the grader confines students': it imports distlab from ``package``
+    and cannot read the instructor's package, ``solutions/`` or ``tests/``."""
+    hide = [paths.PACKAGE, REPO / "solutions", REPO / "tests"]
+    argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(writable),
+            *[a for h in hide for a in ("--hide", str(h))], "--read", str(package),
+            "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = folder / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": argv, "display_name": "student", "language": "python",
+        "env": {"PYTHONPATH": str(package), "DISTLAB_PACKAGE": str(package)}}))
+
+
+def errors_in(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """{cell's grade_id: its error} of every cell that raised."""
+    found = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found[cell.metadata.get("nbgrader", {}).get("grade_id", "?")] = \
+                    f"{out['ename']}: {out['evalue'][:400]}"
+    return found
+
+
+def run_in_view(nb: nbformat.NotebookNode, package: Path, folder: Path,
+                monkeypatch) -> nbformat.NotebookNode:
+    from nbclient import NotebookClient
+    jupyter, work = folder / "jupyter", folder / "work"
+    work.mkdir(parents=True)
+    kernel_spec(jupyter, package, folder)
+    monkeypatch.setenv("JUPYTER_PATH", str(jupyter))
+    NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(work)}}).execute()
+    return nb
+
+
+needs_landlock = pytest.mark.skipif(landlock_abi() == 0, reason="needs Landlock (Linux 5.13+) "
+                                    "to keep the instructor's package out of the kernel's reach")
+
+
+@needs_landlock
+@pytest.mark.parametrize("lab", LABS)
+def test_the_lab_runs_with_its_student_package_alone(packages, lab, tmp_path, monkeypatch):
+    nb = run_in_view(notebooks.reader_notebook(lab), packages[lab], tmp_path, monkeypatch)
+    assert not errors_in(nb), f"{lab}, solutions in place, in its student package:\n  " + \
+        "\n  ".join(f"{k}: {v}" for k, v in errors_in(nb).items())
+
+
+@needs_landlock
+def test_the_instructors_package_is_out_of_reach(packages, tmp_path, monkeypatch):
+    lab = LABS[-1]
+    probe = nbformat.v4.new_code_cell(
+        "import distlab, os\n"
+        f"print(distlab.__file__.startswith({str(packages[lab])!r}))\n"
+        f"try:\n    open({str(paths.PACKAGE / '__init__.py')!r}).read(); print('read')\n"
+        "except OSError:\n    print('refused')\n")
+    nb = run_in_view(nbformat.v4.new_notebook(cells=[probe]), packages[lab], tmp_path, monkeypatch)
+    assert nb.cells[0].outputs[0]["text"].split() == ["True", "refused"]
