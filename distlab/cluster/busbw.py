@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 
 import torch
 import torch.distributed as dist
@@ -29,7 +28,7 @@ import torch.distributed as dist
 from distlab.checks.lab01 import BUS_FACTOR, reference_bandwidths
 from distlab.cluster.group import choose_backend, guarded, launch, placement, printer, \
     SettingsError
-from distlab.labs.collectives import bandwidth_table, reference_fit, timings
+from distlab.labs.collectives import bandwidth_table, reference_fit, time_calls, timings
 from distlab.runtime.devices import device as rank_device
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -98,21 +97,9 @@ def _time_ops(ops, sizes, warmup: int, iters: int, group, n: int) -> list[dict]:
     for op in ops:
         for nbytes in sizes:
             x, y = _buffers(op, nbytes, n)
-            for _ in range(warmup):         # connections, buffers, caches
-                _call(op, x, y, group)
-            dist.barrier(group=group)
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(iters):
-                _call(op, x, y, group)
-            if x.is_cuda:                   # NCCL returns at once: wait for the GPU
-                torch.cuda.synchronize()
-            elapsed = torch.tensor([(time.perf_counter() - start) / iters],
-                                   dtype=torch.float64, device=x.device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)   # the slowest rank
+            seconds = time_calls(lambda: _call(op, x, y, group), x, warmup, iters, group)
             counted = (y if op == "all_gather" else x).numel() * x.element_size()
-            rows.append({"op": op, "nbytes": counted, "seconds": float(elapsed),
+            rows.append({"op": op, "nbytes": counted, "seconds": seconds,
                          "dtype": str(x.dtype).removeprefix("torch."), "world_size": n})
     return rows
 

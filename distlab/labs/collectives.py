@@ -169,27 +169,34 @@ def _call(op: str, x, y, ring):
 WARMUP, ITERS = 5, 20  # nccl-tests' defaults (-w 5 -n 20): untimed calls, then timed ones
 
 
+def time_calls(call, x: torch.Tensor, warmup: int, iters: int, group=None) -> float:
+    """Mean seconds of ``call()``, the slowest rank's, as nccl-tests times it: ``warmup`` untimed
+    calls, a barrier, then ``iters`` timed ones (``x``: a tensor the call uses, for its device)."""
+    for _ in range(warmup):  # connections, buffers, caches
+        call()
+    dist.barrier(group=group)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    if x.is_cuda:  # NCCL returns at once: wait for the GPU before reading the clock
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
+                           device=x.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return float(elapsed)
+
+
 def _sweep_rank(rank: int, world_size: int, ops, sizes, warmup: int, iters: int, ring):
     """Rank body of ``sweep``: mean seconds per call, the slowest rank's, for each (op, size)."""
     rows = []
     for op in ops:
         for nbytes in sizes:
             x, y = _buffers(op, nbytes, world_size)
-            for _ in range(warmup):  # connections, buffers, caches
-                _call(op, x, y, ring)
-            dist.barrier()
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(iters):
-                _call(op, x, y, ring)
-            if x.is_cuda:  # NCCL returns at once: wait for the GPU before reading the clock
-                torch.cuda.synchronize()
-            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
-                                   device=x.device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            seconds = time_calls(lambda: _call(op, x, y, ring), x, warmup, iters)
             actual = x.numel() * 4 if op != "all_gather" else y.numel() * 4
-            rows.append({"op": op, "nbytes": actual, "seconds": float(elapsed)})
+            rows.append({"op": op, "nbytes": actual, "seconds": seconds})
     return rows
 
 
