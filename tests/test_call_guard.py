@@ -7,6 +7,7 @@ import importlib
 import threading
 
 import cloudpickle
+import torch
 
 from distlab.labs.activation_memory import ActivationMeter
 from distlab.labs.timelines import intervals
@@ -80,6 +81,26 @@ def test_calls_by_every_route_are_noticed():
 def test_the_course_calling_its_own_code_is_not_the_students_use():
     # intervals.length calls union itself: the caller of union is the course, not the student.
     assert uses(intervals.length, SPANS) == []
+
+
+@torch.no_grad()
+def shipped_step(spans):
+    return sorted(spans)
+
+
+@torch.no_grad()
+def library_step(spans):
+    return list(spans)
+
+
+def test_a_decorated_object_is_guarded_by_its_own_code_not_its_decorators():
+    # Every @torch.no_grad() function runs torch's one wrapper: guarding that would flag every
+    # library call made under the decorator (FSDP2's), as it once flagged Lab 8's design.
+    guard = Guard(frozenset({f"{__name__}:shipped_step"}))
+    for fn, flagged in ((library_step, []), (shipped_step, [f"{__name__}:shipped_step"])):
+        with watching(guard) as watch:
+            (lambda spans: fn(spans))(SPANS)
+        assert [use.rsplit(" calls ", 1)[1] for use in watch.uses] == flagged
 
 
 def test_the_verdict_names_the_object_and_the_caller():

@@ -50,6 +50,16 @@ def test_a_cells_cases_name_the_hidden_ones_with_their_sizes_seed_and_what_is_sp
     json.dumps(cases)   # the worker sends rows as JSON lines; the records keep them
 
 
+def test_the_design_exercise_s_hidden_cases_say_what_is_special():
+    cases = cell_cases(_test_cell(LAB9, "test_padded_moe"),
+                       [Verdict("check_padded_moe", "pass", "", None),
+                        Verdict("check_padded_moe", "fail", "keep differs", 5)])
+    assert [(c["hidden"], c["status"]) for c in cases] == [(False, "pass"), (True, "fail"),
+                                                          (True, "not run")]
+    assert cases[1]["arguments"]["capacity_factor"] == 1.25 and "C rounds up" in cases[1]["special"]
+    assert cases[2]["special"] == "top-1"
+
+
 def test_a_case_the_cell_never_reached_says_so_and_keeps_its_source_seed():
     source = ("check_x(f)\n### BEGIN HIDDEN TESTS\n"
               "check_x(f, world_size=4, seed=fresh_seed())   # uneven shards\n"

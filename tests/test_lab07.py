@@ -12,8 +12,10 @@ import torch
 
 from distlab.labs import planning as P
 from distlab.checks.assertions import CheckFailed
-from distlab.checks import lab07
+from distlab.checks import lab07, lab07_design, lab07_prediction
 from distlab.course.solutions import solution_functions
+from distlab.labs.mesh_traffic import (axis_traffic, cross_node_bytes, groups_of, megatron_layout,
+                                       traced_run)
 from distlab.labs.mesh import (MeshShape, TinyConfig, build_model, make_batches,
                                    megatron_plan, reference_losses, run_mesh, split_stage)
 
@@ -22,7 +24,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "solutions" / lab07.LAB / f"{lab0
 
 @pytest.fixture(scope="module")
 def sol():
-    return solution_functions(lab07.LAB, ("memory_per_gpu", "choose_degrees", "tp_plan"))
+    return solution_functions(lab07.LAB, ("memory_per_gpu", "choose_degrees", "tp_plan",
+                                          "predict_traffic", "place_mesh"))
 
 
 # ----------------------------------------------------------------------------- memory math
@@ -599,10 +602,170 @@ def test_visible_checks_read_stored_numbers_not_the_reference(sol, monkeypatch):
     (a handout has neither): the stored sets hold every number they compare with."""
     def withheld(*args, **kwargs):
         raise NotImplementedError("withheld")
+    from distlab.checks import lab07_cases
     for name in ("memory_per_gpu", "reference_choose_degrees"):
         monkeypatch.setattr(lab07, name, withheld)
+        monkeypatch.setattr(lab07_cases, name, withheld)
     lab07.check_memory_per_gpu(sol["memory_per_gpu"])
     lab07.check_choose_degrees(sol["choose_degrees"])
     lab07.check_layout_numbers(_plans([(2, 16, 4), (8, 2, 8)]))
     with pytest.raises(CheckFailed, match="is not a layout of this cluster"):
         lab07.check_layout_numbers(_plans([(2, 16, 4), (8, 2, 4)]))
+
+
+# ----------------------------------------------------------------------------- traffic and placement
+
+
+MESH_3D = MeshShape(pp=2, dp=2, tp=2)
+
+
+@pytest.fixture(scope="module")
+def traced_3d():
+    return traced_run(MESH_3D)
+
+
+def _measured_matches_formula(out, shape):
+    layout = megatron_layout(shape)
+    for rank in range(shape.world_size):
+        got = axis_traffic(out[rank], out.comms[rank], rank, layout)
+        want = lab07_prediction.formula_traffic(shape, TinyConfig(), rank)
+        assert got == {**{a: pytest.approx(v, abs=0.5) for a, v in want.items()}, "other": 0}, rank
+
+
+def test_formula_traffic_is_what_the_records_hold(traced_3d):
+    """Exercise 5's formulas against the run's records, every rank and axis, byte for byte; the
+    design's budget is the bytes the course's layout sends across nodes, measured."""
+    _measured_matches_formula(traced_3d, MESH_3D)
+    _measured_matches_formula(traced_run(MeshShape(pp=1, dp=2, tp=2)), MeshShape(pp=1, dp=2, tp=2))
+    crossed = sum(cross_node_bytes(traced_3d[r], traced_3d.comms[r], r, 4) for r in range(8))
+    assert crossed == lab07_design._budget(MESH_3D, 4, TinyConfig()) == lab07_design.placement_budget()
+    want = lab07_prediction.formula_traffic(MESH_3D, TinyConfig(), 0)
+    assert want["tp"] > want["dp"] > want["pp"] > 0          # why only PP should cross nodes
+
+
+@pytest.mark.parametrize("triple", lab07_design.HIDDEN_TRIPLES)
+def test_budget_is_the_least_of_every_order_of_the_mesh(triple):
+    """The design's budget, the course's layout's bytes across nodes (by the formulas), is the
+    least of the six row-major orders of the dimensions; TP across nodes is over it."""
+    import itertools
+    shape, cfg = MeshShape(*triple), TinyConfig()
+    sizes = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp}
+    budget, crossing = lab07_design._budget(shape, 4, cfg), {}
+    for order in itertools.permutations(("pp", "dp", "tp")):
+        grid = torch.arange(8).reshape(*[sizes[a] for a in order])
+        layout = grid.permute(*[order.index(a) for a in ("pp", "dp", "tp")]).tolist()
+        crossing[order] = sum(lab07_prediction.formula_traffic(shape, cfg, r)[a]
+                              for r in range(8) for a in lab07_design._spanning(layout, r, 4))
+    assert min(crossing.values()) == budget
+    if shape.tp > 1:
+        assert crossing[("tp", "pp", "dp")] > budget
+
+
+def test_check_traffic_prediction(sol):
+    lab07.check_traffic_prediction(sol["predict_traffic"])
+    for seed in range(6):
+        lab07.check_traffic_prediction(sol["predict_traffic"], seed=seed)
+
+
+@pytest.mark.parametrize("mistake,message", [
+    ("fused_qkv", "bytes on tp"),            # Lab 4's one qkv layer: 4 TP collectives, not 6
+    ("pp_both_ways", "bytes on pp"),         # every stage sending forward and back
+    ("dp_gathers_twice", "bytes on dp"),     # FSDP regathering for backward
+    ("not_a_dict", "expected a dict"),
+])
+def test_check_traffic_prediction_catches(mistake, message):
+    def wrong(shape, cfg, rank):
+        out = dict(lab07_prediction.formula_traffic(shape, cfg, rank))
+        if mistake == "fused_qkv":
+            out["tp"] *= 4 / 6
+        if mistake == "pp_both_ways" and shape.pp > 1:
+            out["pp"] = 2 * 2 * (cfg.batch // (shape.dp * 2)) * cfg.seq * cfg.dim * 4
+        if mistake == "dp_gathers_twice":
+            out["dp"] *= 3 / 2
+        return list(out.values()) if mistake == "not_a_dict" else out
+    with pytest.raises(CheckFailed, match=message):
+        lab07.check_traffic_prediction(wrong)
+
+
+def test_check_mesh_placement(sol):
+    assert "cross nodes (budget 32768)" in lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"])
+    lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=5)            # (2, 4, 1): no TP
+
+
+def _tp_across_nodes(shape, per_node):
+    return torch.arange(shape.world_size).reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()
+
+
+def _dp_outermost(shape, per_node):       # Llama 3's order: here DP moves more than PP
+    return torch.arange(shape.world_size).reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()
+
+
+@pytest.mark.parametrize("place,message", [
+    (_tp_across_nodes, r"sent 196608 bytes on groups that span nodes \(tp 196608 bytes\); the budget is 32768"),
+    (_dp_outermost, r"\(dp 171008 bytes\); the budget is 32768"),
+    (lambda shape, per_node: [[[0, 1], [2, 3]], [[4, 5], [6, 6]]], "every rank 0..7 must appear exactly once"),
+    (lambda shape, per_node: [[0, 1, 2, 3], [4, 5, 6, 7]], r"a layout of shape \(2, 4\)"),
+])
+def test_check_mesh_placement_catches(place, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab07.check_mesh_placement(place, megatron_plan)
+
+
+def test_placement_text_names_its_sources():
+    text = " ".join(SOURCE.read_text().replace("# ", " ").split())
+    ratio = P.H100_16x8.intra_node_gbs / P.H100_16x8.inter_node_gbs
+    assert f"about {ratio:.0f} times slower per GPU on the H100 nodes of section 3 " \
+           f"({P.H100_16x8.inter_node_gbs:.0f} against {P.H100_16x8.intra_node_gbs:.0f} GB/s)" in text
+    groups = groups_of(megatron_layout(MESH_3D), 0)
+    assert groups == {"pp": (0, 4), "dp": (0, 2), "tp": (0, 1)}
+
+
+# ----------------------------------------------------------------------------- graded: each mistake its own test
+
+LAB = lab07.LAB
+POINTS = {"test_memory_per_gpu": 3, "test_choose_degrees": 3, "test_answers": 3, "test_tp_plan": 2,
+          "test_predict_traffic": 2, "test_place_mesh": 3}
+# {mistake: (the test it must lose, [(solution cell, old, new)])}
+MISTAKES = {
+    # Lab 4's fused qkv counted: four TP all-reduces per block and micro-batch instead of six
+    "fused_qkv": ("test_predict_traffic", [("predict_traffic", "m * blocks * 6 * 2", "m * blocks * 4 * 2")]),
+    # TP outermost: every TP pair split across the two nodes
+    "tp_across_nodes": ("test_place_mesh", [
+        ("place_mesh", "torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()",
+         "torch.arange(shape.world_size).reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()")]),
+    # Llama 3's order, DP outermost: TP stays inside a node, but DP sends more than PP here
+    "dp_across_nodes": ("test_place_mesh", [
+        ("place_mesh", "torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()",
+         "torch.arange(shape.world_size).reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()")]),
+}
+SAMPLE_KINDS = ()
+
+
+def own_graded_samples() -> dict:
+    """{(student, lab): notebook}: the solution, the untouched lab and each planted mistake."""
+    import submissions
+    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
+            **{(f"mistake_{name}", LAB): submissions.edited_cells(LAB, edits)
+               for name, (_, edits) in MISTAKES.items()}}
+
+
+@pytest.fixture(scope="module")
+def graded(graded_samples):
+    return {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(5400)
+def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(graded):
+    assert {t: graded["solution"][t] for t in POINTS} == dict.fromkeys(POINTS, "pass")
+    assert float(graded["untouched"]["score"]) == 0
+    assert all(graded["untouched"][t] not in ("pass", "missing", "") for t in POINTS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(5400)
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_grader_takes_each_mistake_off_its_own_test_only(graded, mistake):
+    own, row = MISTAKES[mistake][0], graded[f"mistake_{mistake}"]
+    assert {t: row[t] for t in POINTS} == {t: "fail" if t == own else "pass" for t in POINTS}
+    assert float(row["score"]) == float(graded["solution"]["score"]) - POINTS[own]

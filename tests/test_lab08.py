@@ -15,6 +15,8 @@ import torch
 
 from distlab.checks import lab08, lab08_patterns
 from distlab.checks.assertions import CheckFailed
+from distlab.course import solutions
+from distlab.checks.lab08_prediction import SCHEMES, formula_step_bytes
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
                                   block_profile, free_storage, padded_flat, saved_bytes,
                                   storage_bytes)
@@ -29,27 +31,15 @@ SOURCE = Path(__file__).resolve().parents[1] / \
 EXERCISES = {"zero2": ("Zero2AdamW", lab08.check_zero2_step),
              "zero3": ("Zero3Block", lab08.check_zero3_block),
              "prefetch": ("PrefetchingZero3", lab08.check_prefetch),
-             "checkpoints": ("choose_checkpoints", lab08.check_choose_checkpoints)}
+             "prediction": ("predict_step_bytes", lab08.check_step_bytes),
+             "checkpoints": ("choose_checkpoints", lab08.check_choose_checkpoints),
+             "design": ("design", lab08.check_design)}
+ONE_PROCESS = ("prediction", "checkpoints")   # checks that take no world size
 
 
 def solution_namespace(edits: list[tuple[str, str, str]] = ()) -> dict:
-    """Execute the lab's imports cell and its solution cells, each edit (grade_id, old, new)
-    applied once to its cell."""
-    import jupytext
-    nb = jupytext.read(SOURCE, fmt="py:percent")
-    ns: dict = {"__name__": "lab08_solution"}
-    pending = list(edits)
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            code = cell.source
-            for edit in list(pending):
-                if edit[0] == meta["grade_id"] and edit[1] in code:
-                    code = code.replace(edit[1], edit[2], 1)
-                    pending.remove(edit)
-            exec(compile(code, str(SOURCE), "exec"), ns)
-    assert not pending, f"edits that did not apply (the solution changed): {pending}"
-    return ns
+    """The solution cells and the imports, run, each planted edit (grade_id, old, new) applied."""
+    return solutions.solution_namespace(LAB, edits)
 
 
 def table_cells(text: str) -> list[list[str]]:
@@ -62,7 +52,7 @@ def failing_exercises(ns: dict) -> dict[str, str]:
     failed = {}
     for name, (obj, check) in EXERCISES.items():
         try:
-            check(ns[obj]) if name == "checkpoints" else check(ns[obj], world_size=2)
+            check(ns[obj]) if name in ONE_PROCESS else check(ns[obj], world_size=2)
         except CheckFailed as err:
             failed[name] = str(err)
     return failed
@@ -146,8 +136,9 @@ def solution():
 
 
 def test_memory_and_volume_measured_match_the_computed(solution):
+    # hidden 63: 4,127 parameters per block, which 2 ranks do not divide (the buckets pad)
     stages = measure_stages(solution["Zero2AdamW"], solution["Zero3Block"], world_size=2,
-                            setup=ShardSetup(d=32, hidden=64, blocks=3, dtype=torch.float32))
+                            setup=ShardSetup(d=32, hidden=63, blocks=3, dtype=torch.float32))
     # optimizer: AdamW's 4-byte step scalar per tensor it steps (at most 12 here) on top
     for row in stage_table(stages):
         for term, computed in row["computed"].items():
@@ -156,7 +147,10 @@ def test_memory_and_volume_measured_match_the_computed(solution):
     # the lab's text: the optimizer column is 12/W for stages 1 and 2 (AdamW's two moments and the
     # fp32 shard the local AdamW steps), 8/W for stage 3 (the shards are the parameters), 8 at 0
     assert [computed_stage_bytes(s, 100, 4)["optimizer"] for s in range(4)] == [800, 300, 300, 200]
-    assert [r["psi"] for r in volume_rows(stages)] == [2.0, 2.0, 2.0, 3.0]
+    assert [round(r["psi"], 2) for r in volume_rows(stages)] == [2.0, 2.0, 2.0, 3.0]
+    # the prediction exercise's formula is the measured volume, padding included
+    assert [r["bytes"] for r in volume_rows(stages)] == [
+        formula_step_bytes(scheme, stages["block_numels"], 2, 4) for scheme in SCHEMES]
     caption, header, rule, *lines = table_cells(format_stage_memory(stages))
     assert header == ["stage", "weights", "gradients", "optimizer", "activations"]
     assert lines == [[STAGE_NAMES[r["stage"]]]
@@ -224,6 +218,8 @@ def test_solution_passes_every_check(solution):
     lab08.check_zero3_block(solution["Zero3Block"], world_size=4, seed=12, hidden=22, blocks=5)
     lab08.check_prefetch(solution["PrefetchingZero3"], world_size=4, seed=13, hidden=21)
     lab08.check_choose_checkpoints(solution["choose_checkpoints"], seed=14, fraction=0.4)
+    lab08.check_step_bytes(solution["predict_step_bytes"], seed=15)
+    lab08.check_design(solution["design"], world_size=4, seed=16)
     assert failing_exercises(solution) == {}
 
 
@@ -244,6 +240,11 @@ MISTAKES = {
                  "after block 0's forward had ended"),
     "checkpoints": ([("choose_checkpoints", 'b["checkpointed_bytes"] if c else', "0 if c else")],
                     "over the budget"),
+    # ZeRO-3 counted like ZeRO-2: the backward gather forgotten
+    "prediction": ([("predict_step_bytes", '"ZeRO-3": 3}', '"ZeRO-3": 2}')], "the formula gives"),
+    # sharded but not checkpointed: the activations stay whole
+    "design": ([("design", "[checkpoint_wrapper(block) for block in model]", "list(model)")],
+               "over the budget"),
 }
 
 
@@ -366,6 +367,62 @@ def test_zero2_missing_average_fails_the_values():
         lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
 
 
+def test_greedy_choices_miss_the_least_recompute_on_the_labs_stack():
+    """Exercise 5's hint: every block saves the same bytes per recomputed FLOP, so the choice is
+    subset sum, and greedy rules (widest or narrowest first) overshoot at the visible budgets."""
+    from distlab.labs.sharded import best_checkpoint_choice, budget_of, recompute_flops
+    for fraction in lab08.VISIBLE_FRACTIONS:
+        problem = CheckpointProblem(fraction=fraction)
+        profile, budget = block_profile(problem), budget_of(problem)
+        ratios = {(b["saved_bytes"] - b["checkpointed_bytes"]) / b["recompute_flops"] for b in profile}
+        assert len(ratios) == 1
+        least = best_checkpoint_choice(problem, budget)[1]
+        for widest_first in (True, False):
+            choice = [False] * len(profile)
+            for b in sorted(profile, key=lambda b: b["hidden"], reverse=widest_first):
+                if saved_bytes(problem, choice) <= budget:
+                    break
+                choice[b["block"]] = True
+            assert saved_bytes(problem, choice) <= budget < sum(b["saved_bytes"] for b in profile)
+            assert recompute_flops(problem, choice) > least, (fraction, widest_first)
+
+
+def test_design_budget_lies_between_the_course_design_and_every_plain_design():
+    from distlab.checks.lab08_design import stored_design
+    from distlab.labs.sharded.budget import course_design, measure_peak
+    peaks, losses = stored_design()
+    assert peaks.course < peaks.budget < min(peaks.plain.values())
+    assert measure_peak(course_design, 2) == peaks.course        # the measurement repeats exactly
+    assert set(lab08.design_budget()) == {*peaks.plain, "budget"}
+
+
+def test_the_numbers_the_new_exercises_state_are_the_codes():
+    """Exercise 4 names its visible cases, exercise 6 its model: both as the code has them."""
+    from distlab.checks.lab08_prediction import VISIBLE
+    from distlab.labs.sharded.accounting import MEASURED_SETUP
+    from distlab.labs.sharded.budget import DESIGN_SETUP, DESIGN_STEPS
+    text = " ".join(line.lstrip("# ") for line in SOURCE.read_text().splitlines())
+    measured = [sum(p.numel() for p in b.parameters()) for b in MEASURED_SETUP.model()]
+    assert VISIBLE[0] == (tuple(measured), 2, 4) and VISIBLE[1][1:] == (4, 8)
+    assert f"4 blocks of {measured[0]:,} float32 parameters, W = 2" in text
+    assert f"3 blocks of {VISIBLE[1][0][0]} float64 parameters on 4 ranks" in text
+    numel = sum(p.numel() for p in DESIGN_SETUP.model().parameters())
+    d, h = DESIGN_SETUP.d, DESIGN_SETUP.hidden
+    assert f"{DESIGN_SETUP.blocks} MLP blocks {d} → {h} → {d}" in text
+    assert f"({numel:,} float64 parameters), a batch of {DESIGN_SETUP.batch} rows" in text
+    assert f"AdamW (lr {DESIGN_SETUP.lr:g}) for {DESIGN_STEPS} steps" in text
+
+
+def test_design_without_sharding_fails_the_budget_and_names_it():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def checkpointed_only(model, mesh):
+        return torch.nn.Sequential(*(checkpoint_wrapper(block) for block in model))
+    with pytest.raises(CheckFailed, match=r"rank \d held [\d,]+ bytes at its peak.*over the "
+                                          r"budget of [\d,]+ bytes per rank.*which of the two"):
+        lab08.check_design(checkpointed_only, world_size=2)
+
+
 def test_checkpointing_everything_is_not_the_least_recompute():
     with pytest.raises(CheckFailed, match="recomputes only"):
         lab08.check_choose_checkpoints(lambda profile, budget: [True] * len(profile))
@@ -375,17 +432,10 @@ def test_checkpointing_everything_is_not_the_least_recompute():
 
 LAB = lab08.LAB
 OWN_TEST = {"zero2": "test_zero2", "zero3": "test_zero3", "prefetch": "test_prefetch",
-            "checkpoints": "test_choose_checkpoints"}
-
-
-def _with_edits(edits):
-    import submissions
-    nb = submissions.solved(LAB)
-    for grade_id, old, new in edits:
-        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-        assert old in cell.source, (grade_id, old)
-        cell.source = cell.source.replace(old, new, 1)
-    return nb
+            "prediction": "test_predict_step_bytes", "checkpoints": "test_choose_checkpoints",
+            "design": "test_design"}
+POINTS = {"test_zero2": 3, "test_zero3": 3, "test_prefetch": 3, "test_predict_step_bytes": 2,
+          "test_choose_checkpoints": 3, "test_design": 3}
 
 
 # Of the suite's shared grading run (tests/conftest.py): this lab's solution and untouched
@@ -397,9 +447,9 @@ def own_graded_samples() -> dict:
     """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
     import submissions
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **{(f"mistake_{exercise}", LAB): _with_edits(edits)
+            **{(f"mistake_{exercise}", LAB): submissions.edited_cells(LAB, edits)
                for exercise, (edits, _) in MISTAKES.items()},
-            **{(f"mistake_{name}", LAB): _with_edits(edits)
+            **{(f"mistake_{name}", LAB): submissions.edited_cells(LAB, edits)
                for name, (_, edits) in GRADED_ONLY_MISTAKES.items()}}
 
 
@@ -421,7 +471,8 @@ def graded(graded_samples):
 def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(graded):
     tests = list(OWN_TEST.values())
     assert {t: graded["solution"][t] for t in tests} == dict.fromkeys(tests, "pass")
-    assert float(graded["solution"]["score"]) == float(graded["solution"]["max_score"]) == 12
+    assert float(graded["solution"]["score"]) == float(graded["solution"]["max_score"]) == \
+        sum(POINTS.values())
     assert float(graded["untouched"]["score"]) == 0
     assert all(graded["untouched"][t] not in ("pass", "missing", "") for t in tests)
 
@@ -435,7 +486,7 @@ def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
     statuses = {t: row[t] for t in OWN_TEST.values()}
     expected = {t: ("fail" if t == own else "pass") for t in OWN_TEST.values()}
     assert statuses == expected
-    assert float(row["score"]) == 9
+    assert float(row["score"]) == sum(POINTS.values()) - POINTS[own]
 
 
 def test_the_student_version_imports_only_what_it_uses():

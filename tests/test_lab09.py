@@ -14,6 +14,7 @@ import torch
 
 from distlab.checks import lab09
 from distlab.checks.assertions import CheckFailed
+from distlab.course import solutions
 from distlab.labs import experts
 
 LAB = "09_expert_parallel"
@@ -50,30 +51,27 @@ MISTAKES = [
     ("aux_loss_without_E", "aux_loss",
      "return num_experts * (f * probs.mean(0)).sum()",
      "return (f * probs.mean(0)).sum()", "test_aux_loss"),
+    ("padded_bytes_without_ceil", "predict_all_to_all_bytes",
+     "capacity = math.ceil(capacity_factor * tokens * k / experts)",
+     "capacity = capacity_factor * tokens * k / experts", "test_predict_all_to_all_bytes"),
+    ("padded_still_exchanges_counts", "padded_moe_forward",
+     "    send = x.new_zeros(",
+     "    counts = torch.bincount(idx[t, j], minlength=num_experts)     # sizes the padding makes moot\n"
+     "    dist.all_to_all_single(torch.empty_like(counts), counts, group=group)\n"
+     "    send = x.new_zeros(", "test_padded_moe"),
+    ("padded_last_come_first_served", "padded_moe_forward",
+     "(onehot.cumsum(0) * onehot)", "(onehot.flip(0).cumsum(0).flip(0) * onehot)",
+     "test_padded_moe"),
 ]
 
 
 def solution_namespace(edit: tuple[str, str, str] | None = None) -> dict:
-    """Execute the lab's imports cell and its solution cells (optionally with one edit in the
-    cell ``edit[0]``: ``edit[1]`` replaced by ``edit[2]``)."""
-    import jupytext
-    nb = jupytext.read(SOURCE, fmt="py:percent")
-    ns: dict = {"__name__": "lab09_solution"}
-    applied = edit is None
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            code = cell.source
-            if edit and meta.get("grade_id") == edit[0]:
-                assert edit[1] in code, f"the edit did not apply: {edit[1]!r} is not in {edit[0]}"
-                code, applied = code.replace(edit[1], edit[2], 1), True
-            exec(compile(code, str(SOURCE), "exec"), ns)
-    assert applied
-    return ns
+    """The solution cells and the imports, run, with one planted edit (grade_id, old, new)."""
+    return solutions.solution_namespace(LAB, [edit] if edit else [])
 
 
 def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) -> dict[str, str]:
-    """{test id: "pass" or the failure message} for the four graded checks."""
+    """{test id: "pass" or the failure message} for the six graded checks."""
     calls = {
         "test_dispatch": lambda: lab09.check_dispatch(ns["dispatch"], world_size, seed, **sizes),
         "test_moe_layer": lambda: lab09.check_moe_layer(ns["moe_forward"], world_size, seed, **sizes),
@@ -81,6 +79,10 @@ def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) 
                                                       world_size, seed, **sizes),
         "test_aux_loss": lambda: lab09.check_aux_loss(ns["load_balancing_loss"], world_size, seed,
                                                       **sizes),
+        "test_predict_all_to_all_bytes": lambda: lab09.check_predicted_bytes(
+            ns["predict_all_to_all_bytes"], seed),
+        "test_padded_moe": lambda: lab09.check_padded_moe(ns["padded_moe_forward"], world_size,
+                                                          seed, **sizes),
     }
     out = {}
     for name, call in calls.items():
@@ -214,8 +216,54 @@ def test_a_rank_traceback_shows_the_students_frames_only():
     assert "distlab/runtime" not in message and "distlab/checks" not in message
 
 
+def test_a_padded_layer_that_still_exchanges_counts_is_told_why():
+    ns = solution_namespace(MISTAKES[6][1:4])
+    with pytest.raises(CheckFailed, match=r"rank 0: 1 call of integer collectives \(a count or "
+                                          r"size exchange\).*expected 0\. Padding to the capacity"):
+        lab09.check_padded_moe(ns["padded_moe_forward"])
+
+
+def test_a_padded_layer_that_drops_the_wrong_tokens_is_told_the_order():
+    ns = solution_namespace(MISTAKES[7][1:4])
+    with pytest.raises(CheckFailed, match=r"(?s)padded_moe_forward: keep on .*first come first served"):
+        lab09.check_padded_moe(ns["padded_moe_forward"])
+
+
+def test_a_padded_all_to_all_of_another_size_names_the_budget():
+    """Padding to the largest queue (a size the ranks could only agree on by talking) is not the
+    fixed size: the check says which it expected."""
+    ns = solution_namespace(("padded_moe_forward", "    cap = math.ceil(capacity_factor * tokens * k / num_experts)",
+                             "    cap = math.ceil(capacity_factor * tokens * k / num_experts) + 1"))
+    with pytest.raises(CheckFailed, match=r"moved 896 bytes; expected 768 \(E·C·h·4"):
+        lab09.check_padded_moe(ns["padded_moe_forward"])
+
+
 # ---------------------------------------------------------------------------------------------
 # The references and the numbers the lab states
+
+def test_prediction_formulas_and_their_stored_values():
+    from distlab.checks.lab09_prediction import KEYS, _a2a_bytes, a2a_cases
+    # T=10, h=6, E=8, k=2, p=4, c=1.25: C = ceil(3.125) = 4 slots; 8·4 rows of 6 floats
+    assert _a2a_bytes(10, 6, 8, 2, 4, 1.25) == {"dropless": 480, "padded": 768,
+                                               "padded_off_rank": 576}
+    # the lab's table: at c = 1.0 with E dividing T·k, the padded message is the dropless one
+    assert _a2a_bytes(64, 32, 4, 2, 2, 1.0)["padded"] == _a2a_bytes(64, 32, 4, 2, 2, 1.0)["dropless"]
+    stored = lab09.make_references()["prediction"]["bytes"].tolist()
+    assert stored == [[_a2a_bytes(*c)[key] for key in KEYS] for c in a2a_cases(None)]
+
+
+def test_padded_table_measures_what_the_prediction_says():
+    """The table after Exercise 5: the records hold the predicted sizes; at c = 1.0 the lab's
+    routing drops some assignments, at c = 2.0 none (what the text after it says)."""
+    ns = solution_namespace()
+    traffic = experts.measure_traffic(ns["moe_forward"])
+    rows = experts.padded_traffic(ns["padded_moe_forward"], ns["predict_all_to_all_bytes"], traffic)
+    assert rows[0]["measured"] == str([rows[0]["your prediction"]] * 2)
+    for row in rows[1:]:
+        assert row["measured"] == str([row["your prediction"]])
+    assert rows[1]["your prediction"] == rows[0]["your prediction"]
+    assert rows[1]["dropped, per rank"] != str(["0%", "0%"])
+    assert rows[-1]["dropped, per rank"] == str(["0%", "0%"])
 
 def test_references_are_the_plain_layer():
     ref = lab09.make_references()["moe"]
@@ -311,7 +359,8 @@ def test_timeline_shows_both_all_to_alls_and_the_experts_on_every_rank(capfd):
 # Of the suite's shared grading run (tests/conftest.py): this lab's solution and untouched
 # version, and each mistake, graded beside every other sample.
 SAMPLE_KINDS = ()
-GRADED_TESTS = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"]
+GRADED_TESTS = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss",
+                "test_predict_all_to_all_bytes", "test_padded_moe"]
 
 
 def own_graded_samples() -> dict:
@@ -339,7 +388,7 @@ def test_grader_scores_lab9(graded_samples):
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
-    assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 11
+    assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 15
     assert float(rows["untouched"]["score"]) == 0
 
 
@@ -362,8 +411,14 @@ def test_visible_checks_and_figures_read_stored_outputs(monkeypatch):
         raise NotImplementedError("withheld")
     for name in ("reference_keep", "reference_capacity", "reference_aux_loss"):
         monkeypatch.setattr(lab09, name, withheld)
+    from distlab.checks import lab09_design, lab09_prediction
+    for module, name in ((lab09_design, "padded_reference"), (lab09_design, "reference_keep"),
+                         (lab09_design, "combine_reference"), (lab09_prediction, "_a2a_bytes")):
+        monkeypatch.setattr(module, name, withheld)
     lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"])
     lab09.check_aux_loss(ns["load_balancing_loss"])
+    lab09.check_predicted_bytes(ns["predict_all_to_all_bytes"])
+    lab09.check_padded_moe(ns["padded_moe_forward"])
     with pytest.raises(CheckFailed, match="stored references are for capacity factor 1.0"):
         lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"], capacity_factor=1.5)
     monkeypatch.undo()

@@ -98,12 +98,17 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                 + names("distlab.labs.planning.degrees", "reference_choose_degrees",
                         "valid_layouts")
                 + names("distlab.labs.mesh", "megatron_plan")
-                + names(f"{TP}.dtensor", "dtensor_plan"))
+                + names(f"{TP}.dtensor", "dtensor_plan")
+                + names("distlab.labs.mesh_traffic", "megatron_layout")
+                + names("distlab.checks.lab07_prediction", "formula_traffic", "_stage_elements")
+                + names("distlab.checks.lab07_design", "_budget"))
 LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_training")
                 + BASELINE
                 + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")
                 + names("distlab.labs.sharded.accounting", "CourseZero1")
-                + names("distlab.checks.lab08", "_reference"))
+                + names("distlab.checks.lab08", "_reference")
+                + names("distlab.checks.lab08_prediction", "formula_step_bytes")
+                + names("distlab.labs.sharded.budget", "course_design"))
 EXPERTS = "distlab.labs.experts"
 LAB9_SHIPPED = (names(f"{EXPERTS}.parallel", "plan_dispatch", "AllToAll", "run_local_experts",
                       "ep_moe_forward")

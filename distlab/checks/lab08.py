@@ -7,8 +7,12 @@ references for the visible tests (seed 0), computed afresh for hidden ones (any 
 depth and world size). The checks then read *how* it was done: the collective record
 (``out.comms``: ops, counts, bytes, start and end times) and bytes measured on the ranks (the
 gradients a rank holds after backward; the storages behind the blocks' parameters while they
-compute). Exercise 4 calls the student's choice of checkpointed blocks and measures the stack's
-saved activations with that choice against the budget and against every other choice.
+compute). Exercise 4, the graded prediction, compares the student's bytes per step with the ZeRO
+paper's count (``lab08_prediction``). Exercise 5 calls the student's choice of checkpointed
+blocks and measures the stack's saved activations with that choice against the budget and
+against every other choice. Exercise 6, the open design, trains the student's ``fully_shard`` and
+checkpointing design on real ranks and measures each rank's peak live bytes against a measured
+budget and the losses against one process (``lab08_design``).
 
 Tolerances: float64 throughout, as in Lab 2 (the ranks' sums run in another order than the full
 batch's: 1e-12 apart after 3 steps; a missing 1/W shows at 1e-7 in the parameters and at once in
@@ -74,6 +78,10 @@ def make_references() -> dict:
         _, flops = best_checkpoint_choice(problem, budget)
         sets[_budget_set(fraction)] = {"seed": problem.seed, "budget": torch.tensor(budget),
                                        "least_recompute_flops": torch.tensor(flops)}
+    from distlab.checks.lab08_design import design_budget_set
+    from distlab.checks.lab08_prediction import prediction_set
+    sets["prediction"] = prediction_set()
+    sets["design_budget"] = design_budget_set()
     return sets
 
 
@@ -292,7 +300,7 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 4: checkpointing under a budget
+# Exercise 5: checkpointing under a budget
 
 def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0.5,
                              blocks: int = 6) -> None:
@@ -330,9 +338,38 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
             f"choice (there are 2^{n}) or solve the knapsack exactly.")
 
 
+# ---------------------------------------------------------------------------------------------
+# The prediction and the open design exercise (lab08_prediction, lab08_design)
+
+def check_step_bytes(predict, *, seed: int | None = None) -> None:
+    """``predict(scheme, block_numels, world_size, itemsize)``: the bytes one rank's collectives
+    move per step (all-reduce 2x, all-gather and reduce-scatter 1x their buffer), against the
+    ZeRO paper's count with the flat layout's padding (``lab08_prediction``)."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab08_prediction import grade_step_bytes
+    grade_step_bytes(predict, seed=seed)
+
+
+def check_design(design, *, world_size: int = 2, seed: int | None = None) -> None:
+    """``design(model, mesh) -> model``: trained on real ranks, every rank's peak live bytes
+    within the measured budget and the losses equal to one process's (``lab08_design``)."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab08_design import grade_design
+    grade_design(design, _run, world_size=world_size, seed=seed)
+
+
+def design_budget() -> dict:
+    """The design exercise's visible case as stored: per design its peak bytes per rank (2
+    ranks), and the budget."""
+    from distlab.checks.lab08_design import stored_design
+    peaks, _ = stored_design()
+    return {**peaks.plain, "budget": peaks.budget}
+
+
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB8_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys(["check_zero2_step", "check_zero3_block", "check_prefetch",
-                             "check_choose_checkpoints"], CourseCode(forbidden=LAB8_SHIPPED))
+                             "check_choose_checkpoints", "check_step_bytes", "check_design"],
+                            CourseCode(forbidden=LAB8_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

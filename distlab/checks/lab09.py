@@ -9,7 +9,10 @@ experts [r E/p, (r+1) E/p) of one MoE layer (``distlab.labs.experts.moe``):
    reverses both all-to-alls.
 3. ``expert_capacity(tokens, k, num_experts, capacity_factor)`` and ``capacity_mask(expert_idx,
    num_experts, capacity_factor)`` -> ``(keep, dropped_fraction)`` (Switch Transformer §2.2, eq. 3).
-4. ``load_balancing_loss(probs, expert_idx, num_experts)``: Switch Transformer §2.2, eq. (4).
+4. ``predict_all_to_all_bytes(...)``: the graded prediction (``lab09_prediction``).
+5. ``padded_moe_forward(...)``: the open design exercise, a capacity-padded fixed-size
+   all-to-all with no count exchange (``lab09_design``).
+6. ``load_balancing_loss(probs, expert_idx, num_experts)``: Switch Transformer §2.2, eq. (4).
 
 The reference is the plain single-process layer on all p T tokens. Tolerance: atol = rtol = 1e-4
 in float32: the ranks compute the same products on the same rows, in other batch groupings (about
@@ -19,38 +22,37 @@ from __future__ import annotations
 
 import torch
 
-from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
 from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch, mine,  # noqa: F401
                                            moe_case, moe_problem, moe_shape)
-from distlab.checks.rank_failures import ranks_failed
-from distlab.checks.ranks import run_each_backend
+from distlab.checks.lab09_ranks import (ATOL, MISSING_HINT, RTOL, SIZE_MISMATCH,  # noqa: F401
+                                        SPLITS_HINT, _close, _run, failure_hint)
 from distlab.labs.experts.moe import (MoE, reference_aux_loss, reference_capacity,
                                       reference_keep)
-from distlab.runtime.outcome import DistributedError
 
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
-ATOL = RTOL = 1e-4
 GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
            "gather", "broadcast", "all_reduce"}
 TOKEN_OPS = {"all_to_all_single", "all_to_all"}
-SPLITS_HINT = ("The token all-to-all failed: the sizes one rank sends must be the sizes its peer "
-               "expects. Rank r's output_split_sizes are the counts every *source* rank sends "
-               "it (what the count exchange returned), its input_split_sizes its own counts "
-               "per destination.")
 
 
 def make_references() -> dict[str, dict]:
     """The stored reference sets of Lab 9 (see ``distlab.course.references``): the problem
     (default sizes, 2 ranks), its capacity masks and aux losses (a handout has no reference_*:
-    visible tests read these), and the plain layer's outputs the lab's figures show."""
+    visible tests read these), the plain layer's outputs the lab's figures show, the
+    prediction's bytes and the padded layer's references (``lab09_prediction``, ``lab09_design``)."""
+    from distlab.checks.lab09_design import padded_set
+    from distlab.checks.lab09_prediction import a2a_bytes_set
     moe = moe_problem(SEED, 2, **SHAPE)
     return {"moe": moe,
             "capacity": {"seed": SEED, **_capacity_reference(moe, 2, SHAPE["experts"],
                                                              STORED_FACTOR)},
             "aux_loss": {"seed": SEED, **_aux_reference(moe, 2, SHAPE["experts"], SHAPE["k"])},
-            "demos": {"seed": 0, **demo_references()}}
+            "demos": {"seed": 0, **demo_references()},
+            "prediction": a2a_bytes_set(),
+            "padded": padded_set(moe, 2, SHAPE["experts"], SHAPE["k"])}
 
 
 def demo_references() -> dict:
@@ -63,40 +65,6 @@ def demo_references() -> dict:
     step = plain_step(**EP_DP)
     return {"routing_y": routing_output(**ROUTING), "traffic_y": plain_output(**TRAFFIC),
             **{f"ep_dp_{key}": value for key, value in step.items()}}
-
-
-def _close(got, expected, what: str, rank, hint: str = "") -> None:
-    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
-
-
-MISSING_HINT = ("A rank left out an all-to-all the others called. Every rank joins every "
-                "all-to-all, forward and backward, even one whose experts got no token (its "
-                "splits are zeros): run each local expert on its rows even when there are none, "
-                "so that the combine's output depends on the dispatch on every rank and autograd "
-                "runs both backward all-to-alls everywhere.")
-SIZE_MISMATCH = ("doesn't match", "does not match", "mismatch", "Split sizes", "SIGABRT")
-
-
-def failure_hint(text: str) -> str:
-    """The hint that applies to ranks that failed with ``text``: a token all-to-all whose sizes
-    disagreed (``SPLITS_HINT``), or one a rank never called (``MISSING_HINT``); else none."""
-    if "all_to_all" not in text:
-        return ""
-    if "without calling it" in text:
-        return MISSING_HINT
-    if any(mark in text for mark in SIZE_MISMATCH):
-        return SPLITS_HINT
-    return ""
-
-
-def _run(fn, world_size: int, what: str, *args):
-    """``run_each_backend``, with a collective that broke the ranks turned into a failed check
-    (tracebacks cut to the student's frames, and the hint that applies)."""
-    __tracebackhide__ = True  # noqa: F841
-    try:
-        return run_each_backend(fn, world_size, *args)
-    except DistributedError as err:
-        raise ranks_failed(what, err, failure_hint(str(err))) from None
 
 
 def _is_float(c) -> bool:
@@ -355,9 +323,32 @@ def _aux_reference(ref: dict, world_size: int, experts: int, k: int) -> dict:
     return {"loss": torch.stack(losses), "grad": torch.cat(grads)}
 
 
+# ---------------------------------------------------------------------------------------------
+# Exercise 5 (prediction) and Exercise 6 (open design): the capacity-padded all-to-all
+
+def check_predicted_bytes(predict_all_to_all_bytes, seed: int | None = None) -> None:
+    """``predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor)``: the
+    bytes of one dispatch all-to-all, dropless and padded, by the formulas (``lab09_prediction``)."""
+    from distlab.checks.lab09_prediction import grade_a2a_bytes
+    grade_a2a_bytes(predict_all_to_all_bytes, seed)
+
+
+def check_padded_moe(padded_moe_forward, world_size: int = 2, seed: int | None = None, tokens=12,
+                     hidden=8, ffn=16, experts=4, k=2, capacity_factor=1.0) -> None:
+    """The open design exercise: dispatch and combine by one fixed-size all-to-all each, no count
+    exchange; the capacity reference's drops and outputs (``lab09_design``)."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab09_design import grade_padded
+    grade_padded(padded_moe_forward, world_size, seed, tokens, hidden, ffn, experts, k,
+                 capacity_factor)
+
+
 # The course code these exercises may not use (see distlab.checks.course_code).
-from distlab.checks.course_code import LAB9_SHIPPED, CourseCode  # noqa: E402
+from distlab.checks.course_code import LAB9_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys(["check_dispatch", "check_moe_layer", "check_capacity",
-                             "check_aux_loss"], CourseCode(forbidden=LAB9_SHIPPED))
+                             "check_aux_loss", "check_predicted_bytes", "check_padded_moe"],
+                            CourseCode(forbidden=LAB9_SHIPPED
+                                       + names("distlab.checks.lab09_prediction", "_a2a_bytes")
+                                       + names("distlab.checks.lab09_design", "padded_reference")))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

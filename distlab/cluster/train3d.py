@@ -24,20 +24,19 @@ import time
 
 from distlab.cluster.group import SettingsError, choose_backend, guarded, launch, placement, \
     printer
-from distlab.cluster.traffic import FunctionalCollectives, axis_groups, per_axis
+from distlab.cluster.traffic import axis_groups, per_axis
 from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshRun, MeshShape, TinyConfig,
-                               check_batch_fits, megatron_plan, reference_losses, train_on_mesh)
+                               check_batch_fits, megatron_plan, reference_losses)
+from distlab.labs.mesh_traffic import traced_mesh_rank
 
 AXES = ("pp", "dp", "tp")
 
 
 def train_rank(rank: int, world_size: int, shape: MeshShape, cfg: TinyConfig, seed: int) -> dict:
-    """Rank body: Lab 7's ``train_on_mesh`` with the Megatron plan, DTensor's collectives counted;
-    the collective record (``out.comms``) holds the rest."""
-    seen = FunctionalCollectives()
-    with seen:
-        result = train_on_mesh(rank, world_size, shape, megatron_plan, cfg, seed)
-    result["functional"] = seen.calls
+    """Rank body: Lab 7's traced mesh run with the Megatron plan (DTensor's collectives counted,
+    as (group, op, bytes)); the collective record (``out.comms``) holds the rest."""
+    result = traced_mesh_rank(rank, world_size, shape, None, cfg, seed)
+    result["functional"] = [(ranks, op, nbytes) for _, ranks, op, nbytes in result["functional"]]
     return result
 
 

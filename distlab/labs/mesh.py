@@ -1,10 +1,11 @@
 """A small transformer trained on a 3D device mesh (PP x DP x TP), compared step by step with
 the same model trained in one process. Lab 7.
 
-The mesh is ``init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))``: TP is
-the innermost dimension, so a TP group is ``tp`` consecutive ranks (on a real cluster: GPUs of one
-node, on NVLink), then DP, then PP outermost. Rank r sits at
-``(r // (dp*tp), (r // tp) % dp, r % tp)``.
+The mesh is ``init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))``'s: TP
+is the innermost dimension, so a TP group is ``tp`` consecutive ranks (on a real cluster: GPUs of
+one node, on NVLink), then DP, then PP outermost. Rank r sits at
+``(r // (dp*tp), (r // tp) % dp, r % tp)``. ``train_on_mesh(..., layout=...)`` places the
+coordinates on the ranks any other way (Lab 7's design exercise).
 
 Each axis is PyTorch's own tool:
   tp: ``parallelize_module(block, mesh["tp"], plan)`` with a plan dict of ColwiseParallel /
@@ -211,22 +212,28 @@ def _local_elements(stage: Stage) -> int:
 
 
 def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: TinyConfig,
-                  seed: int) -> dict:
+                  seed: int, layout=None) -> dict:
     """Train ``cfg.steps`` steps on this rank's part of the PP x DP x TP mesh.
 
+    ``layout``: the global rank at each (pp, dp, tp) coordinate, nested lists of shape
+    (pp, dp, tp); None lays ranks out row-major (``init_device_mesh``: TP innermost).
     Returns {"coords", "placements" (block linears after TP, before FSDP), "elements" (parameter
     elements this rank stores), "losses" ((steps,) global-batch mean loss on the last stage, else
-    None), "step_seconds" (wall time of each step on this rank; the first includes set-up)}.
+    None), "step_seconds" (wall time of each step on this rank; the first includes set-up),
+    "step_windows" ((start, end) ``time.perf_counter()`` of each step, the clock of the
+    collective record)}.
     """
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     if world_size != shape.world_size:
         raise ValueError(f"{shape} needs {shape.world_size} ranks, got {world_size}")
     device = rank_device()
-    mesh = init_device_mesh(device.type, (shape.pp, shape.dp, shape.tp), mesh_dim_names=("pp", "dp", "tp"))
-    pp_i, dp_i, _ = shape.coords(rank)
+    grid = torch.arange(world_size).reshape(shape.pp, shape.dp, shape.tp) if layout is None \
+        else torch.tensor(layout, dtype=torch.int64)                     # (pp, dp, tp) -> rank
+    mesh = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "dp", "tp"))
+    pp_i, dp_i, tp_i = (int(i) for i in (grid == rank).nonzero()[0])
 
     stage = split_stage(build_model(cfg, seed), shape.pp, pp_i).to(device)
     plan = plan_fn()
@@ -242,19 +249,20 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     run_step = _pipeline_step(stage, shape, pp_i, mesh, device) if shape.pp > 1 \
         else _plain_step(stage)
 
-    losses, times = [], []
+    losses, windows = [], []
     for step in range(cfg.steps):
         start = time.perf_counter()
         opt.zero_grad()
         loss = run_step(tokens[step, rows].to(device), targets[step, rows].to(device))
         opt.step()
-        times.append(time.perf_counter() - start)
+        windows.append((start, time.perf_counter()))
         if loss is not None:                                 # the mean over DP replicas
             loss = loss.detach().clone()
             dist.all_reduce(loss, group=mesh["dp"].get_group())
             losses.append(loss / shape.dp)
-    return {"coords": shape.coords(rank), "placements": placements,
-            "elements": _local_elements(stage), "step_seconds": times,
+    return {"coords": (pp_i, dp_i, tp_i), "placements": placements,
+            "elements": _local_elements(stage), "step_windows": windows,
+            "step_seconds": [end - start for start, end in windows],
             "losses": torch.stack(losses).cpu() if losses else None}
 
 

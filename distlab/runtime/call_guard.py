@@ -96,10 +96,20 @@ def _functions_of(obj) -> list:
                     value.__qualname__.startswith(obj.__qualname__ + "."):   # nested, not a
                 found += _functions_of(value)                                # reference to a class
             elif hasattr(value, "__code__"):
-                found.append(value)
+                found.append(_undecorated(value))
         return found
-    obj = getattr(obj, "__func__", obj)
+    obj = _undecorated(getattr(obj, "__func__", obj))
     return [obj] if hasattr(obj, "__code__") else []
+
+
+def _undecorated(f):
+    """The function a decorator wraps (``functools.wraps``' ``__wrapped__``): its code is the
+    object's own. A decorator's wrapper code is shared by everything it decorates (every
+    ``@torch.no_grad()`` method runs torch's one ``decorate_context``), so guarding it would flag
+    library calls that merely share the decorator."""
+    while getattr(f, "__wrapped__", None) is not None:
+        f = f.__wrapped__
+    return f
 
 
 def guarded_codes(guard: Guard) -> dict:

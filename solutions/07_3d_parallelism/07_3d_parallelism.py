@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "Memory per GPU, choosing TP, PP and DP degrees for a real cluster, and real DP x TP and PP x TP x DP runs on a device mesh."
+#     summary: "Memory per GPU, choosing TP, PP and DP degrees for a real cluster, real DP x TP and PP x TP x DP runs on a device mesh, their traffic per axis, and placing the mesh on nodes."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -26,6 +26,9 @@
 # 4. **A real run on a device mesh**: a small transformer trained with DP x TP on 4 ranks and
 #    PP x DP x TP on 8 ranks with PyTorch's own tools (DeviceMesh, DTensor, FSDP2,
 #    `torch.distributed.pipelining`), losses equal to one process (exercise 4).
+# 5. **Its traffic, predicted then measured**: the bytes each axis of that run sends per step
+#    (exercise 5), and **where the mesh sits on nodes**, an open design graded by the bytes that
+#    cross the network (exercise 6).
 #
 # Notation (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
 # Using Megatron-LM", the *PTD-P* paper): `t, p, d` the TP, PP and DP degrees, `n = t·p·d` GPUs;
@@ -40,8 +43,10 @@ from distlab.labs import planning
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab07 import (HIDDEN_MESH, JOB_70B, check_405b_answer, check_70b_plan,
                                   check_choose_degrees, check_layout_numbers, check_memory_per_gpu,
-                                  check_tp_plan)
-from distlab.labs.mesh import MeshShape, run_mesh
+                                  check_mesh_placement, check_tp_plan, check_traffic_prediction)
+from distlab.checks.lab07_design import placement_budget
+from distlab.labs.mesh import MeshShape, TinyConfig, run_mesh
+from distlab.labs.mesh_traffic import predicted_traffic_table, traced_run
 from distlab.labs.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
                                    LLAMA3_405B_CLUSTER, LLAMA3_405B_JOB, LLAMA3_405B_PUBLISHED,
                                    TERMS, Cluster, Job, Model, ParallelConfig,
@@ -150,24 +155,49 @@ for model in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B):
 # %% [markdown]
 # ## 2. Exercise 1 — memory per GPU, term by term (3 points)
 #
-# Write `memory_per_gpu(model, cfg)` returning a dict with the six terms of `TERMS`
-# (`weights, gradients, master_weights, adam_m, adam_v, activations`) and their `total`, in bytes
-# per GPU on the heaviest pipeline stage. `cfg` is a `ParallelConfig(tp, pp, dp, job)`; `cfg.job`
-# carries `seq_len, global_batch, micro_batch, zero_stage (0-3), recompute ("none", "selective",
+# **Build** `memory_per_gpu(model, cfg)`: what one GPU holds to train `model` with the layout
+# `cfg`, term by term, on its heaviest pipeline stage.
+#
+# **Contract.** Input: a `Model` and a `ParallelConfig(tp, pp, dp, job)`; `cfg.job` carries
+# `seq_len, global_batch, micro_batch, zero_stage (0-3), recompute ("none", "selective",
 # "full"), sequence_parallel, grad_bytes, weight_bytes, zero_accumulation ("regather",
-# "resident")`; `cfg.microbatches` is `m`. The conventions, all from section 1:
+# "resident")`, and `cfg.microbatches` is `m`. Output: a dict with the six terms of `TERMS`
+# (`weights, gradients, master_weights, adam_m, adam_v, activations`) and their `total`, in
+# bytes. The check compares every term with section 1's count to a relative 1e-9, on 12 stored
+# random models and layouts (hidden: 40 fresh ones), with these conventions:
 #
 # - `φ = (⌈L/p⌉·N_layer + V·h)/t` on both the first stage (embedding) and the last (output head);
-#   with `p = 1` the one stage holds both, `2·V·h`.
-# - ZeRO divides as in the table; under ZeRO-3 that shards (`d > 1`), add two gathered layers,
-#   `weight_bytes · 2·N_layer/t`. With `m > 1` and `"resident"`, ZeRO-2/3 keep full gradients
-#   and ZeRO-3 full weights (no `1/d`, no gathered layers).
-# - Activations per layer follow Korthikanti's rows for the job's `recompute` and
-#   `sequence_parallel`: under sequence parallelism the whole `34 (+ 5as/h)` is divided by `t`,
-#   and full recompute keeps `2S/t`.
-# - Stage `s` keeps `⌈L/p⌉` layers' activations for `min(p − s, m)` micro-batches; the last stage
-#   (`s = p − 1`) adds its logits, `4·s·b·V/t`. Return the terms of whichever of the first and the
-#   last stage has the larger total.
+#   with `p = 1` the one stage holds both, `2·V·h`;
+# - ZeRO divides as section 1's table says; a ZeRO-3 that shards (`d > 1`) adds two gathered
+#   layers, `weight_bytes · 2·N_layer/t`; with `m > 1` and `"resident"`, ZeRO-2/3 keep full
+#   gradients and ZeRO-3 full weights (no `1/d`, no gathered layers);
+# - activations follow Korthikanti's rows for the job's `recompute` and `sequence_parallel`:
+#   under sequence parallelism the whole `34 (+ 5as/h)` is divided by `t`, and full recompute
+#   keeps `2S/t`; a pipeline stage holds them as 1F1B does (section 1), and the last stage adds
+#   its logits, `4·s·b·V/t`;
+# - the answer is the terms of whichever of the first and the last stage has the larger total.
+#
+# **Why it matters.** Memory decides which layouts exist at all: exercises 2 and 3 discard every
+# layout that does not fit, and the headroom a layout leaves is half of the 70B decision.
+#
+# <details><summary>Hint 1</summary>
+#
+# Compute `φ` for the stage first; every state term is bytes per parameter times `φ`, divided by
+# `d` or not according to `zero_stage` (and, over `m > 1` micro-batches, `zero_accumulation`).
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Activations: bytes per layer (`S = s·b·h`, one micro-batch) times the stage's `⌈L/p⌉` layers
+# times the micro-batches it holds in flight. Under 1F1B stage `s` holds `min(p − s, m)`.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Only the first stage (most micro-batches in flight) and the last (the logits) can be the
+# heaviest: build the dict for `s = 0` and `s = p − 1` (one stage when `p = 1`), and return the
+# one with the larger `total`.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "memory_per_gpu", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def memory_per_gpu(model: Model, cfg: ParallelConfig) -> dict:
@@ -307,17 +337,36 @@ print(layout_summary(LLAMA3_70B, H100_16x8, ParallelConfig(8, 2, 8, JOB_70B), me
 # %% [markdown]
 # ## 4. Exercise 2 — `choose_degrees` (3 points)
 #
-# Write `choose_degrees(model, cluster, job)` that returns the `ParallelConfig(t, p, d, job)`
-# with the least `step_time(model, cluster, cfg)["total"]` among the **valid** layouts:
+# **Build** `choose_degrees(model, cluster, job)`: the layout a cost model says to run.
+#
+# **Contract.** Output: a `ParallelConfig(t, p, d, job)` that is **valid** and has the least
+# `step_time(model, cluster, cfg)["total"]` of all valid layouts (ties: any of them). Valid means
 #
 # - `t · p · d = cluster.gpus`;
 # - `t` divides `cluster.gpus_per_node` (TP stays inside a node) and `model.heads`;
 # - `p ≤ model.layers`;
 # - `job.global_batch` is a multiple of `d · job.micro_batch` (every DP rank gets whole micro-batches);
-# - `memory_per_gpu(model, cfg)["total"] ≤ cluster.gpu_mem_gb · GB`.
+# - `memory_per_gpu(model, cfg)["total"] ≤ cluster.gpu_mem_gb · GB` (yours, from exercise 1).
 #
-# Print your reasoning: how many layouts were ruled out and why, and the best few with their
-# costs. Raise `ValueError` with a helpful message if nothing fits.
+# When nothing is valid, raise `ValueError` saying what ruled the layouts out. Print your
+# reasoning as you go (how many layouts each rule removed, the best few with their costs): the
+# check does not read it, you will. The check runs 4 stored random models and clusters (hidden:
+# 6 fresh ones) and accepts any valid layout whose step time equals the best's.
+#
+# **Why it matters.** The rules of thumb (TP in a node, PP for memory, DP for the rest) name a
+# family of layouts, not one; a cost model over all of them is how a plan is defended.
+#
+# <details><summary>Hint 1</summary>
+#
+# The candidates are few: `t` ranges over the divisors of the GPUs per node, `p` over the
+# divisors of `n/t`, and `d` follows. Enumerate them all.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Test the cheap rules before `memory_per_gpu`, count each rule's rejections in a dict for the
+# message, keep `(step_time, cfg)` of the survivors and sort.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "choose_degrees", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def choose_degrees(model: Model, cluster: Cluster, job: Job = Job()) -> ParallelConfig:
@@ -362,22 +411,40 @@ check_choose_degrees(choose_degrees, seed=fresh_seed(), count=6)
 # ## 5. Exercise 3 — the production question (3 points, and 1 for your reasons)
 #
 # You have 16 nodes of 8 H100 80 GB (`H100_16x8`) and Llama 3 70B to pre-train with `JOB_70B`
-# (4M tokens per step in sequences of 4,096, ZeRO-1). Pick its layout the way an engineer would:
+# (4M tokens per step in sequences of 4,096, ZeRO-1). **Pick its layout** the way an engineer
+# would: with the numbers of each candidate side by side.
 #
-# 1. For each layout you consider (at least two), compute its memory per GPU (your
-#    `memory_per_gpu`'s total), its bubble `(p-1)/(m+p-1)`, and the bytes one GPU sends per step
-#    on each axis (section 3's table; write `axis_bytes` for it). Put them in `plans_70b`, one
-#    dict per layout: `{"layout": (t, p, d), "memory": bytes, "bubble": fraction,
-#    "bytes": {"tp": ..., "pp": ..., "dp": ...}}`.
-# 2. Set `answer_70b` to the `ParallelConfig` you would run, one of those you considered. Any
-#    layout earns the points whose modelled step time (`step_time`) is within **5%** of the
-#    fastest valid layout's, and that leaves at least **10%** of the GPU's memory free (at most
-#    72 GB of 80): the cost model cannot tell layouts closer than that apart, and a plan with no
-#    headroom breaks at the first longer sequence or larger micro-batch.
-# 3. Say why, in the cell after: a few sentences with your numbers. An instructor reads them.
+# **Contract.**
 #
-# Set also `answer_405b` to your `choose_degrees`'s choice for Llama 3 405B on the cluster and
-# batch of Meta's published run (`LLAMA3_405B_CLUSTER`, `LLAMA3_405B_JOB`, described below).
+# - `plans_70b`: one dict per layout you considered (at least two),
+#   `{"layout": (t, p, d), "memory": bytes, "bubble": fraction, "bytes": {"tp": ..., "pp": ...,
+#   "dp": ...}}`: the memory per GPU (your `memory_per_gpu`'s total), the bubble as a fraction
+#   of the pipeline's time, and the bytes one GPU sends per step on each axis (section 3's
+#   table). The visible check compares each number with the model's, to a relative 1e-6.
+# - `answer_70b`: the `ParallelConfig` you would run, one of those in `plans_70b`. Any layout
+#   earns the points whose modelled step time (`step_time`) is within **5%** of the fastest
+#   valid layout's and that leaves at least **10%** of the GPU's memory free (at most 72 GB of
+#   80): the cost model cannot tell layouts closer than that apart, and a plan with no headroom
+#   breaks at the first longer sequence or larger micro-batch.
+# - `answer_405b`: your `choose_degrees`'s choice for Llama 3 405B on the cluster and batch of
+#   Meta's published run (`LLAMA3_405B_CLUSTER`, `LLAMA3_405B_JOB`, described below).
+# - In the cell after, why: a few sentences with your numbers. An instructor reads them.
+#
+# **Why it matters.** The fastest layout by a model is rarely the one to run: the model's error
+# is a few percent, and memory headroom, matrix shapes and overlap are not in it.
+#
+# <details><summary>Hint 1</summary>
+#
+# Write `axis_bytes(model, cfg)` from section 3's table first; mind which TP collectives
+# sequence parallelism adds, and what ZeRO-1 moves (a reduce-scatter and an all-gather, not an
+# all-reduce). `near_tie_table` (section 5) lists the layouts the model cannot tell apart.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `m = cfg.microbatches`; the bubble is `(p-1)/(m+p-1)`. Put the fastest layout and two or three
+# near ties in `plans_70b`, and choose among those that leave 8 GB free.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "answers", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
@@ -548,17 +615,37 @@ planner(choose_degrees, memory_per_gpu)   # sliders over your two functions
 # PipelineStage(stage, pp_rank, pp, device, group=mesh["pp"].get_group())  # PP: 1F1B, 2 micro-batches
 # ```
 #
-# TP is the innermost mesh dimension, so rank `r` sits at `(r // (dp·tp), (r // tp) % dp, r % tp)`:
-# the TP pairs are neighbours, as GPUs of one node would be. Each DP replica trains on its half of
-# the batch; FSDP averages the gradients and the pipeline scales each micro-batch's by `1/m`, so
-# each update is the gradient of the mean loss over the whole batch, what one process computes.
+# `init_device_mesh` numbers the ranks row-major over the dimensions as listed. Each DP replica
+# trains on its share of the batch; FSDP averages the gradients and the pipeline scales each
+# micro-batch's by `1/m`, so each update is the gradient of the mean loss over the whole batch,
+# what one process computes.
 #
 # A block is `x + attn.o(attention(attn.q(ln1(x)), attn.k(...), attn.v(...)))` then
-# `x + mlp.down(gelu(mlp.up(ln2(x))))`. Write `tp_plan()`: the dict mapping each of the six
-# linear layers (`"attn.q"`, `"attn.k"`, `"attn.v"`, `"attn.o"`, `"mlp.up"`, `"mlp.down"`) to
-# `ColwiseParallel()` or `RowwiseParallel()` (from `torch.distributed.tensor.parallel`), the
-# Megatron layout of Labs 3 and 4. The attention reads its local head count from the weight, so
-# splitting q, k and v by output features splits the heads.
+# `x + mlp.down(gelu(mlp.up(ln2(x))))`.
+#
+# **Build** `tp_plan()`: the tensor-parallel plan of one block.
+#
+# **Contract.** A dict mapping each of the six linear layers (`"attn.q"`, `"attn.k"`,
+# `"attn.v"`, `"attn.o"`, `"mlp.up"`, `"mlp.down"`) to a `ParallelStyle` of
+# `torch.distributed.tensor.parallel` (`ColwiseParallel()` or `RowwiseParallel()`). The check
+# trains with it on DP=2 × TP=2 (hidden: PP=2 × DP=2 × TP=2): every block linear must be sharded
+# over TP, and each step's loss must equal single-process training's (tolerance 1e-5 +
+# 1e-4·|loss|). The attention reads its local head count from the weight.
+#
+# **Why it matters.** With DTensor a plan *is* tensor parallelism: the collectives of Labs 3 and 4
+# follow from the placements, and a wrong one shows up as a wrong shape or a wrong loss.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which layers of Lab 3's MLP and Lab 4's attention were split by output features, and which by
+# input features? Between a pair, nothing is communicated.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# A head is a slice of q, k and v's output features; `attn.o` and `mlp.down` take split inputs
+# and must hand back the full hidden size.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "tp_plan", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def tp_plan() -> dict:
@@ -589,7 +676,150 @@ for shape in (MeshShape(pp=1, dp=2, tp=2), MeshShape(pp=2, dp=2, tp=2)):
           f"elements; attn.q is laid out {first['placements']['attn.q (block 0)']} over TP\n")
 
 # %% [markdown]
-# ## 8. Closing note
+# ## 8. Exercise 5 — predict the run's traffic, then measure it (2 points)
+#
+# Section 3's table priced each axis of a 70B step. The same counting applies to the small run
+# you just made, and there it can be checked byte for byte.
+#
+# **Build** `predict_traffic(shape, cfg, rank)`: the bytes rank `rank` sends in one training step
+# of the mesh run on `shape` (`shape.pp, shape.dp, shape.tp`; `shape.coords(rank)` is its
+# `(pp, dp, tp)` position), on each axis: a dict `{"tp": ..., "pp": ..., "dp": ...}`.
+#
+# **Contract.** `cfg` is the model's `TinyConfig` (`vocab, dim, heads, ffn, layers, seq, batch`);
+# everything is float32. The run, per step (any step after the first, which also builds the
+# pipeline):
+#
+# - each DP replica trains on `batch / dp` sequences, in `m = 2` micro-batches when `pp > 1`
+#   (1F1B), else in one; stage `i` holds blocks `⌊i·L/p⌋` to `⌊(i+1)·L/p⌋ − 1`, the first also the
+#   embedding (`V×h`), the last also the final norm and the head (`V×h`, no bias, not split);
+# - TP: your plan, without sequence parallelism. DTensor brings each column-parallel layer's
+#   input in on its own, so backward all-reduces that input's gradient once per column-parallel
+#   layer; forward all-reduces each row-parallel layer's output. The biases of `mlp.up` (split)
+#   and `mlp.down` (whole on every TP rank) count; q, k, v, o have none;
+# - PP: per micro-batch, a stage sends its output activation forward unless it is the last, and
+#   its input's gradient back unless it is the first;
+# - DP: FSDP2 on the whole stage (one unit): one all-gather of the stage's parameters per step,
+#   kept for every micro-batch and the backward, and one reduce-scatter of their gradients; its
+#   buffers hold the stage's parameters *on this TP rank*.
+#
+# Count what this rank sends as a member of a ring of `k` ranks (Lab 1): an all-reduce of `S`
+# bytes `2(k−1)/k·S`, an all-gather or reduce-scatter whose whole buffer is `S` bytes `(k−1)/k·S`,
+# a send `S`; a receive sends nothing. The check compares every rank of PP=2 × DP=2 × TP=2 and of
+# DP=2 × TP=2 at the lab's size with the formulas to a relative 1e-6 (hidden: two meshes and
+# model sizes drawn afresh). The cell after it runs PP=2 × DP=2 × TP=2 and prints your numbers
+# beside the bytes its records hold (the collective record for FSDP and the pipeline, a dispatch
+# mode for DTensor's collectives).
+#
+# **Why it matters.** Which axis sends most decides where it may run: on NVLink, or across the
+# network. Exercise 6 places the mesh on nodes with these numbers.
+#
+# <details><summary>Hint 1</summary>
+#
+# One micro-batch's activation is `(batch/(dp·m), seq, dim)`: every TP and PP message is one of
+# those. A rank's TP and PP bytes depend on its stage, its DP bytes on what its stage holds.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Per block and micro-batch: two row-parallel outputs in forward, four column-parallel inputs in
+# backward. Parameters of a block on one TP rank: two norms `4h`, then `(4h² + h·f + f + f·h)/t`,
+# plus `h` for the down projection's bias.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_traffic", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_traffic(shape: MeshShape, cfg: TinyConfig, rank: int) -> dict:
+    """Bytes ``rank`` sends per step on each axis ("tp", "pp", "dp") of the mesh run."""
+    ### BEGIN SOLUTION
+    stage, (t, p, d) = shape.coords(rank)[0], (shape.tp, shape.pp, shape.dp)
+    m = 2 if p > 1 else 1
+    act = cfg.batch // (d * m) * cfg.seq * cfg.dim * 4                 # (b/(d m), s, h) float32
+    blocks = (stage + 1) * cfg.layers // p - stage * cfg.layers // p
+    h, f = cfg.dim, cfg.ffn
+    params = blocks * (4 * h + (4 * h * h + h * f + f + f * h) // t + h) \
+        + (cfg.vocab * h if stage == 0 else 0) + (2 * h + cfg.vocab * h if stage == p - 1 else 0)
+    return {"tp": m * blocks * 6 * 2 * (t - 1) / t * act,
+            "pp": m * act * ((stage < p - 1) + (stage > 0)),
+            "dp": 2 * (d - 1) / d * params * 4}
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_traffic", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_traffic_prediction(predict_traffic)
+print("predict_traffic: the formulas' bytes on every rank of both meshes")
+### BEGIN HIDDEN TESTS
+check_traffic_prediction(predict_traffic, seed=fresh_seed())   # two meshes and sizes drawn afresh
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "measured_traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+mesh_3d = MeshShape(pp=2, dp=2, tp=2)
+traced = traced_run(mesh_3d, tp_plan)
+print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the records'
+
+# %% [markdown]
+# ## 9. Exercise 6 — place the mesh on nodes (3 points, open design)
+#
+# A cluster numbers its ranks node by node: with 8 ranks on 2 nodes of 4, ranks 0–3 share
+# node 0's NVLink and 4–7 node 1's, and everything between the two nodes goes over the network,
+# about 9 times slower per GPU on the H100 nodes of section 3 (50 against 450 GB/s).
+# `init_device_mesh` gave you one placement of the `(pp, dp, tp)` coordinates on those ranks; it
+# is not the only one.
+#
+# **Goal.** Write `place_mesh(shape, per_node)`: the placement, `layout[pp][dp][tp]` = the global
+# rank at those coordinates (nested lists of shape `(shape.pp, shape.dp, shape.tp)`, every rank
+# once), for nodes of `per_node` consecutive ranks.
+#
+# **Budget.** The check trains the lab's model on your layout with your `tp_plan`, on real
+# ranks: the losses must equal single-process training's. It then adds up, over all ranks, the bytes sent in one step
+# on groups whose ranks are not all on one node (a send counts when its two ranks are on
+# different nodes), measured from the run's records as in exercise 5. That total may not exceed
+# the least any placement reaches, printed below for PP=2 × DP=2 × TP=2 on 2 nodes of 4. Hidden:
+# another degree triple on 8 ranks, nodes of 4.
+#
+# **Why it matters.** The degrees say how many ways each axis splits; the placement says which
+# of them pays the network. The same 3D run can be several times slower across nodes from the
+# order of three numbers.
+#
+# <details><summary>Hint 1</summary>
+#
+# Your prediction says what each axis sends per step. Which is the most, which the least? With
+# 8 ranks on 2 nodes of 4, can every axis stay inside a node?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# A group stays inside a node when the ranks that differ only along its axis are close in number:
+# the innermost dimension of a row-major numbering varies fastest.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Megatron-LM orders TP innermost. Number the ranks row-major over an order of the three
+# dimensions, outermost the axis that sends least per step, and return the grid transposed back
+# to `(pp, dp, tp)`.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "placement_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(f"{MeshShape(pp=2, dp=2, tp=2)} on 2 nodes of 4: at most {placement_budget():.0f} bytes per "
+      f"step may cross nodes")
+
+# %% nbgrader={"grade": false, "grade_id": "place_mesh", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def place_mesh(shape: MeshShape, per_node: int) -> list:
+    """layout[pp][dp][tp] = the global rank at those coordinates, ranks on nodes of per_node."""
+    ### BEGIN SOLUTION
+    import torch
+    # TP sends most per step and PP least, so TP innermost and PP outermost (Megatron's order)
+    return torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_place_mesh", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+print(check_mesh_placement(place_mesh, tp_plan))
+### BEGIN HIDDEN TESTS
+print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # another degree triple on 8 ranks
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 10. Closing note
 #
 # **The 70B answer.** For Llama 3 70B on 16 × 8 H100 80 GB with 4M-token steps (ZeRO-1, selective
 # recompute, sequence parallelism), the cost model picks **TP=2, PP=16, DP=4**: 69.6 GB per GPU,
@@ -602,8 +832,15 @@ for shape in (MeshShape(pp=1, dp=2, tp=2), MeshShape(pp=2, dp=2, tp=2)):
 # a pipeline), the same rules keep TP 8, and the published PP 16 is among the near ties, within
 # the model's resolution of the fastest (section 5 prints by how much).
 #
+# **The placement.** In the small run TP sends the most per step and PP the least (exercise 5's
+# table), so the placement that keeps TP and DP inside a node and lets only the pipeline cross
+# is the one within budget; a layout with TP across nodes sends several times as much over the
+# network. At scale the order of DP and PP can flip (Llama 3 put DP outermost, with its FSDP
+# traffic overlapped with compute); TP innermost does not.
+#
 # **The measured runs** (a shared 2-core CPU, gloo, `distlab.run`; your times will differ): three
 # training steps of DP=2 × TP=2 on 4 ranks took 4–5 s of wall time, PP=2 × DP=2 × TP=2 on 8 ranks
 # 5–8 s (about 17 s when the run also had to start the rank launcher), and both reproduced
 # single-process training's losses to float32 precision (largest difference 2.4e-7 on 4 ranks, 0 on
-# 8). The whole lab executes in about 80 s.
+# 8). Section 8's traced run and exercise 6's check, 8 ranks each, took 4–7 s apiece. The whole
+# lab executed in about 45 s (`python bench/lab_run.py --lab 07_3d_parallelism`).

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "ZeRO-2 and ZeRO-3 by hand (gather and free per block, prefetch), activation checkpointing under a budget, and memory and communication per rank measured against the ZeRO paper."
+#     summary: "ZeRO-2 and ZeRO-3 by hand (gather and free per block, prefetch), checkpointing under a budget, memory and traffic measured against the ZeRO paper, and a model fitted to a memory budget with FSDP2."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -20,25 +20,31 @@
 # Models", arXiv:1910.02054, sec. 5). Not a model of *any* size: a rank still holds the gathered
 # parameters of the blocks it computes (one or two of the largest) and its activations. Then
 # **prefetch** hides the gathers behind compute, and **activation checkpointing** trades compute
-# for the activation memory that sharding does not touch.
+# for the activation memory that sharding does not touch. The lab ends with both levers in one
+# decision: fit a model under a per-rank memory budget with FSDP2.
 #
-# Every exercise is checked on real ranks (gloo on your CPU, NCCL on GPUs) against AdamW on the
-# full batch in one process, and on *how*: the collectives each rank issued and the bytes it held.
+# Every exercise states what to build and the contract its check enforces; the method is in
+# folded hints, to open only when stuck. The training exercises are checked on real ranks (gloo
+# on your CPU, NCCL on GPUs) against AdamW on the full batch in one process, and on *how*: the
+# collectives each rank issued and the bytes it held.
 
 # %% nbgrader={"grade": false, "grade_id": "imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import itertools
+import math
 
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.checks.lab08 import (check_choose_checkpoints, check_prefetch, check_zero2_step,
-                                  check_zero3_block)
+from distlab.checks.lab08 import (check_choose_checkpoints, check_design, check_prefetch,
+                                  check_step_bytes, check_zero2_step, check_zero3_block,
+                                  design_budget)
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
                                   block_profile, budget_of, free_storage, padded_flat)
 from distlab.labs.sharded.accounting import (bytes_per_param, format_bytes_per_param,
                                              format_stage_memory, format_volume, measure_stages)
+from distlab.labs.sharded.budget import DESIGN_SETUP, format_peaks
 from distlab.labs.sharded.figures import (checkpointing_measured, format_checkpointing,
                                           plot_memory_over_step, plot_prefetch_timeline,
                                           prefetch_timeline)
@@ -73,26 +79,52 @@ print(format_bytes_per_param(bytes_per_param(world_sizes=(4, 64))))
 # elements, flattened in `parameters()` order and zero-padded to W·s with s = ⌈P / W⌉
 # (`padded_flat(tensors, W)`); rank r owns elements `[r·s, (r+1)·s)`.
 #
-# ZeRO-1 kept the whole gradient until the step. ZeRO-2 does not: as soon as backward has
-# finished a bucket's gradients, it **reduce-scatters** them (each rank receives the sum of its
-# own shard), divides by W, keeps that as its shard's gradient and **drops the full gradients**
-# (`p.grad = None`), still inside backward. The step updates the shards and **all-gathers** each
-# bucket's parameters. A hook on each parameter, `p.register_post_accumulate_grad_hook(hook)`
-# (Lab 2), tells you when its gradient is complete; a bucket is complete when all of its
-# parameters' hooks have run.
+# ZeRO-1 (Lab 2) kept every full gradient until the step and sharded only the optimizer state.
 #
-# Write `Zero2AdamW(buckets, **adamw_kwargs)`: `buckets` is a list of lists of parameters (here one
-# per block); keep this rank's `torch.optim.AdamW` over its shards (1-D tensors of s elements,
-# `requires_grad`) in `local_optimizer`; `zero_grad()` clears the shards' gradients; `step()`
-# steps and gathers. The check trains 3 steps on 2 and 4 ranks, compares with AdamW in one
-# process, reads your collective record (**one reduce-scatter and one all-gather per bucket per
-# step, no all-reduce**) and measures, after backward, the gradient bytes each rank holds (at most
-# 1/W of them plus each bucket's padding) and every byte the tensors your class made keep alive:
-# beyond the shards, their gradients and AdamW's state, at most one more shard per bucket, so no
-# full-size gradient buffer kept in an attribute. The hidden tests use blocks whose P elements W
-# does not divide: pad. Use `dist.reduce_scatter_single` and `dist.all_gather_single` (this
-# PyTorch deprecates their older names `reduce_scatter_tensor` and `all_gather_into_tensor`; the
-# check accepts them, and shows the deprecation once instead of once per call).
+# ### Exercise 1 — ZeRO-2 (3 points)
+#
+# **Build** `Zero2AdamW(buckets, **adamw_kwargs)`: a data-parallel optimizer that shards the
+# gradients as well as the optimizer state. `buckets` is a list of lists of parameters (here one
+# per block). After `loss.backward()` and `step()` every rank holds the same updated parameters
+# as AdamW on the full batch; `zero_grad()` clears what the next backward fills.
+#
+# **Contract.**
+# - This rank's `torch.optim.AdamW` over its shards (1-D tensors of s elements in the flat
+#   layout, `requires_grad`) is the attribute `local_optimizer`.
+# - Collectives: **one reduce-scatter and one all-gather per bucket per step, nothing else** (no
+#   all-reduce): `dist.reduce_scatter_single`, `dist.all_gather_single` (their deprecated names
+#   `reduce_scatter_tensor`, `all_gather_into_tensor` pass, with the deprecation shown once).
+# - Memory, measured on every rank after each backward: the gradients it holds are **at most 1/W
+#   of the model's, plus padding**; and every byte that tensors your class made still keep alive,
+#   beyond the shards, their gradients and AdamW's state, is **at most one more shard per bucket**
+#   (a full-size gradient buffer kept in an attribute fails).
+# - Values: 3 steps on 2 and 4 ranks against AdamW on the full batch in one process (float64,
+#   1e-9). Hidden tests: blocks whose P elements W does not divide.
+#
+# **Why it matters.** The gradients are 2 to 4 of the 16 to 18 bytes per parameter of section 1.
+# ZeRO-2 divides them by W for no more traffic than data parallelism (section 6), but only if no
+# full gradient outlives the backward that made it.
+#
+# <details><summary>Hint 1</summary>
+#
+# When, during backward, is a bucket's gradient complete? Lab 2 had a hook that says when one
+# parameter's is: `p.register_post_accumulate_grad_hook(hook)`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Reduce-scatter a bucket's gradients *inside* backward, as soon as its last parameter's hook
+# has run, then drop the full gradients (`p.grad = None`). A reduce-scatter sums; AdamW on the
+# full batch sees the mean.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Per bucket: count its parameters' hooks; on the last, `padded_flat` the gradients (W·s,),
+# reduce-scatter into a fresh (s,) tensor, divide by W, make it the shard's `.grad`, set the
+# parameters' `.grad` to None. `step()`: the local AdamW steps; then each shard is all-gathered
+# into a (W·s,) buffer whose first P elements are copied back into the parameters.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "zero2", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class Zero2AdamW:
@@ -161,29 +193,59 @@ check_zero2_step(Zero2AdamW, world_size=2, seed=fresh_seed(), hidden=23, blocks=
 # ## 3. ZeRO-3: gather each block when it computes
 #
 # Now the parameters too live sharded: rank r keeps s elements of each block's flat parameters
-# and nothing else. Before block i computes, its parameters are **all-gathered**; after its
-# forward they are **freed**; when backward reaches block i they are **gathered again**, and once
-# its gradients are complete they are **reduce-scattered** into the shard's gradient and the
-# gathered parameters freed once more. A rank holds the whole parameters of about one block at a
-# time: two at the moments when one block is gathered before the previous one is freed (in
-# backward, block i is gathered when its output's gradient arrives, which can come before block
-# i+1's gradients are reduce-scattered; with prefetch, next section, always two). The check
-# allows **two**. Memory for the parameters is then that of the largest blocks, not of the model.
+# and nothing else; a block's parameters exist whole only while that block computes.
 #
-# The storage plumbing is given (`distlab.labs.sharded.flat`): `bind_params(params, buffer)` makes
-# the block's parameters views into one flat buffer of W·s elements; `free_storage(buffer)`
-# releases its bytes (the parameters stay valid objects: autograd's references to them survive),
-# `alloc_storage(buffer)` gives them back before a gather refills it. Module hooks tell you when a
-# block is about to run and when it ran: `block.register_forward_pre_hook(fn(module, args))`,
-# `block.register_forward_hook(fn(module, args, output))`; and `output.register_hook(fn(grad))`,
-# registered on the block's output in forward, runs in backward when the gradient of that output
-# arrives — just before the block's own backward.
+# ### Exercise 2 — ZeRO-3, one block at a time (3 points)
 #
-# Write `Zero3Block(block)`: keep this rank's shard (1-D, s elements, `requires_grad`) in `shard`,
-# and register the hooks. The check trains with AdamW on the shards, compares loss, gradients
-# and parameters with one process, reads **one all-gather in forward, one in backward and one
-# reduce-scatter per block per step**, and measures the bytes behind the blocks' parameters at
-# each block's forward and backward: **at most two blocks' worth**.
+# **Build** `Zero3Block(block)`: from its construction on, `block`'s parameters live on this
+# rank only as its shard, and `block` still runs forward and backward as before for whoever
+# calls it. (The check makes one per block of the stack and steps AdamW on the shards.)
+#
+# **Contract.**
+# - The shard (1-D, s = ⌈P / W⌉ elements of the block's padded flat parameters,
+#   `requires_grad`) is the attribute `shard`; after backward `shard.grad` is that shard of the
+#   gradient averaged over the ranks.
+# - Given (`distlab.labs.sharded.flat`): `bind_params(params, buffer)` makes the parameters
+#   views into one flat buffer of W·s elements; `free_storage(buffer)` releases its bytes (the
+#   parameters stay valid objects, so autograd's references to them survive);
+#   `alloc_storage(buffer)` gives them back before a gather refills it.
+# - Collectives, per block and step: **one all-gather in forward, one in backward, one
+#   reduce-scatter**; no all-reduce.
+# - Memory: the bytes behind all blocks' parameters, probed at each block's forward end and
+#   backward start, are **at most two blocks' worth** (two, not one: in backward, block i is
+#   gathered when its output's gradient arrives, which can come before block i+1's gradients
+#   are reduce-scattered).
+# - Values: loss, gradients and parameters after 3 steps against one process, on 2 and 4 ranks;
+#   hidden tests with 5 blocks and sizes W does not divide.
+#
+# **Why it matters.** Memory for the parameters becomes that of the largest blocks, not of the
+# whole model: what lets a model whose weights fit on no single device train at all. The price
+# is the second gather (section 6).
+#
+# <details><summary>Hint 1</summary>
+#
+# When must the parameters exist whole? List the moments, and for each a hook that runs just
+# before it: `block.register_forward_pre_hook(fn(module, args))`,
+# `block.register_forward_hook(fn(module, args, output))`, and for the parameters' gradients
+# `p.register_post_accumulate_grad_hook(fn(p))`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Backward needs the parameters again after you freed them, and no module hook runs just before
+# a block's backward. A hook on the block's *output*, registered in forward
+# (`output.register_hook(fn(grad))`), runs when that output's gradient arrives: just before the
+# block's own backward.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# `__init__`: `padded_flat` the parameters, clone this rank's slice as the shard, `bind_params`,
+# `free_storage`. Before forward: `alloc_storage`, then `dist.all_gather_single(full,
+# shard.detach())`. After forward: `free_storage`, and on the output a hook that gathers again.
+# When the block's last gradient is complete: reduce-scatter the padded gradients into
+# `shard.grad`, divide by W, drop the parameters' `.grad`, `free_storage`.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "zero3", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class Zero3Block:
@@ -258,12 +320,42 @@ check_zero3_block(Zero3Block, world_size=2, seed=fresh_seed(), hidden=19)       
 # prefetches *implicitly*: it issues each all-gather on its own CUDA stream, so on a GPU the next
 # block's gather already overlaps the current block's compute once the CPU runs ahead.
 #
-# Write `PrefetchingZero3(blocks)` for the whole stack, with the shards in `shards` (one per
-# block). In the pre-forward hook of block i: make sure block i's gather was issued, wait on it,
-# then issue block i+1's. In backward, the same in reverse. The check verifies the values and the
-# per-block pattern of section 3, and from the record and the blocks' timestamps that **every
-# gather but the first of each pass was asynchronous, issued before the previous block's compute
-# ended, and still in flight when that compute started**.
+# ### Exercise 3 — prefetch (3 points)
+#
+# **Build** `PrefetchingZero3(blocks)`: ZeRO-3 for the whole stack `blocks` (a list of modules
+# run in order), in which a block's gather runs while the block before it (in backward: after
+# it) computes.
+#
+# **Contract.**
+# - The shards, one per block as in exercise 2, are the list `shards`.
+# - Everything exercise 2's check requires: values, one gather per block each way and one
+#   reduce-scatter, at most two blocks gathered at a probe.
+# - Overlap, read from your collective record and the blocks' timestamps: **every gather but the
+#   first of each pass is asynchronous (`async_op=True`), issued before the previous block's
+#   compute ended, and still in flight when that compute started**.
+#
+# **Why it matters.** Without it every block waits for its own gather, and ZeRO-3's third Ψ of
+# traffic (section 6) adds straight to the step time; with it, the gathers hide behind compute
+# for the price of a second block's parameters.
+#
+# <details><summary>Hint 1</summary>
+#
+# A collective called with `async_op=True` returns a `Work` at once; `work.wait()` returns when
+# it is done. Which hook should issue block i+1's gather, and which should wait on it?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Keep the gathers in flight in a dict {block: Work}. The first block of each pass (block 0 in
+# forward, the last in backward) has nothing prefetched: issue it there and then.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# One method for "block i is about to compute, in direction ±1": issue i's gather if it is not
+# in flight, wait on it, then issue the gather of i + direction. Call it from block i's
+# pre-forward hook (+1) and from the hook on its output's gradient (−1).
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "prefetch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class PrefetchingZero3:
@@ -380,10 +472,62 @@ plot_memory_over_step(stages);
 # Data parallelism all-reduces the gradients: **2Ψ**. ZeRO-1 and ZeRO-2 reduce-scatter the
 # gradients and all-gather the parameters: **2Ψ**, no more than data parallelism. ZeRO-3 gathers
 # the parameters twice (forward and backward) and reduce-scatters the gradients: **3Ψ**, 1.5×.
-# The table below is measured from the collective records of section 5's steps (each all-reduce
-# counted 2× its bytes, each gather and reduce-scatter 1×, as the paper counts, dropping the
-# ring's (W-1)/W).
+# The table after the next exercise is measured from the collective records of section 5's
+# steps, counted as the paper counts: each all-reduce 2× its bytes, each all-gather and
+# reduce-scatter 1× its whole buffer (the ring's (W-1)/W dropped).
 #
+# ### Exercise 4 — predict the bytes before they are measured (2 points)
+#
+# **Build** `predict_step_bytes(scheme, block_numels, world_size, itemsize)`: the bytes one
+# rank's collectives move in one step, counted as above, for `scheme` in `"DP"`, `"ZeRO-1"`,
+# `"ZeRO-2"`, `"ZeRO-3"` run as section 5 runs them (DP: one all-reduce per parameter's gradient;
+# ZeRO-1 and your ZeRO-2: one bucket per block; ZeRO-3: your `Zero3Block` on every block), for
+# blocks of `block_numels[i]` parameters of `itemsize` bytes each on `world_size` ranks.
+#
+# **Contract.** Returns an int, graded against the paper's count with the flat layout's padding:
+# on section 5's stack (4 blocks of 33,088 float32 parameters, W = 2) and on 3 blocks of 709
+# float64 parameters on 4 ranks; hidden: other blocks, 2 to 8 ranks. The cell after the check
+# prints your bytes beside the measured ones.
+#
+# **Why it matters.** Communication decides whether a sharding stage pays: ZeRO-3 buys its 1/W
+# of the weights with extra traffic on every step, and a link-bound cluster feels every byte.
+#
+# <details><summary>Hint 1</summary>
+#
+# In units of Ψ first: per block and step, which collectives does each scheme issue, and in
+# which pass (forward, backward, step)?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# A ZeRO bucket of P_i elements travels as W·⌈P_i / W⌉ of them (exercise 1's padding); DP's
+# all-reduces carry the gradients as they are.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_step_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_step_bytes(scheme: str, block_numels: list[int], world_size: int,
+                       itemsize: int) -> int:
+    """Bytes one rank's collectives move per step: all-reduce 2x, gather/scatter 1x the buffer."""
+    ### BEGIN SOLUTION
+    if scheme == "DP":
+        return 2 * itemsize * sum(block_numels)          # every gradient all-reduced once
+    buffer = itemsize * sum(world_size * math.ceil(n / world_size) for n in block_numels)
+    passes = {"ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3}[scheme]   # gathers + one reduce-scatter
+    return passes * buffer
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_step_bytes", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_step_bytes(predict_step_bytes)
+print("predict_step_bytes: the paper's count, padding included, on every scheme")
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_step_bytes(predict_step_bytes, seed=fresh_seed())   # blocks and 2 to 8 ranks drawn afresh
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "volume", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(format_volume(stages, predict=predict_step_bytes))   # predicted: your bytes
+
+# %% [markdown]
 # Pipelines and ZeRO-2: a pipeline stage runs backward once per micro-batch and *accumulates* the
 # gradients of all m micro-batches before the step. ZeRO-2 reduce-scatters and drops the full
 # gradient after each backward, so it either reduce-scatters m times per step (m× the gradient
@@ -392,9 +536,6 @@ plot_memory_over_step(stages);
 # and 3 with pipeline parallelism). Others pay the traffic: Llama 3 (arXiv:2407.21783, sec.
 # 3.3.2) trains with FSDP sharding the gradients and optimizer state under a 16-stage pipeline.
 # So "pipelines pair with ZeRO-1" is one engine's choice, not a rule.
-
-# %% nbgrader={"grade": false, "grade_id": "volume", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(format_volume(stages))
 
 # %% [markdown]
 # ## 7. The same with FSDP2
@@ -463,15 +604,52 @@ print(format_tp_fsdp(tp_within_fsdp()))
 print(format_checkpointing(checkpointing_measured(seq_lens=(64, 128))))
 
 # %% [markdown]
-# Now choose. `CheckpointProblem()` is a stack of 6 blocks of different widths (float32, batch 8).
-# `block_profile(problem)` measures, per block: `saved_bytes` (kept for backward when not
-# checkpointed), `checkpointed_bytes` (kept when checkpointed: its input) and `recompute_flops`
-# (what checkpointing costs in backward). The blocks' savings add up exactly (a block's output is
-# saved by the next block, not by itself).
+# ### Exercise 5 — checkpoint under a budget (3 points)
 #
-# Write `choose_checkpoints(profile, budget)`: a list of one bool per block (True: checkpoint
-# it) whose saved bytes stay **within `budget`** and whose recompute is **the least possible**.
-# The check measures the stack with your choice and tries every choice.
+# **Build** `choose_checkpoints(profile, budget)`: which blocks of a stack to checkpoint, as one
+# bool per block (True: checkpoint it).
+#
+# **Contract.**
+# - `profile` is `block_profile(problem)`: per block `saved_bytes` (kept for backward when not
+#   checkpointed), `checkpointed_bytes` (kept when checkpointed: its input) and
+#   `recompute_flops` (the forward checkpointing runs again in backward), all measured, and its
+#   `hidden` width. The blocks' bytes add up exactly (a block's output is saved by the next
+#   block, not by itself).
+# - The stack's saved activations with your choice, **measured** (`ActivationMeter`), are
+#   **within `budget` bytes**, and your choice recomputes **the fewest FLOPs of any choice within
+#   the budget** (the check knows the least).
+# - The lab's stack (`CheckpointProblem()`: 6 blocks of different widths, float32, batch 8) at
+#   budgets 50% and 30% of the way from "all checkpointed" to "none"; hidden: other widths and
+#   budgets.
+#
+# **Why it matters.** Checkpointing everything always fits and is the slowest choice: each
+# checkpointed block runs its forward twice. Real runs checkpoint selectively (every other layer,
+# or only the attention), and this is that decision made exactly.
+#
+# Before writing code, read the profile below: what does checkpointing a block save, and what
+# does it cost, each as a function of the block's width? Once you see it, what kind of problem is
+# left, and can a greedy rule solve it?
+#
+# <details><summary>Hint 1</summary>
+#
+# A block saves `saved_bytes − checkpointed_bytes` = B·h·4 bytes (its tanh output) and costs
+# 4·B·d·h FLOPs: both proportional to its width h. Every block has the same saving per FLOP, so
+# ranking by that ratio decides nothing.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# What is left: among the blocks, the set whose widths add up to at least what the budget makes
+# you cut (in width units), with the smallest sum. That is subset sum, a 0/1 knapsack: greedy
+# rules (widest first, narrowest first) overshoot on this stack; try them on the profile.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# 6 blocks have 2^6 = 64 choices: try them all (`itertools.product([False, True], repeat=n)`),
+# keep those whose summed bytes are within the budget, return one of least recompute. (Many
+# blocks: a dynamic program over the reachable sums of widths.)
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "profile", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 problem = CheckpointProblem()
@@ -503,6 +681,85 @@ print("choose_checkpoints: within the budget, least recompute")
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.4)
 check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 10. Fit a model under a memory budget
+#
+# Everything so far, sharding and checkpointing, is a lever on one number: the most memory a rank
+# holds at once. Now use them together, the way a training run is set up.
+#
+# ### Exercise 6 — fit under the budget (open design, 3 points)
+#
+# **Goal.** Write `design(model, mesh) -> model` so that the stack below trains on 2 ranks
+# within **the budget printed below, in bytes per rank**, using FSDP2's `fully_shard` and
+# activation checkpointing as you choose: which modules become `fully_shard` units (each block,
+# groups of blocks, only the root), whether they reshard after forward, which blocks are
+# checkpointed and how. The check trains what you return.
+#
+# **The model.** `DESIGN_SETUP`: 6 MLP blocks 32 → 128 → 32 in an `nn.Sequential` (50,112
+# float64 parameters), a batch of 384 rows split over the ranks, AdamW (lr 0.01) for 4 steps;
+# `mesh` is the 1-D device mesh over the ranks that `fully_shard(module, mesh=mesh)` takes.
+#
+# **Budget and check.** A rank's memory is measured as a GPU's allocator would count it: every
+# tensor the rank makes from the model's construction on (parameters, sharded or gathered,
+# gradients, AdamW's state, saved activations, temporaries) and its batch, summed before and
+# after every module's forward (recomputed ones too), when each module's output gradient
+# arrives, and after backward and the step (`distlab.labs.sharded.budget.LiveBytes`). A rank's
+# peak is that of a steady step: AdamW makes its state in the first step, so the steps after it
+# are alike, and the smallest of their peaks is taken (under load a gloo buffer is now and then
+# let go of a moment late and counted once). The check passes when every rank's peak stays
+# within the budget and the mean of the ranks' losses equals AdamW on the full batch in one
+# process at every step (1e-9). The budget is measured too: halfway between the peak of a design
+# that fits and the lowest peak of the three plain designs in the table, so that none of those
+# fits. Hidden: another seed on 4 ranks, its budget measured the same way.
+#
+# **Why it matters.** This is the first decision of every large training run: what to shard and
+# what to recompute so that the model fits, at the least cost in traffic and compute.
+#
+# <details><summary>Hint 1</summary>
+#
+# Before choosing, estimate: per parameter, float64 AdamW keeps 8 (weights) + 8 (gradients) + 16
+# (two moments) bytes; per block and row, 8·(d + h) bytes of activations, 8·d when checkpointed.
+# Which of those terms does each plain design leave whole?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `from torch.distributed.fsdp import fully_shard`, applied to each block and then to the root
+# (section 7: one unit for the whole model gathers it all at once). To checkpoint a block, wrap
+# it in a module whose forward calls `torch.utils.checkpoint.checkpoint(block, x,
+# use_reentrant=False)`, or use PyTorch's `checkpoint_wrapper`
+# (`torch.distributed.algorithms._checkpoint.checkpoint_wrapper`); wrap before sharding.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Replace each block by its checkpointed wrapper, `fully_shard` each wrapper, then the root, and
+# return the root. Then try the other levers: must every block be checkpointed? What does
+# `reshard_after_forward=False` cost here?
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "design_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(format_peaks(design_budget()))
+
+# %% nbgrader={"grade": false, "grade_id": "design", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def design(model: torch.nn.Sequential, mesh) -> torch.nn.Module:
+    """The model to train: sharded with fully_shard and checkpointed as you choose."""
+    ### BEGIN SOLUTION
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+    blocks = [checkpoint_wrapper(block) for block in model]   # each keeps only its input
+    for block in blocks:
+        fully_shard(block, mesh=mesh)                          # one block gathered at a time
+    return fully_shard(torch.nn.Sequential(*blocks), mesh=mesh)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "test_design", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_design(design)
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget measured afresh
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -547,3 +804,10 @@ check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
 #   without it (the attention scores grow ×4) and exactly ×2 with it, at the price of a second
 #   forward in backward. The 1.25 rule of thumb is a rough average: here activations were 1.9
 #   to 5.2 times the model states.
+# - Choosing which blocks to checkpoint is subset sum when every block saves the same bytes per
+#   recomputed FLOP, as the MLP blocks here do: widest-first and narrowest-first both miss the
+#   least recompute on the lab's stack.
+# - Fitting under a budget (section 10's table, measured on 2 ranks): neither lever alone fits.
+#   Sharding divides the model states (32 bytes per float64 parameter with AdamW), checkpointing
+#   the activations; DDP with every block checkpointed and `fully_shard` without checkpointing
+#   both stay above the budget, `fully_shard` per block with checkpointing fits with room to spare.

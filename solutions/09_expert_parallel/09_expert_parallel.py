@@ -31,7 +31,9 @@
 # 2. write the **combine** and an autograd function whose backward is the reverse all-to-all, so
 #    that the layer trains exactly like the single-process one;
 # 3. bound each expert's load with a **capacity** and drop the overflow;
-# 4. write the **load-balancing loss** of the Switch Transformer;
+# 4. predict, then 5. design, an expert-parallel layer whose all-to-alls have a **fixed size**
+#    and need no count exchange, as GShard and Switch Transformer ran;
+# 6. write the **load-balancing loss** of the Switch Transformer;
 #
 # and then measure what EP sends compared with tensor parallelism, run EP × DP on a 2 × 2 mesh,
 # train a toy task with and without the balancing loss, and read a profiler timeline of one step.
@@ -46,10 +48,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab.checks.lab09 import check_aux_loss, check_capacity, check_dispatch, check_moe_layer
+from distlab.checks.lab09 import (check_aux_loss, check_capacity, check_dispatch, check_moe_layer,
+                                  check_padded_moe, check_predicted_bytes)
 from distlab.labs.experts import (DispatchPlan, ToyTask, compare_training, ep_dp_step,
-                                  format_wire_bytes, measure_traffic, moe_closing_note, phase_times,
-                                  profile_moe_step, show_routing, traffic_summary)
+                                  format_wire_bytes, measure_traffic, moe_closing_note,
+                                  padded_traffic, phase_times, profile_moe_step, show_routing,
+                                  traffic_summary)
 
 # %% [markdown]
 # ## 1. The layer on one process
@@ -76,34 +80,57 @@ show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
 
 # %% [markdown]
 # The load is uneven: the router decides, token by token, and nothing makes the experts' shares
-# equal. Section 6 measures the consequences, section 7 fixes them.
+# equal. Sections 6 and 7 bound the consequences, section 8 fixes the cause.
 #
 # ## 2. Exercise 1 — dispatch (3 points)
 #
-# Each rank has its tokens x (T, h) and their chosen experts `expert_idx` (T, k). Assignment
-# (t, j) — token t's j-th choice — has the flat index t·k + j. Dispatch in three steps:
+# **Build** `dispatch(x, expert_idx, num_experts, group)`, and the `plan_dispatch` it uses: send
+# every assignment of this rank's tokens to the rank that holds its expert.
 #
-# 1. **Sort** the T·k assignments by expert, stably (`torch.argsort(..., stable=True)`): the
-#    blocks for ranks 0, 1, …, p−1 then follow each other, and inside each block the
-#    destination's experts. `order` is that permutation of flat indices.
-# 2. **Exchange counts.** Count the assignments per expert (`torch.bincount`, E numbers) and send
-#    rank d the E/p counts of its experts with one `all_to_all_single` of the (E,) tensor. What
-#    comes back, viewed as (p, E/p), says how many rows each source rank will send you for each
-#    of your experts. Without it no rank could size its receive buffer.
-# 3. **Send the tokens** with one `dist.all_to_all_single(output, input, output_split_sizes,
-#    input_split_sizes)`: `input` is `x[order // k]` (T·k, h), `input_split_sizes` the rows for
-#    each destination (`send_splits`), `output_split_sizes` the rows from each source
-#    (`recv_splits`).
+# **Contract.**
+# - Inputs: this rank's tokens x (T, h) and their experts `expert_idx` (T, k). Assignment
+#   (t, j), token t's j-th choice, has the flat index t·k + j.
+# - `dispatch` returns `(recv, plan)`. `recv` (n_recv, h) holds the rows of every token, of
+#   every rank, routed to one of this rank's experts, ordered by **source rank, then local
+#   expert, then the source's flat index**.
+# - `plan = DispatchPlan(order, send_splits, recv_splits, recv_expert)`: `order` (T·k,) the
+#   flat indices in the order this rank sends them; `send_splits[d]` the rows it sends rank d
+#   and `recv_splits[s]` the rows it receives from rank s (lists of p ints); `recv_expert`
+#   (n_recv,) the local expert (0 … E/p−1) of each received row. `plan_dispatch(expert_idx,
+#   num_experts, group)` returns it; Exercise 2 builds on it.
+# - Collectives, read from each rank's record (`out.comms`): first **one** collective of
+#   integers, at most p·E of them (the counts: without them no rank could size its receive
+#   buffer), then exactly **one** `all_to_all_single` of the tokens, T·k·h·4 bytes; no gather,
+#   broadcast or all-reduce of tokens.
+# - Visible test: the stored routing on 2 ranks (uneven splits). Hidden: 4 ranks with E = 8,
+#   k = 2, and 2 ranks with top-1 over 6 experts.
 #
-# What rank r receives is ordered by source rank, then local expert, then the source's flat index.
-# Return `(recv, plan)` with `plan = DispatchPlan(order, send_splits, recv_splits, recv_expert)`:
-# the splits as lists of p ints, `recv_expert` the local expert (0 … E/p−1) of each received row
-# (`torch.repeat_interleave` of the local expert ids by the received counts).
+# **Why it matters.** An all-gather of every rank's tokens would give each rank what it needs
+# too, but it sends every token to every rank: the gathered p·T rows against the T·k an
+# all-to-all sends, p/k times the bytes, and memory that grows with p.
 #
-# An all-gather of every rank's tokens would give each rank what it needs too, but it sends every
-# token to every rank: the gathered p·T rows against the T·k an all-to-all sends, p/k times the
-# bytes, and memory that grows with p. The check reads the
-# collective record (`out.comms`) and accepts the count exchange and **one** token all-to-all.
+# <details><summary>Hint 1</summary>
+#
+# Sort the T·k assignments by expert. The experts of rank 0 then come first, those of rank 1
+# next, …: each destination's rows are one contiguous block. Which kind of sort keeps the flat
+# order among assignments to the same expert?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The receiver needs, from every source, how many rows come for each of its experts. Count your
+# assignments per expert (E numbers): rank d needs the E/p counts of its own experts, which is
+# exactly what an `all_to_all_single` of the (E,) tensor delivers. What comes back, viewed as
+# (p, E/p), is (source rank, local expert).
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# `order = torch.argsort(flat, stable=True)`; send `x[order // k]` with
+# `dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)`, the splits
+# being the counts summed per rank; `recv_expert` is `torch.repeat_interleave` of the local
+# expert ids by the received counts.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def plan_dispatch(expert_idx, num_experts, group=None):
@@ -148,32 +175,52 @@ check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ff
 # %% [markdown]
 # ## 3. Exercise 2 — combine, forward and backward (4 points)
 #
-# After the local experts ran on the received rows, the results go back where they came from: the
-# same all-to-all with the splits swapped (send `recv_splits`, receive `send_splits`). Each row
-# then returns to its slot (t, j) — `order` says which — and the slots are weighted by their
-# gates and summed over j.
+# **Build** `AllToAll`, an autograd function, and `moe_forward(x, router, experts, num_experts,
+# k, group)`: the whole layer on expert-parallel ranks, trainable.
 #
-# For training, autograd must know that the gradient of a row received from rank s belongs on rank
-# s: **the backward of an all-to-all is the reverse all-to-all**. Write it as
-# `AllToAll.apply(x, out_splits, in_splits, group)`: forward `all_to_all_single` receiving
-# `out_splits` and sending `in_splits`, backward the same with the two swapped (`backward`
-# returns one gradient per forward input: `(grad_x, None, None, None)`).
+# **Contract.**
+# - `AllToAll.apply(x, out_splits, in_splits, group)`: forward, an `all_to_all_single` that
+#   sends `in_splits[d]` rows to rank d and receives `out_splits[s]` rows from rank s; backward,
+#   whatever puts the gradient of every row on the rank the row came from. `backward` returns one
+#   gradient per forward input: `(grad_x, None, None, None)`.
+# - `moe_forward`: `router` is the replicated `nn.Linear(h, E)`, `experts` this rank's E/p
+#   expert modules (local expert i is expert r·E/p + i). It returns this rank's outputs (T, h),
+#   y_t = Σ_j p[i_j] · expert_{i_j}(x_t) as in section 1, with gradients reaching x, the router
+#   and the experts.
+# - Collectives per rank: in the forward, the count exchange and exactly **two** token
+#   all-to-alls (dispatch, combine); in the backward, exactly two token all-to-alls; no gather.
+# - The check compares every rank's outputs, input gradients and experts' gradients with the
+#   plain layer on all p·T tokens, and the router's gradients summed over the ranks (each rank's
+#   router sees only its own tokens; in training a DP all-reduce sums them, section 5).
+# - Hidden tests: 4 ranks with E = 8, k = 2; and 4 ranks, top-1, routed so that **rank 3's
+#   experts get no token at all**. That rank must still take part in every all-to-all of the
+#   backward, or every other rank waits in them forever.
 #
-# Then `moe_forward(x, router, experts, num_experts, k, group)`: the router is the (replicated)
-# `nn.Linear(h, E)`, `experts` this rank's E/p expert modules. Route (softmax, top-k), plan with
-# your `plan_dispatch`, send `x[order // k]` with `AllToAll`, run each local expert on its rows,
-# send the results back with `AllToAll`, put them in their slots (`index_copy` into a zero
-# (T·k, h) tensor), weight by the gates, sum over k. Four token all-to-alls per step: two
-# forward, two backward (plus the small count exchange). The check compares outputs, input
-# gradients and every expert's gradient with the plain layer on all p·T tokens, and the router's
-# gradients summed over the ranks (each rank's router sees only its own tokens; in training a DP
-# all-reduce sums them, section 5).
+# **Why it matters.** With this backward the distributed layer trains exactly like the
+# single-process one: the EP × DP step of section 5 and the training of section 9 run on your
+# `moe_forward`.
 #
-# **A rank whose experts get no tokens** must still take part in both all-to-alls of the
-# backward, or every other rank waits in them forever. Autograd calls `AllToAll.backward` only
-# for outputs that lie in the graph, so run every local expert even on zero rows
-# (`expert(recv[rows])` with `rows` empty): its empty output keeps the combine in the graph.
-# A hidden test routes so that this happens.
+# <details><summary>Hint 1</summary>
+#
+# A row that rank s sent you in the forward: on which rank does its gradient belong, and which
+# splits describe that exchange? The combine asks the same question of the expert outputs.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Route (softmax, top-k), plan with your `plan_dispatch`, send `x[order // k]` with `AllToAll`,
+# run each local expert on its rows, send the results back with `AllToAll`, splits swapped.
+# `order` says which slot (t, j) each returned row belongs to: `index_copy` into a zero
+# (T·k, h) tensor, weight by the gates, sum over k.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Autograd calls `AllToAll.backward` only for outputs that lie in the graph. If the starved rank
+# skips its experts, its combine's input no longer depends on its dispatch. Run every local
+# expert even on zero rows (`expert(recv[rows])` with `rows` empty): its empty output keeps the
+# combine in the graph.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "moe_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class AllToAll(torch.autograd.Function):
@@ -294,17 +341,39 @@ mesh_run = ep_dp_step(moe_forward)
 #
 # capacity = ⌈c · T · k / E⌉,
 #
-# T·k assignments spread over E experts, times a margin c (Switch Transformer trains with 1.0 to 2.0).
-# Assignments beyond an expert's capacity are **dropped**: they contribute nothing, and a token
-# whose every assignment is dropped leaves the block through the residual connection unchanged.
-# Who is dropped: fill each expert with every token's *first* choice in token order, then the
-# second choices (GShard's Algorithm 1 fills top-1 before top-2).
+# T·k assignments spread over E experts, times a margin c (Switch Transformer trains with 1.0 to
+# 2.0). Assignments beyond an expert's capacity are **dropped**: they contribute nothing, and a
+# token whose every assignment is dropped leaves the block through the residual connection
+# unchanged.
 #
-# Write `expert_capacity(tokens, k, num_experts, capacity_factor)` and
-# `capacity_mask(expert_idx, num_experts, capacity_factor)` → `(keep, dropped_fraction)`: `keep`
-# (T, k) booleans, `dropped_fraction` the share of the T·k assignments dropped (a float). Each
-# rank applies it to its own tokens. Hint: in slot-major order (`expert_idx.t().reshape(-1)`), an
-# assignment's place in its expert's queue is a cumulative sum of one-hot rows.
+# **Build** `expert_capacity(tokens, k, num_experts, capacity_factor)` and
+# `capacity_mask(expert_idx, num_experts, capacity_factor)`.
+#
+# **Contract.**
+# - `expert_capacity` returns the capacity above, an int.
+# - `capacity_mask` returns `(keep, dropped_fraction)`: `keep` (T, k) booleans, at most
+#   capacity assignments kept per expert, **first come first served in GShard's order**
+#   (Algorithm 1 fills top-1 before top-2): every token's first choice in token order, then
+#   every token's second choice in token order, and so on; `dropped_fraction` the share of the
+#   T·k assignments dropped, a float. Each rank applies it to its own tokens.
+# - The check compares both with the course's: `expert_capacity` on five cases, the mask on the
+#   stored routing at c = 1.0 (hidden: 4 ranks with E = 8 at c = 1.25, and top-1 at c = 1.0).
+#
+# **Why it matters.** Section 7 pads every expert's buffer to exactly this capacity, and section
+# 9's training drops by this mask.
+#
+# <details><summary>Hint 1</summary>
+#
+# Visit the assignments in order of priority: `expert_idx.t().reshape(-1)` lists every first
+# choice, then every second choice, each in token order.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# An assignment's place in its expert's queue is how many assignments before it, in that order,
+# chose the same expert: a cumulative sum of one-hot rows, read at the row's own expert. No loop
+# is needed.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "capacity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def expert_capacity(tokens, k, num_experts, capacity_factor):
@@ -338,7 +407,170 @@ check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), 
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 7. Exercise 4 — the load-balancing loss (2 points)
+# ## 7. Capacity without a count exchange
+#
+# The count exchange of Exercise 1 is small, but it is one more synchronisation per layer: no
+# rank can size its token buffer before every rank has routed, and the sizes change from step to
+# step, which a compiler that needs static shapes cannot express. GShard (§2.2) and Switch
+# Transformer (§2.2) instead give every expert exactly C = ⌈c·T·k/E⌉ slots in every rank's send
+# buffer: the slots no token filled are zeros, and the assignments beyond C are dropped, as in
+# Exercise 3. Every rank then sends every rank the same number of rows, known before the router
+# has run: the all-to-all has **equal splits**.
+#
+# ### Exercise 4 — predict the padded all-to-all (1 point)
+#
+# **Build** `predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor)`,
+# a dict of three numbers of bytes, in float32, for one rank and one dispatch:
+# - `"dropless"`: the message the rank hands to the token all-to-all of Exercise 1;
+# - `"padded"`: the message it hands to a capacity-padded dispatch;
+# - `"padded_off_rank"`: the part of the padded message that leaves the rank.
+#
+# A message is counted as nccl-tests and `out.comms` count it: the input tensor's bytes. The
+# check compares your numbers with the formulas at the lab's sizes and at others (hidden: sizes
+# drawn afresh, up to 8 ranks); the table after Exercise 5 prints them beside the bytes your
+# padded layer's records hold.
+#
+# **Why it matters.** Padding buys the end of the count exchange with bytes. Before you measure:
+# at c = 1.0 is the padded dispatch bigger than the dropless one? At c = 1.25? Does either depend
+# on the routing?
+#
+# <details><summary>Hint 1</summary>
+#
+# Dropless: how many rows does a rank send, whatever the router decides?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Padded: every expert gets C slots from this rank, kept assignment or zeros. How many experts
+# are there across all destinations, and how is C rounded?
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# With equal splits, 1/p of the message goes to the rank itself.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_all_to_all_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor) -> dict:
+    """Bytes of one rank's dispatch message (float32): dropless, padded, padded off the rank."""
+    ### BEGIN SOLUTION
+    capacity = math.ceil(capacity_factor * tokens * k / experts)
+    padded = experts * capacity * hidden * 4                          # E·C rows of h floats
+    return {"dropless": tokens * k * hidden * 4, "padded": padded,
+            "padded_off_rank": padded * (world_size - 1) / world_size}
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_all_to_all_bytes", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_predicted_bytes(predict_all_to_all_bytes)
+print("predict_all_to_all_bytes: equals the formulas")
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_predicted_bytes(predict_all_to_all_bytes, seed=fresh_seed())  # sizes drawn afresh, up to 8 ranks
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 5 — a capacity-padded all-to-all (open design, 3 points)
+#
+# **Goal.** Write `padded_moe_forward(x, router, experts, num_experts, k, capacity_factor, group)`
+# → `(y, keep)`: the expert-parallel layer that dispatches with **one** all-to-all and combines
+# with **one**, both of a size fixed before routing, and exchanges **no counts or sizes**.
+#
+# **Contract.**
+# - Arguments as `moe_forward`'s, plus the capacity factor c; C = ⌈c·T·k/E⌉ with T this rank's
+#   tokens.
+# - `keep` (T, k) bool: the assignments kept, exactly those Exercise 3's rule keeps (per
+#   expert, the first C of this rank's assignments, first choices first, in token order).
+# - `y` (T, h): y_t = Σ_j gate_tj · expert_{i_tj}(x_t) over the kept assignments only; a token
+#   with none kept gets zeros (the residual carries it).
+#
+# **Budget**, read from every rank's record (`out.comms`): exactly two collectives, each an
+# `all_to_all_single` (or `all_to_all`) of floats moving exactly p·(E/p)·C·h elements (E·C·h·4
+# bytes); nothing else, no integers, no gather. The check runs the forward only (under
+# `torch.no_grad()`) and compares `keep` and `y` with the capacity reference: the plain layer
+# restricted to the kept assignments. Visible: the stored routing on 2 ranks at c = 1.0; hidden:
+# 4 ranks with E = 8 at c = 1.25, and 2 ranks, top-1, at c = 1.0.
+#
+# The layout of the buffers and how a row finds its slot are yours to design.
+#
+# **Why it matters.** This is the layer GShard and Switch Transformer ran: a static shape and no
+# synchronisation before the tokens move, paid for with padding and dropped tokens. The table
+# after the test measures both.
+#
+# <details><summary>Hint 1</summary>
+#
+# Decide what row r of a rank's (E·C, h) send buffer means, so that sender and receiver agree
+# without talking. Who needs to know which token filled a slot: the sender, the receiver, both?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The receiver need not know which token a row is, nor whether it is padding: it can run expert
+# e on all of e's rows, zeros included, and send everything back in place. Only the sender maps
+# (t, j) to a slot, to fill the buffer and to pick the results out of the combine.
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# A kept assignment's slot is expert · C + its place in the expert's queue (Exercise 3's
+# cumulative sum). A received buffer viewed as (p, E/p, C, h) is (source rank, local expert,
+# slot).
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "padded_moe_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def padded_moe_forward(x, router, experts, num_experts, k, capacity_factor, group=None):
+    """(y (T, h), keep (T, k)): one fixed-size all-to-all each way, no count exchange."""
+    ### BEGIN SOLUTION
+    p = dist.get_world_size(group)
+    tokens, h = x.shape
+    gates, idx = torch.softmax(router(x), dim=-1).topk(k, dim=-1)     # (T, k)
+    cap = math.ceil(capacity_factor * tokens * k / num_experts)
+    # Queue places, first choices first (its own copy of the rule: this cell stands alone).
+    onehot = F.one_hot(idx.t().reshape(-1), num_experts)              # (k*T, E) slot-major
+    place = ((onehot.cumsum(0) * onehot).sum(1) - 1).view(k, tokens).t()   # (T, k)
+    keep = place < cap
+    t, j = keep.nonzero(as_tuple=True)                                # kept assignments
+    slot = idx[t, j] * cap + place[t, j]                              # row in the (E*C, h) buffer
+    send = x.new_zeros(num_experts * cap, h).index_copy(0, slot, x[t])
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)                   # equal splits
+    recv = recv.view(p, num_experts // p, cap, h)                     # (source, local expert, slot)
+    out = torch.stack([expert(recv[:, e]) for e, expert in enumerate(experts)], 1)
+    back = torch.empty_like(send)
+    dist.all_to_all_single(back, out.reshape(-1, h).contiguous(), group=group)
+    y = x.new_zeros(tokens, h).index_add(0, t, gates[t, j, None] * back[slot])
+    return y, keep
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_padded_moe", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_padded_moe(padded_moe_forward)
+print("padded_moe_forward: two fixed-size all-to-alls, no count exchange, the capacity reference's "
+      "drops and outputs")
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_padded_moe(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12,
+                 experts=8, k=2, capacity_factor=1.25)   # 4 ranks; c·T·k/E not whole: C rounds up
+check_padded_moe(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6, ffn=12,
+                 experts=4, k=1, capacity_factor=1.0)    # top-1
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your prediction beside the records: the padded layer on the traffic table's problem (section 4)
+# at three capacity factors, against the dropless dispatch measured there.
+
+# %% nbgrader={"grade": false, "grade_id": "padded_traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+padded_rows = padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traffic_rows, **TRAFFIC)
+
+# %% [markdown]
+# Both directions move the same fixed size on every rank, whatever the router did, and the
+# received buffer needs no size from anyone. The price is in the last two columns: at c = 1.0
+# the padded message equals the dropless one when E divides T·k, yet the uneven routing
+# overflows some experts and their excess is dropped; a larger c drops less and sends more
+# zeros. A dropless layer pays neither, with the count exchange and buffers whose size changes
+# every step.
+#
+# ## 8. Exercise 6 — the load-balancing loss (2 points)
 #
 # Nothing in the task loss keeps the router from sending most tokens to one expert; an expert that
 # is chosen more gets trained more and is chosen still more. Switch Transformer (§2.2, eq. 4) adds
@@ -350,8 +582,28 @@ check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), 
 # mean router probability of expert i over the tokens. fᵢ is a count and has no gradient; the
 # gradient flows through Pᵢ and pushes probability away from the experts that get more than their
 # share. Under uniform routing fᵢ = Pᵢ = 1/E and L_aux = 1: the factor E makes the loss's scale
-# independent of the number of experts. Write `load_balancing_loss(probs, expert_idx,
-# num_experts)` for probs (T, E) and expert_idx (T, k), returning a 0-dimensional tensor.
+# independent of the number of experts.
+#
+# **Build** `load_balancing_loss(probs, expert_idx, num_experts)`.
+#
+# **Contract.** `probs` (T, E) the router's probabilities (they carry gradient), `expert_idx`
+# (T, k) the chosen experts; returns L_aux as a 0-dimensional tensor. The check compares the
+# value and its gradient with respect to the router's logits with the course's on each rank's
+# tokens (hidden: 4 ranks with E = 8, k = 2; 2 ranks, top-1 over 6 experts).
+#
+# **Why it matters.** Section 9 trains with your loss and without it, and measures the drops.
+#
+# <details><summary>Hint 1</summary>
+#
+# fᵢ needs the number of assignments to each of the E experts, zeros included, as a float
+# tensor that autograd does not see.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Test it on a uniform router with perfectly balanced routing: it must give exactly 1, whatever
+# E and k.
+# </details>
 
 # %% nbgrader={"grade": false, "grade_id": "aux_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def load_balancing_loss(probs, expert_idx, num_experts):
@@ -373,7 +625,7 @@ check_aux_loss(load_balancing_loss, world_size=2, seed=fresh_seed(), tokens=16, 
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 8. Training with and without the balancing loss
+# ## 9. Training with and without the balancing loss
 #
 # A toy task whose tokens come from four clusters, each with its own target map, so four experts
 # could each take one cluster. The clusters share one large direction, as real token embeddings
@@ -391,7 +643,7 @@ runs = compare_training(ToyTask(), aux_weight=0.3, aux_loss=load_balancing_loss,
                         capacity_mask=capacity_mask, moe_forward=moe_forward)
 
 # %% [markdown]
-# ## 9. One step on the timeline
+# ## 10. One step on the timeline
 #
 # The profiler's view of one step of **your** EP layer (`moe_forward`) on 2 ranks (T = 512,
 # h = 128, f = 512, E = 4, k = 2), in Lab 6's timeline: the named ranges "dispatch all-to-all"
@@ -414,8 +666,10 @@ phase_times(profile.timeline)
 #   exactly like the plain one, and EP × DP needs only the usual gradient all-reduces: experts
 #   over dp, dense weights over every rank.
 # * Capacity ⌈c·T·k/E⌉ (Switch Transformer §2.2, eq. 3) bounds each expert's work at the price of
-#   dropped tokens (static shapes need it; dropless GPU layers do without); the
-#   auxiliary loss E·Σ fᵢPᵢ (Switch Transformer §2.2) keeps the load, and the drops, down.
+#   dropped tokens (static shapes need it; dropless GPU layers do without). Padding every
+#   expert's buffer to it gives all-to-alls of a fixed size, E·C·h elements, that need no count
+#   exchange; the auxiliary loss E·Σ fᵢPᵢ (Switch Transformer §2.2) keeps the load, and the
+#   drops, down.
 #
 # The numbers this lab measured:
 

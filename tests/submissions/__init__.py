@@ -69,14 +69,22 @@ def replace_cell(nb: nbformat.NotebookNode, grade_id: str, source: str) -> nbfor
 
 def edited(lab: str, grade_id: str, old: str, new: str) -> nbformat.NotebookNode:
     """The solved notebook with one mistake made in solution cell ``grade_id``."""
+    return edited_cells(lab, [(grade_id, old, new)])
+
+
+def edited_cells(lab: str, edits) -> nbformat.NotebookNode:
+    """The solved notebook with each (grade_id, old, new) edit made: one mistake that may span
+    several cells."""
     nb = solved(lab)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            if old not in cell.source:
-                raise ValueError(f"{lab}/{grade_id} no longer contains {old!r}: update the sample")
-            cell.source = cell.source.replace(old, new, 1)
-            return nb
-    raise KeyError(grade_id)
+    for grade_id, old, new in edits:
+        cell = next((c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
+                     == grade_id), None)
+        if cell is None:
+            raise KeyError(grade_id)
+        if old not in cell.source:
+            raise ValueError(f"{lab}/{grade_id} no longer contains {old!r}: update the sample")
+        cell.source = cell.source.replace(old, new, 1)
+    return nb
 
 
 # Lab 1's broken answers -------------------------------------------------------------------

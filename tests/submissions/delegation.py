@@ -105,11 +105,17 @@ DELEGATED = {
         "choose_degrees": [("choose_degrees",
                             "distlab.labs.planning.degrees:reference_choose_degrees")],
         "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
+        "predict_traffic": [("predict_traffic", "distlab.checks.lab07_prediction:formula_traffic")],
+        "place_mesh": [("place_mesh", "distlab.labs.mesh_traffic:megatron_layout",
+                        ("shape, per_node", "shape"))],
     },
     "08_sharded_data_parallel": {
+        "predict_step_bytes": [("predict_step_bytes",
+                                "distlab.checks.lab08_prediction:formula_step_bytes")],
         "choose_checkpoints": [("choose_checkpoints",
                                 "distlab.labs.sharded.checkpointing:best_checkpoint_choice",
                                 _CHECKPOINTS)],
+        "design": [("design", "distlab.labs.sharded.budget:course_design")],
     },
     "09_expert_parallel": {
         "dispatch": [("plan_dispatch", "distlab.labs.experts.parallel:plan_dispatch")],
@@ -117,6 +123,19 @@ DELEGATED = {
                         ("moe_forward", "distlab.labs.experts.parallel:ep_moe_forward")],
         "capacity": [("expert_capacity", "distlab.labs.experts.moe:reference_capacity")],
         "aux_loss": [("load_balancing_loss", "distlab.labs.experts.moe:reference_aux_loss")],
+        "predict_all_to_all_bytes": [("predict_all_to_all_bytes",
+                                      "distlab.checks.lab09_prediction:_a2a_bytes")],
+    },
+    "10_context_parallel": {
+        "merge": [("merge_partials", "distlab.labs.context.answers:merge_partials")],
+        "ring_forward": [("ring_attention", "distlab.labs.context.answers:ring_attention")],
+        "ring_backward": [("ring_attention_backward",
+                           "distlab.labs.context.answers:ring_attention_backward")],
+        "causal_layout": [("causal_layout", "distlab.labs.context.answers:causal_layout")],
+        "ulysses": [("ulysses_attention", "distlab.labs.context.answers:ulysses_attention")],
+        "predict_ring_bytes": [("predict_ring_bytes",
+                                "distlab.checks.lab10_plan:ring_bytes_formula")],
+        "smallest_cp": [("smallest_cp", "distlab.checks.lab10_plan:reference_smallest_cp")],
     },
 }
 
@@ -133,9 +152,15 @@ ZEROED = {
     "05_pipeline_parallel": ("test_partition", "test_predict_sent_bytes"),
     "06_timelines": ("test_collective_events", "test_comm_share", "test_classify",
                      "test_overlap_fraction", "test_predict_messages"),
-    "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan"),
-    "08_sharded_data_parallel": ("test_choose_checkpoints",),
-    "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss"),
+    "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan",
+                          "test_predict_traffic", "test_place_mesh"),
+    "08_sharded_data_parallel": ("test_predict_step_bytes", "test_choose_checkpoints",
+                                 "test_design"),
+    "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss",
+                           "test_predict_all_to_all_bytes"),
+    "10_context_parallel": ("test_merge", "test_ring_forward", "test_ring_backward",
+                            "test_causal_layout", "test_ulysses", "test_predict_ring_bytes",
+                            "test_smallest_cp"),
 }
 
 

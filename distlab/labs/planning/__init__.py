@@ -5,7 +5,9 @@
 - ``communication``: bytes per step on each axis and the links they run on;
 - ``step_time``: compute, bubble and communication seconds per step, and the MFU they imply;
 - ``degrees``: valid layouts, the fastest, its near ties, and what a defensible answer is;
-- ``reports``: the tables, figures and planner the lab shows.
+- ``reports``: the tables, figures and planner the lab shows;
+- ``context``: the context-parallel axis (Lab 10): memory and traffic with each sequence cut over
+  ``ParallelConfig.cp`` GPUs, and Llama 3 405B's 128K-token stage.
 """
 from distlab.labs.planning.communication import (axis_bandwidth, comm_bytes_per_step, dp_traffic,
                                                  tp_collectives_per_layer, zero_charge)

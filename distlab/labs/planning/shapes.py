@@ -100,15 +100,19 @@ class Job:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees of the three axes and the job they run. ``tp * pp * dp`` is the GPU count."""
+    """Degrees of the three axes and the job they run. ``tp * pp * dp * cp`` is the GPU count.
+    ``cp``: the context-parallel degree (Lab 10), each sequence cut over ``cp`` GPUs; 1 (every
+    Lab 7 layout) leaves the three axes as they were; ``distlab.labs.planning.context`` plans
+    with it."""
     tp: int
     pp: int
     dp: int
     job: Job = field(default_factory=Job)
+    cp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def microbatches(self) -> int:
@@ -116,7 +120,7 @@ class ParallelConfig:
         return self.job.global_batch // (self.job.micro_batch * self.dp)
 
     def __str__(self) -> str:
-        return f"TP={self.tp} PP={self.pp} DP={self.dp}"
+        return f"TP={self.tp} PP={self.pp} DP={self.dp}" + (f" CP={self.cp}" if self.cp > 1 else "")
 
 
 def with_job(cfg: ParallelConfig, **changes) -> ParallelConfig:

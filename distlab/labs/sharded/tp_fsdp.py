@@ -8,8 +8,8 @@ batch. One AdamW step must equal single-process training.
 
 Which axis each collective runs on: FSDP's gathers and reduce-scatters go through the Python API
 (the collective record has their group); tensor parallelism's all-reduces are functional
-collectives (``torch.ops._c10d_functional``), counted here by a dispatch mode that resolves each
-one's group name to its ranks.
+collectives (``torch.ops._c10d_functional``), counted by ``distlab.labs.functional_collectives``
+with their groups' ranks.
 """
 from __future__ import annotations
 
@@ -18,31 +18,12 @@ import time
 import warnings
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from distlab.labs.functional_collectives import FunctionalCollectives
 from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.problem import ShardSetup, rank_batch, reference_params
 from distlab.labs.tables import format_table
 from distlab.runtime.devices import device
-
-
-class _FunctionalCollectives(TorchDispatchMode):
-    """Records (op, group ranks) of every functional collective dispatched while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[str, tuple]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        if "_c10d_functional" in name and not any(w in name for w in ("wait", "_wrap_tensor")):
-            import torch.distributed as dist
-            from torch.distributed.distributed_c10d import _resolve_process_group
-            groups = [a for a in args if isinstance(a, str)]
-            ranks = tuple(dist.get_process_group_ranks(_resolve_process_group(groups[-1]))) \
-                if groups else ()
-            self.calls.append((name.split(".")[-1], ranks))
-        return func(*args, **(kwargs or {}))
 
 
 def tp_fsdp_step(rank: int, world_size: int, setup: ShardSetup) -> dict:
@@ -64,7 +45,7 @@ def tp_fsdp_step(rank: int, world_size: int, setup: ShardSetup) -> dict:
     optimizer = setup.optimizer(model.parameters())
     dp_rank = mesh["dp"].get_local_rank()
     x, y = (rank_batch(t, dp_rank, 2).to(dev) for t in setup.data())  # the dp group's rows
-    recorder = _FunctionalCollectives()
+    recorder = FunctionalCollectives()
     start = time.perf_counter()
     with recorder:
         optimizer.zero_grad(set_to_none=True)
@@ -74,7 +55,7 @@ def tp_fsdp_step(rank: int, world_size: int, setup: ShardSetup) -> dict:
     full = [torch.cat([p.full_tensor().detach().reshape(-1) for p in block.parameters()])
             for block in model]
     local = [tuple(p.to_local().shape) for p in model[0].parameters()]
-    return {"params": full, "functional": recorder.calls, "local_shapes": local, "window": window,
+    return {"params": full, "functional": [(op, ranks) for _, ranks, op, _ in recorder.calls], "local_shapes": local, "window": window,
             "tp_group": tuple(mesh["tp"].mesh.tolist()), "dp_group": tuple(mesh["dp"].mesh.tolist())}
 
 

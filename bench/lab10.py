@@ -1,0 +1,9 @@
+"""Lab 10 top to bottom in a fresh kernel, as the site and a self-learner run it: seconds per
+cell and in all (the target: under 90 s on a 2-core machine). The runner is bench/lab_run.py's.
+
+    python bench/lab10.py [--save OUT.ipynb]
+"""
+from lab_run import main
+
+if __name__ == "__main__":
+    main("10_context_parallel")

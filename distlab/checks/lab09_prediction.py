@@ -1,0 +1,89 @@
+"""Lab 9's graded prediction (served by ``distlab.checks.lab09``): ``predict_all_to_all_bytes(
+tokens, hidden, experts, k, world_size, capacity_factor)``, the bytes of one dispatch all-to-all
+of a rank, as nccl-tests counts a message (the tensor the rank hands in), in float32:
+
+- ``"dropless"``: the uneven all-to-all of Exercise 1 sends the rank's T·k assignments, T·k·h·4
+  bytes whatever the routing (GShard §2.2 dispatches with one all-to-all);
+- ``"padded"``: a capacity-padded all-to-all (GShard §2.2, Switch Transformer §2.2) sends every
+  expert exactly C = ⌈c·T·k/E⌉ rows (Switch Transformer eq. 3, with k assignments a token), kept
+  or padding: E·C·h·4 bytes, the same on every rank and for every routing;
+- ``"padded_off_rank"``: equal splits send 1/p of that message to the rank itself, so (p−1)/p of
+  it leaves the rank, again whatever the routing.
+
+Visible values are stored in ``data/09_expert_parallel/prediction.pt`` (a handout has no
+``_a2a_bytes``); hidden cases are drawn from the seed and computed in the judge."""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from distlab.checks.assertions import CheckFailed
+
+LAB = "09_expert_parallel"
+SEED = 909
+KEYS = ("dropless", "padded", "padded_off_rank")
+FLOAT32 = 4
+
+
+def _a2a_bytes(tokens: int, hidden: int, experts: int, k: int, world_size: int,
+               capacity_factor: float) -> dict:
+    """The three byte counts of the module's docstring (the formulas)."""
+    capacity = math.ceil(capacity_factor * tokens * k / experts)
+    padded = experts * capacity * hidden * FLOAT32
+    return {"dropless": tokens * k * hidden * FLOAT32, "padded": padded,
+            "padded_off_rank": padded * (world_size - 1) / world_size}
+
+
+def a2a_cases(seed: int | None) -> list[tuple[int, int, int, int, int, float]]:
+    """(tokens, hidden, experts, k, world_size, capacity_factor): the lab's measured sizes at
+    factors 1.0 and 1.25, the hidden tests' sizes (where the ceiling rounds up) and a top-1 case
+    on 4 ranks (visible); or sizes drawn from ``seed`` (hidden)."""
+    if seed is None:
+        return [(64, 32, 4, 2, 2, 1.0), (64, 32, 4, 2, 2, 1.25), (10, 6, 8, 2, 4, 1.25),
+                (20, 6, 4, 1, 4, 1.0), (7, 16, 8, 2, 2, 2.0)]
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        world = rng.choice([2, 4, 8])
+        experts = world * rng.choice([1, 2, 4])
+        cases.append((rng.randint(5, 300), rng.choice([8, 64, 1024]), experts,
+                      rng.choice([1, 2]), world, rng.choice([1.0, 1.1, 1.25, 1.5, 2.0])))
+    return cases
+
+
+def a2a_bytes_set() -> dict:
+    """The visible cases' bytes, for ``data/<lab>/prediction.pt``."""
+    return {"seed": SEED, "bytes": torch.tensor([[_a2a_bytes(*c)[key] for key in KEYS]
+                                                 for c in a2a_cases(None)],
+                                                dtype=torch.float64)}
+
+
+def grade_a2a_bytes(predict, seed: int | None = None) -> None:
+    todo = a2a_cases(seed)
+    if seed is None:
+        from distlab.checks.stored import load
+        expected = load(LAB, "prediction")["bytes"].tolist()
+    else:
+        expected = [[_a2a_bytes(*case)[key] for key in KEYS] for case in todo]
+    for (t, h, e, k, p, c), want in zip(todo, expected):
+        call = (f"predict_all_to_all_bytes(tokens={t}, hidden={h}, experts={e}, k={k}, "
+                f"world_size={p}, capacity_factor={c})")
+        got = predict(t, h, e, k, p, c)
+        try:
+            got = [float(got[key]) for key in KEYS]
+        except (TypeError, KeyError, ValueError):
+            raise CheckFailed(f"{call} returned {got!r:.160}: expected a dict with the keys "
+                              f"{list(KEYS)}, each a number of bytes.") from None
+        for key, g, w in zip(KEYS, got, want):
+            if not math.isclose(g, w, rel_tol=1e-9):
+                raise CheckFailed(
+                    f"{call}[{key!r}] = {g:.6g}; the formula gives {w:.6g} bytes (float32). "
+                    + {"dropless": "The uneven dispatch sends each of the rank's T·k assignments "
+                                   "once, h numbers each, whatever the routing.",
+                       "padded": "Every expert gets exactly C slots from every rank, kept or "
+                                 "not: how many slots does one rank's send buffer hold, and how "
+                                 "is C rounded?",
+                       "padded_off_rank": "With equal splits, which share of the padded "
+                                          "message does a rank send to itself?"}[key])

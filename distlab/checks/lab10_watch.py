@@ -1,0 +1,33 @@
+"""What a rank's ring attention makes, watched while it runs (``distlab.checks.lab10``'s memory
+bounds): the largest tensor any operation made, and the most bytes of receive buffers alive at
+once. A dispatch mode sees every operation, the receives (``c10d.recv_``) included, whatever
+code issued it."""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class RingWatch(TorchDispatchMode):
+    """While active: the largest tensor (in elements) any operation made, and the most bytes of
+    receive buffers alive at once, counted at every receive (``c10d.recv_``) as it starts."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel, self.shape = 0, ()
+        self.buffers: list[weakref.ref] = []     # every tensor a receive wrote into
+        self.most_received = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.c10d.recv_.default:
+            self.buffers += [weakref.ref(t) for t in args[0]]
+            alive = {id(t): t.nbytes for t in (r() for r in self.buffers) if t is not None}
+            self.most_received = max(self.most_received, sum(alive.values()))
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                self.numel, self.shape = t.numel(), tuple(t.shape)
+        return out

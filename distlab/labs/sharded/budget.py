@@ -1,0 +1,212 @@
+"""Lab 8's open design exercise: train the lab's kind of model under a per-rank memory budget,
+with FSDP2's ``fully_shard`` and activation checkpointing chosen by the student
+(``design(model, mesh) -> model``), and measure what each rank held at its worst.
+
+What is measured (``LiveBytes``): the storage of every tensor an operation makes on a rank, from
+the model's construction on, is remembered by a weak reference to the storage itself (not to the
+tensor: a parameter converted by ``.to(dtype)`` or a gradient that autograd accumulates outlives
+the Python tensor an operation returned); a DTensor counts its local shard. At probes placed in
+every module's forward (before and after, recomputation in backward included), when each module
+output's gradient arrives, after backward and after the optimizer's step, the live bytes of
+those storages (a storage freed by ``resize_(0)`` counts 0) and of the rank's batch are summed.
+So the peak covers parameters (sharded and gathered), gradients, AdamW's state, saved
+activations, communication buffers and the temporaries alive at a probe: what
+``torch.cuda.max_memory_allocated`` would report on a GPU, sampled at module boundaries instead
+of at every allocation.
+
+The budget (``design_budget``) comes from measurement: the peaks of the plain designs that must
+not fit (DDP, DDP with every block checkpointed, ``fully_shard`` per block without
+checkpointing) and of the course's design; the budget lies halfway between the course design's
+peak and the lowest of the others'.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+from distlab.labs.losses import loss_fn
+from distlab.labs.sharded.alive import quiet_warnings
+from distlab.labs.sharded.problem import ShardSetup, rank_batch
+from distlab.runtime.devices import device
+
+# The design exercise's model: 6 MLP blocks 32 -> 128 -> 32 (50,112 parameters, float64) on a
+# batch of 384 rows, chosen so that model states and activations weigh about the same.
+DESIGN_SETUP = ShardSetup(batch=384, d=32, hidden=128, blocks=6)
+DESIGN_STEPS = 4
+
+
+def steady_peak(peaks: list[int]) -> tuple[int, int]:
+    """(bytes, step) of a rank's peak in a steady step: the smallest of its per-step peaks after
+    the first (AdamW makes its state in the first step, so every later step is the same step).
+    Not the largest: a gloo collective's worker thread lets go of its buffers a moment after
+    ``wait()`` returns, so under load a probe now and then still counts one of them (measured:
+    up to 51 KB over 1.52 MB in 4 runs of 12 beside three busy processes, in one step at a time).
+    A design that grows from step to step still shows in the smallest of three."""
+    later = peaks[1:] or peaks
+    low = min(later)
+    return low, peaks.index(low, len(peaks) - len(later))
+
+
+def _storages(t: torch.Tensor):
+    """The plain tensors holding ``t``'s bytes: a DTensor's local shard, else ``t`` itself."""
+    if is_traceable_wrapper_subclass(t):
+        inner, _ = t.__tensor_flatten__()
+        for name in inner:
+            if isinstance(getattr(t, name), torch.Tensor):
+                yield from _storages(getattr(t, name))
+    else:
+        yield t
+
+
+class LiveBytes(TorchDispatchMode):
+    """A dispatch mode that keeps a weak reference to the storage of every tensor an operation
+    returns (a DTensor: its local shard's) and, at each ``probe()``, sums the live bytes of
+    those storages, keeping the largest sum in ``peak``."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: dict[int, StorageWeakRef] = {}
+        self.peak = 0
+
+    def track(self, *tensors) -> None:
+        for t in tensors:
+            for plain in _storages(t):
+                storage = plain.untyped_storage()
+                if storage._cdata not in self.storages:
+                    self.storages[storage._cdata] = StorageWeakRef(storage)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.track(*(t for t in tree_leaves(out) if isinstance(t, torch.Tensor)))
+        return out
+
+    def now(self) -> int:
+        """Live bytes of the tracked storages now (dead ones are forgotten)."""
+        total = 0
+        for key, ref in list(self.storages.items()):
+            if ref.expired():
+                del self.storages[key]
+            else:
+                total += torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+        return total
+
+    def probe(self, *_) -> None:
+        self.peak = max(self.peak, self.now())
+
+
+def _probe_everywhere(model: nn.Module, meter: LiveBytes) -> None:
+    """Probes before and after every module's forward (recomputed forwards too) and when the
+    gradient of each module's output arrives in backward."""
+    def after(module, args, out):
+        meter.probe()
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: meter.probe())
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda module, args: meter.probe())
+        module.register_forward_hook(after)
+
+
+def budget_training(rank: int, world_size: int, design, setup: ShardSetup, steps: int) -> dict:
+    """On this rank: build the model (measured from then on), ``design(model, mesh)`` it, train
+    ``steps`` AdamW steps on this rank's rows. Returns the losses, the peak live bytes per step
+    and the warnings raised (once each)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device().type, (world_size,))
+    x, y = (rank_batch(t, rank, world_size).to(device()) for t in setup.data())
+    meter = LiveBytes()
+    meter.track(x, y)
+    losses, peaks = [], []
+    with quiet_warnings() as seen, meter:
+        model = design(setup.model().to(device()), mesh)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the design returned {type(model).__name__}; it must return the "
+                            f"model (an nn.Module) to train")
+        _probe_everywhere(model, meter)
+        optimizer = setup.optimizer(model.parameters())
+        for _ in range(steps):
+            meter.peak = 0
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            meter.probe()
+            optimizer.step()
+            meter.probe()
+            losses.append(loss.item())
+            peaks.append(meter.peak)
+    dist.barrier()
+    return {"losses": losses, "peaks": peaks, "warnings": seen}
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain designs (none fits the budget) and the course's (it does)
+
+def _checkpointed(block: nn.Module) -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    return checkpoint_wrapper(block)
+
+
+def ddp_design(model: nn.Sequential, mesh) -> nn.Module:
+    """Plain data parallelism: every rank holds everything."""
+    return nn.parallel.DistributedDataParallel(model)
+
+
+def ddp_checkpointed_design(model: nn.Sequential, mesh) -> nn.Module:
+    """Data parallelism with every block checkpointed: the activations shrink, the model states
+    stay whole."""
+    return nn.parallel.DistributedDataParallel(nn.Sequential(*map(_checkpointed, model)))
+
+
+def fsdp_design(model: nn.Sequential, mesh) -> nn.Module:
+    """``fully_shard`` per block and on the root, no checkpointing: the model states shrink, the
+    activations stay whole."""
+    from torch.distributed.fsdp import fully_shard
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def course_design(model: nn.Sequential, mesh) -> nn.Module:
+    """The course's answer: every block checkpointed and ``fully_shard``-ed, then the root."""
+    from torch.distributed.fsdp import fully_shard
+    model = nn.Sequential(*map(_checkpointed, model))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+PLAIN_DESIGNS = {"DDP": ddp_design, "DDP, every block checkpointed": ddp_checkpointed_design,
+                 "fully_shard per block, no checkpointing": fsdp_design}
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignPeaks:
+    """Peak live bytes per rank (the largest over ranks and steps) of each plain design and of
+    the course's, and the budget between them."""
+    plain: dict
+    course: int
+
+    @property
+    def budget(self) -> int:
+        return self.course + (min(self.plain.values()) - self.course) // 2
+
+
+def measure_peak(design, world_size: int, setup: ShardSetup = DESIGN_SETUP,
+                 steps: int = DESIGN_STEPS) -> int:
+    """The largest over ranks of the steady peak (``steady_peak``) of ``design`` trained on
+    ``world_size`` ranks."""
+    from distlab import run
+    out = run(budget_training, world_size, design, setup, steps, timeout=180)
+    return max(steady_peak(out[r]["peaks"])[0] for r in range(world_size))
+
+
+def format_peaks(peaks: dict) -> str:
+    """``{design: peak bytes per rank, ..., "budget": bytes}`` as a two-column table."""
+    from distlab.labs.tables import format_table
+    return format_table([{"design (2 ranks)": name, "peak bytes per rank": f"{b:,}"}
+                         for name, b in peaks.items()])

@@ -1,0 +1,269 @@
+"""Lab 10, context parallelism: the checks pass the solution on 2 and 4 ranks, each planted mistake
+loses exactly its own test (directly, and through the grader), and the numbers the lab states
+come from code checked here.
+
+Wrong submissions are made from the solution's own cells by a textual edit (never a hand-copied
+notebook), so they stay in step with the lab.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.checks import lab10
+from distlab.checks.assertions import CheckFailed
+from distlab.course import solutions
+from distlab.labs import context
+from distlab.labs.context import answers
+
+LAB = "10_context_parallel"
+SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
+HIDDEN = dict(batch=1, heads=4, seq=32, dim=4)
+
+# (name, grade_id of the solution cell, old text, new text, the one test it must lose)
+MISTAKES = [
+    ("merge_without_max_subtraction", "merge",
+     "    m = torch.maximum(lse_a, lse_b)\n",
+     "    m = torch.zeros_like(lse_a)   # no max subtracted: exp(lse) itself\n",
+     "test_merge"),
+    ("ring_sends_to_the_wrong_neighbour", "ring_forward",
+     "            incoming, requests = exchange(kv, right, left, group)     # the next block in flight",
+     "            incoming, requests = exchange(kv, left, right, group)     # the next block in flight",
+     "test_ring_forward"),
+    ("backward_leaves_dk_on_the_wrong_rank", "ring_backward",
+     "        dkv, grad_requests = exchange(dkv + torch.stack([dk_part, dv_part]), right, left, group)\n",
+     "        dkv, grad_requests = dkv + torch.stack([dk_part, dv_part]), []\n"
+     "        if step < p - 1:   # no last hop: each rank keeps its left neighbour's dK/dV\n"
+     "            dkv, grad_requests = exchange(dkv, right, left, group)\n",
+     "test_ring_backward"),
+    ("contiguous_causal_split", "causal_layout",
+     "    chunks = torch.arange(seq_len).view(2 * world_size, -1)           # (2p, s/2p)\n"
+     "    return torch.stack([torch.cat([chunks[r], chunks[2 * world_size - 1 - r]])\n"
+     "                        for r in range(world_size)])                  # (p, s/p)",
+     "    return torch.arange(seq_len).view(world_size, -1)",
+     "test_causal_layout"),
+    ("ulysses_without_the_return_all_to_all", "ulysses",
+     "    return swap(out, 2, 1)                                            # (b, h, s/p, d)",
+     "    mine = out.chunk(p, dim=2)[me]                                  # no all-to-all back:\n"
+     "    return torch.cat([mine] * p, dim=1)                               # its own heads, p times",
+     "test_ulysses"),
+]
+# A mistake whose wrong neighbour is the right one on 2 ranks (left = right): only 4 ranks see it.
+FOUR_RANKS_ONLY = {"ring_sends_to_the_wrong_neighbour"}
+GRADED_TESTS = ["test_merge", "test_ring_forward", "test_ring_backward", "test_causal_layout",
+                "test_ulysses"]
+
+
+SETUP = ("imports", "plan_imports")   # the locked cells the solution cells need
+
+
+def solution_namespace(edit: tuple[str, str, str] | None = None) -> dict:
+    """The solution cells and the imports, run, with one planted edit (grade_id, old, new)."""
+    return solutions.solution_namespace(LAB, [edit] if edit else [], SETUP)
+
+
+def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) -> dict[str, str]:
+    """{test id: "pass" or the failure message} for the five graded checks."""
+    seq = 4 * world_size * 8 if seed is not None else 64
+    calls = {
+        "test_merge": lambda: lab10.check_merge(ns["merge_partials"], seed, **sizes),
+        "test_ring_forward": lambda: lab10.check_ring_forward(ns["ring_attention"], world_size,
+                                                              seed, **sizes),
+        "test_ring_backward": lambda: lab10.check_ring_backward(ns["ring_attention_backward"],
+                                                                world_size, seed, **sizes),
+        "test_causal_layout": lambda: lab10.check_causal_layout(ns["causal_layout"], world_size,
+                                                                seq),
+        "test_ulysses": lambda: lab10.check_ulysses(ns["ulysses_attention"], world_size, seed,
+                                                    **sizes),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "pass"
+        except CheckFailed as err:
+            out[name] = str(err)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The solution passes; each mistake loses exactly its own test
+
+def test_solution_passes_on_stored_and_fresh_inputs():
+    ns = solution_namespace()
+    assert set(run_checks(ns).values()) == {"pass"}
+    assert set(run_checks(ns, 4, seed=5, **HIDDEN).values()) == {"pass"}
+    assert set(run_checks(ns, 2, seed=6, batch=1, heads=6, seq=20, dim=4).values()) == {"pass"}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="NCCL needs a GPU per rank (2); this machine has "
+                           f"{torch.cuda.device_count()}")
+def test_solution_passes_on_nccl_too(monkeypatch):
+    """The same checks with DISTLAB_BACKEND=both: gloo, then NCCL against the same references."""
+    monkeypatch.setenv("DISTLAB_BACKEND", "both")
+    ns = solution_namespace()
+    assert set(run_checks(ns).values()) == {"pass"}
+
+
+@pytest.mark.parametrize("name,cell,old,new,loses", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_mistake_loses_exactly_its_own_test(name, cell, old, new, loses):
+    ns = solution_namespace((cell, old, new))
+    for world_size, seed, sizes in ((2, None, {}), (4, 7, HIDDEN)):
+        results = run_checks(ns, world_size, seed, **sizes)
+        failed = {t for t, r in results.items() if r != "pass"}
+        expected = set() if world_size == 2 and name in FOUR_RANKS_ONLY else {loses}
+        assert failed == expected, (name, world_size, results)
+
+
+def test_the_mistakes_are_told_why():
+    """Each planted mistake's message names what went wrong."""
+    expect = {"merge_without_max_subtraction": "exp\\(1000\\) is inf",
+              "ring_sends_to_the_wrong_neighbour": "right neighbour \\(r\\+1\\) mod p = 1",
+              "backward_leaves_dk_on_the_wrong_rank": "one more hop brings them to the rank",
+              "contiguous_causal_split": "max/min = 6\\.8",
+              "ulysses_without_the_return_all_to_all": "the last all-to-all B"}
+    for name, cell, old, new, loses in MISTAKES:
+        ns = solution_namespace((cell, old, new))
+        message = run_checks(ns, 4, 7, **HIDDEN)[loses]
+        assert __import__("re").search(expect[name], message), (name, message)
+
+
+def test_a_full_score_row_or_blocking_sends_fail_the_ring():
+    """The memory bound sees a rank that gathers every block before computing; the record sees
+    blocking send/recv (no block in flight)."""
+    gather = solution_namespace(("ring_forward", "        block = (block_attention(q, kv[0], kv[1])",
+                                 "        _ = q @ torch.cat([k, k], 2).transpose(-2, -1)   # a whole row of scores\n"
+                                 "        block = (block_attention(q, kv[0], kv[1])"))
+    with pytest.raises(CheckFailed, match=r"made a tensor of shape .* \(1024 elements\)"):
+        lab10.check_ring_forward(gather["ring_attention"])
+    blocking = solution_namespace(("ring_forward",
+                                   "    requests = dist.batch_isend_irecv(",
+                                   "    first, then = (dist.send, tensor, right), (dist.recv, buffer, left)\n"
+                                   "    for op, t, peer in (first, then) if dist.get_rank() % 2 == 0 else (then, first):\n"
+                                   "        op(t, peer, group)\n"
+                                   "    return buffer, []\n"
+                                   "    requests = dist.batch_isend_irecv("))
+    with pytest.raises(CheckFailed, match=r"rank 0 called send of .*, recv of .*dist.isend / dist.irecv"):
+        lab10.check_ring_forward(blocking["ring_attention"])
+
+
+def test_a_ring_that_keeps_its_finished_requests_holds_one_block_too_many():
+    """A finished request holds the block it sent: kept until the next exchange starts, three
+    received blocks are alive at once on 4 ranks (the visible test runs 4 ranks too)."""
+    keeps = solution_namespace(("ring_forward", "kv, requests = incoming, None", "kv = incoming"))
+    lab10.check_ring_forward(keeps["ring_attention"])                  # 2 ranks: one receive
+    with pytest.raises(CheckFailed, match=r"held 6144 bytes of received K/V at once; at most "
+                                          r"two blocks' worth \(2·2·B = 4096\)"):
+        lab10.check_ring_forward(keeps["ring_attention"], world_size=4)
+
+
+def test_ulysses_refuses_heads_that_do_not_divide():
+    ns = solution_namespace(("ulysses", "    if q.shape[1] % p:", "    if False:"))
+    with pytest.raises(CheckFailed, match="expected a ValueError|the ranks failed|hung|never"):
+        lab10.check_ulysses(ns["ulysses_attention"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The references and the numbers the lab states
+
+def test_references_are_plain_attention():
+    ref = lab10.make_references()
+    problem = ref["attention"]
+    for tag, causal in (("full", False), ("causal", True)):
+        scores = problem["q"] @ problem["k"].transpose(-2, -1) / 2          # d = 4
+        if causal:
+            scores = scores.masked_fill(torch.ones(16, 16).triu(1).bool(), float("-inf"))
+        torch.testing.assert_close(problem[f"{tag}.out"], scores.softmax(-1) @ problem["v"])
+        torch.testing.assert_close(problem[f"{tag}.lse"], scores.logsumexp(-1))
+    merge = ref["merge"]
+    assert torch.isinf(merge["1.lse_want"][..., :8]).all()              # both blocks masked
+    assert merge["2.lse_a"].max() > 710                                  # exp overflows float64
+
+
+def test_contiguous_work_ratio_is_about_2p_minus_1_and_zigzag_is_exact():
+    """The lab's text: a contiguous split gives the last rank about 2p-1 times rank 0's work; the
+    2p-chunk split balances it exactly, the striped one within 5% at the checks' lengths."""
+    for p in (2, 4, 8):
+        s = 64 * p
+        ratio = context.layout.imbalance(context.contiguous_layout(s, p))
+        assert abs(ratio - (2 * p - 1)) / (2 * p - 1) < 0.05
+        assert context.layout.imbalance(answers.causal_layout(s, p)) == 1.0
+        striped = torch.arange(s).view(-1, p).t()
+        assert context.layout.imbalance(striped) < lab10.BALANCE
+
+
+def test_demo_runs_the_readers_ring_on_the_readers_layout():
+    ns = solution_namespace()
+    shown = context.ring_with_layout(ns["ring_attention"], ns["causal_layout"], show=False)
+    assert shown["max_error"] < 1e-12
+    assert shown["rows"][1]["max/min"] == "1.000"
+
+
+def test_training_through_the_readers_ring_matches_one_process():
+    """The lab's claim: dL/dW through the reader's ring, summed over the ranks, equals plain
+    attention's on one process (stored, and the stored value is plain attention's)."""
+    from distlab.labs.context import demos
+    ns = solution_namespace()
+    assert context.ring_gradients(ns["ring_attention"], ns["ring_attention_backward"],
+                                  show=False) < 1e-12
+    stored = demos.stored_set("demos")
+    problem = {key: stored[f"grad.{key}"] for key in ("x", "w", "dy")}
+    torch.testing.assert_close(stored["grad.dw"], demos.plain_weight_grad(
+        context.dense_attention, problem, demos.GRAD_DEMO["heads"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the grader: solution full marks, student version zero, each mistake its own test
+
+SAMPLE_KINDS = ()
+
+
+def own_graded_samples() -> dict:
+    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
+    import submissions
+    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
+            **{(name, LAB): submissions.edited(LAB, cell, old, new)
+               for name, cell, old, new, _ in MISTAKES}}
+
+
+def lab_points() -> float:
+    """The points of every graded cell of the lab (16 of them this module's exercises')."""
+    import jupytext
+    cells = jupytext.read(SOURCE, fmt="py:percent").cells
+    return float(sum(c.metadata.get("nbgrader", {}).get("points", 0) for c in cells))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grader_scores_lab10(graded_samples):
+    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+    expected = {"solution": set(), "untouched": set(GRADED_TESTS),
+                **{name: {loses} for name, _, _, _, loses in MISTAKES}}
+    for student, lost in expected.items():
+        row = rows[student]
+        assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
+    assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == lab_points()
+    assert float(rows["untouched"]["score"]) == 0
+
+
+def test_the_student_version_imports_only_what_it_uses():
+    """fresh_seed is the hidden tests' (imported in their own block), not the student's."""
+    import nbformat
+    nb = nbformat.read(SOURCE.parents[2] / "notebooks" / SOURCE.parent.name / f"{SOURCE.stem}.ipynb", 4)
+    assert "fresh_seed" not in "".join(cell.source for cell in nb.cells)
+
+
+# ----------------------------------------------------------------------------- answers out of reach
+
+def test_visible_checks_read_stored_outputs(monkeypatch):
+    """A handout has no dense_attention: the visible checks and the demo read stored sets."""
+    ns = solution_namespace()
+
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld")
+    from distlab.checks import lab10_problems
+    monkeypatch.setattr(lab10_problems, "dense_attention", withheld)
+    assert set(run_checks(ns).values()) == {"pass"}
