@@ -5,6 +5,7 @@ from __future__ import annotations
 from distlab import paths
 from distlab.grading.course_dir import source_notebook
 
+
 def solution_functions(lab: str, names: tuple[str, ...]) -> dict:
     """``names`` as the solution cells of ``lab`` define them."""
     namespace = solution_namespace(lab, filename=lambda grade_id: f"<{lab}:{grade_id}>")
