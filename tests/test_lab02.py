@@ -6,35 +6,23 @@ notebook), so they stay in step with the lab.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab02
+from distlab.course import solutions
 from distlab.labs.data_parallel import (Setup, flat, format_gradient_average, gradient_average,
                                         gradient_average_demo, loss_fn, optimizer_state_bytes,
                                         reference_training, shard_bounds)
 
-SOURCE = Path(__file__).resolve().parents[1] / "solutions/02_data_parallel/02_data_parallel.py"
+LAB = lab02.LAB
 
 
-def solution_namespace(replace: tuple[str, str] | None = None) -> dict:
-    """Execute the lab's imports cell and its solution cells (optionally with one edit)."""
-    import jupytext
-    nb = jupytext.read(SOURCE, fmt="py:percent")
-    ns: dict = {"__name__": "lab02_solution"}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            code = cell.source
-            if replace and replace[0] in code:
-                code = code.replace(*replace)
-                replace = None
-            exec(compile(code, str(SOURCE), "exec"), ns)
-    assert replace is None, "the edit did not apply: the solution changed"
-    return ns
+def solution_namespace(edit: tuple[str, str, str] | None = None) -> dict:
+    """The solution cells and the imports, run, with one planted edit (grade_id, old, new)."""
+    return solutions.solution_namespace(LAB, [edit] if edit else [])
 
 
 # ---- single-process plumbing -------------------------------------------------------------
@@ -127,21 +115,21 @@ def test_visible_checks_need_no_reference_implementation(solution, monkeypatch):
 
 
 def test_missing_average_fails_the_gradient_checks():
-    ns = solution_namespace(("p.grad.div_(world_size)\n    ### END SOLUTION\n\n\ndef",
+    ns = solution_namespace(("data_parallel_step", "p.grad.div_(world_size)\n    ### END SOLUTION\n\n\ndef",
                              "pass\n    ### END SOLUTION\n\n\ndef"))
     with pytest.raises(CheckFailed, match="2 times the expected"):
         lab02.check_data_parallel_step(ns["data_parallel_step"], world_size=2, seed=5)
 
 
 def test_missing_average_in_zero1_is_caught_by_adam_state():
-    ns = solution_namespace(("self.shard.grad = grad_shard.div_(self.world_size)",
+    ns = solution_namespace(("sharded_adamw", "self.shard.grad = grad_shard.div_(self.world_size)",
                              "self.shard.grad = grad_shard"))
     with pytest.raises(CheckFailed, match="exp_avg"):
         lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=6)
 
 
 def test_bucket_counted_in_elements_fails_the_size_check():
-    ns = solution_namespace(("per_bucket = bucket_bytes // buffer.element_size()",
+    ns = solution_namespace(("bucketed_all_reduce", "per_bucket = bucket_bytes // buffer.element_size()",
                              "per_bucket = bucket_bytes"))
     with pytest.raises(CheckFailed, match="more than the bucket"):
         lab02.check_bucketed_all_reduce(ns["bucketed_all_reduce"], bucket_bytes=8192,
@@ -211,7 +199,7 @@ ZERO1_PATTERN_MISTAKES = {
 @pytest.mark.parametrize("mistake", list(ZERO1_PATTERN_MISTAKES))
 def test_zero1_pattern_check_fails_each_communication_mistake(mistake):
     edit, seed, message = ZERO1_PATTERN_MISTAKES[mistake]
-    ns = solution_namespace(edit)
+    ns = solution_namespace(("sharded_adamw", *edit))
     with pytest.raises(CheckFailed, match=message):
         lab02.check_sharded_adamw(ns["ShardedAdamW"], world_size=2, seed=seed)
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks import lab05
 from distlab.checks.stored import load as load_stored
+from distlab.course import solutions
 from distlab.course.solutions import solution_functions
 from distlab.labs.pipeline import (SCHEDULES, PipeSpec, TimedStage, measured_bubble, library_step,
                               loss_fn, partition_layers, peak_in_flight, reference_step,
@@ -312,17 +313,9 @@ def test_schedule_explorer_redraws_when_a_control_moves(monkeypatch):
 
 def _1f1b_with_warmups(warmups: str):
     """The lab's 1F1B with another number of warm-up forwards (a textual edit of its cell)."""
-    from distlab.grading.course_dir import source_notebook
-    old = "warmup = min(world_size - rank - 1, m)"
-    namespace = {"__name__": "lab05_mutant"}  # not importable: cloudpickle ships it by value
-    edited = False
-    for cell in source_notebook(lab05.LAB).cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            edited = edited or old in cell.source
-            exec(cell.source.replace(old, f"warmup = {warmups}"), namespace)
-    assert edited, "the edit did not apply: the solution changed"
-    return namespace["one_f_one_b_step"]
+    return solutions.solution_namespace(lab05.LAB, [(
+        "one_f_one_b_step", "warmup = min(world_size - rank - 1, m)", f"warmup = {warmups}")]
+    )["one_f_one_b_step"]
 
 
 def test_1f1b_check_rejects_gpipe_with_fewer_microbatches_than_stages(sol):
@@ -360,16 +353,9 @@ def test_every_stage_idles_p_minus_1_forward_and_backward_slots(p, m):
 
 def _budget_with_warmups(warmups: str):
     """The lab's budget_step with another number of warm-up forwards (a textual edit)."""
-    from distlab.grading.course_dir import source_notebook
-    old = "warmup = min(max_in_flight - 1, world_size - rank - 1, m)"
-    namespace = {"__name__": "lab05_mutant"}
-    cells = [c.source for c in source_notebook(lab05.LAB).cells
-             if c.cell_type == "code" and (c.metadata.get("nbgrader", {}).get("solution")
-                                           or c.metadata.get("nbgrader", {}).get("grade_id") == "imports")]
-    assert any(old in c for c in cells), "the edit did not apply: the solution changed"
-    for source in cells:
-        exec(source.replace(old, f"warmup = {warmups}"), namespace)
-    return namespace["budget_step"]
+    return solutions.solution_namespace(lab05.LAB, [(
+        "budget_step", "warmup = min(max_in_flight - 1, world_size - rank - 1, m)",
+        f"warmup = {warmups}")])["budget_step"]
 
 
 def test_the_design_exercise_and_the_prediction_pass_with_the_solution(sol):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +18,7 @@ from distlab.labs.timelines import chrome, gpu_traces, views
 from distlab.labs.timelines import trace as T
 from distlab.checks.assertions import CheckFailed
 from distlab.checks import lab06
+from distlab.course.solutions import solution_functions
 from distlab.labs.timelines.runs import Spec, formula_messages, profile_all
 
 SMALL = Spec(batch=8, dp_batch=32, hidden=32, layers=2, seq=4, microbatches=2, seed=3)
@@ -143,14 +143,7 @@ def test_stored_sets_agree_with_the_references():
 
 def _solution(name: str):
     """The lab's solution functions, executed from its source."""
-    import jupytext
-    nb = jupytext.read(Path(lab06.__file__).resolve().parents[2] / "solutions" / lab06.LAB / f"{lab06.LAB}.py")
-    scope: dict = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "imports"):
-            exec(cell.source, scope)
-    return scope[name]
+    return solution_functions(lab06.LAB, (name,))[name]
 
 
 def test_solution_passes_every_check():

@@ -17,6 +17,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 
 LAB = "02_data_parallel"
 SEED = 202
@@ -49,11 +50,8 @@ def state_bytes_set() -> dict:
 
 def grade_state_bytes(predict, seed: int | None = None) -> None:
     todo = state_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "prediction")["bytes"].tolist()
-    else:
-        expected = [_state_bytes(*c) for c in todo]
+    expected = expected_values(LAB, "prediction", "bytes", seed, todo,
+                               lambda c: _state_bytes(*c))
     for (numel, tensors, world, sharded), want in zip(todo, expected):
         call = (f"predict_state_bytes(numel={numel}, num_tensors={tensors}, world_size={world}, "
                 f"sharded={sharded})")

@@ -16,6 +16,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 from distlab.labs.tensor_parallel import megatron_comm_bytes, ring_bytes_per_rank
 
 LAB = "03_tensor_parallel_mlp"
@@ -48,11 +49,8 @@ def ring_bytes_set() -> dict:
 
 def grade_ring_bytes(predict, seed: int | None = None) -> None:
     todo = ring_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "prediction")["bytes"].tolist()
-    else:
-        expected = [_expected(*c) for c in todo]
+    expected = expected_values(LAB, "prediction", "bytes", seed, todo,
+                               lambda c: _expected(*c))
     for (b, s, h, p, variant), (fwd, bwd) in zip(todo, expected):
         call = f"predict_ring_bytes(batch={b}, seq={s}, hidden={h}, world_size={p}, variant={variant!r})"
         got = predict(b, s, h, p, variant)

@@ -12,6 +12,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 from distlab.labs.timelines.runs import RUNS, Spec, formula_messages
 
 LAB = "06_timelines"
@@ -54,11 +55,8 @@ def messages_set() -> dict:
 
 def grade_messages(predict, seed: int | None = None) -> None:
     todo = message_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "messages")["summary"].tolist()
-    else:
-        expected = [_summary(formula_messages(*case)) for case in todo]
+    expected = expected_values(LAB, "messages", "summary", seed, todo,
+                               lambda case: _summary(formula_messages(*case)))
     for (run, spec, n, rank), want in zip(todo, expected):
         call = f"predict_messages({run!r}, {spec}, world_size={n}, rank={rank})"
         got = predict(run, spec, n, rank)

@@ -12,6 +12,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 from distlab.labs.mesh import MeshShape, TinyConfig, check_batch_fits
 
 AXES = ("tp", "pp", "dp")
@@ -76,11 +77,8 @@ def traffic_set() -> dict:
 
 def grade_traffic_prediction(predict, seed: int | None = None) -> None:
     todo = mesh_traffic_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load("07_3d_parallelism", "traffic")["expected"].tolist()
-    else:
-        expected = [[formula_traffic(*case)[a] for a in AXES] for case in todo]
+    expected = expected_values("07_3d_parallelism", "traffic", "expected", seed, todo,
+                               lambda case: [formula_traffic(*case)[a] for a in AXES])
     for (shape, cfg, rank), want in zip(todo, expected):
         call = f"predict_traffic({shape}, {cfg}, rank={rank})"
         got = predict(shape, cfg, rank)

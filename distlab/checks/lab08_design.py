@@ -18,6 +18,7 @@ handout has neither the course's design nor the reference training); hidden case
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -35,11 +36,14 @@ def _setup(seed: int | None) -> ShardSetup:
     return DESIGN_SETUP if seed is None else dataclasses.replace(DESIGN_SETUP, seed=seed)
 
 
-def measured_peaks(world_size: int, setup: ShardSetup = DESIGN_SETUP) -> DesignPeaks:
-    """Every plain design's peak and the course design's, measured on ``world_size`` ranks."""
-    return DesignPeaks(plain={name: measure_peak(d, world_size, setup)
+@functools.lru_cache(maxsize=None)
+def measured_peaks(world_size: int) -> DesignPeaks:
+    """Every plain design's peak and the course design's, measured on ``world_size`` ranks.
+    Bytes follow the shapes, not the values, so a hidden case's fresh seed needs no new
+    measurement: the judge measures once per world size, not once per student."""
+    return DesignPeaks(plain={name: measure_peak(d, world_size)
                               for name, d in PLAIN_DESIGNS.items()},
-                       course=measure_peak(course_design, world_size, setup))
+                       course=measure_peak(course_design, world_size))
 
 
 def design_budget_set() -> dict:
@@ -66,7 +70,7 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> N
     if seed is None and world_size == 2:
         peaks, losses = stored_design()
     else:
-        peaks = measured_peaks(world_size, setup)
+        peaks = measured_peaks(world_size)
         losses = reference_sharded_training(setup, DESIGN_STEPS)["losses"]
     case = "the stored inputs" if seed is None else f"fresh inputs, seed {seed}"
     out = run(budget_training, world_size, f"your design ({case})", design, setup, DESIGN_STEPS)

@@ -20,6 +20,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 
 LAB = "08_sharded_data_parallel"
 SCHEMES = ("DP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
@@ -56,11 +57,8 @@ def prediction_set() -> dict:
 
 def grade_step_bytes(predict, seed: int | None = None) -> None:
     todo = prediction_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "prediction")["bytes"].tolist()
-    else:
-        expected = [formula_step_bytes(*c) for c in todo]
+    expected = expected_values(LAB, "prediction", "bytes", seed, todo,
+                               lambda c: formula_step_bytes(*c))
     for (scheme, blocks, world, item), want in zip(todo, expected):
         call = (f"predict_step_bytes({scheme!r}, block_numels={list(blocks)}, world_size={world}, "
                 f"itemsize={item})")

@@ -20,6 +20,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 
 LAB = "09_expert_parallel"
 SEED = 909
@@ -62,11 +63,8 @@ def a2a_bytes_set() -> dict:
 
 def grade_a2a_bytes(predict, seed: int | None = None) -> None:
     todo = a2a_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "prediction")["bytes"].tolist()
-    else:
-        expected = [[_a2a_bytes(*case)[key] for key in KEYS] for case in todo]
+    expected = expected_values(LAB, "prediction", "bytes", seed, todo,
+                               lambda case: [_a2a_bytes(*case)[key] for key in KEYS])
     for (t, h, e, k, p, c), want in zip(todo, expected):
         call = (f"predict_all_to_all_bytes(tokens={t}, hidden={h}, experts={e}, k={k}, "
                 f"world_size={p}, capacity_factor={c})")

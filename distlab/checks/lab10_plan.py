@@ -24,6 +24,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.stored import expected_values
 from distlab.labs.planning.context import CP_DEGREES, LLAMA3_405B_128K_JOB, cp_memory_per_gpu
 from distlab.labs.planning.shapes import GB, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Job, Model, \
     ParallelConfig
@@ -75,11 +76,8 @@ def grade_ring_prediction(predict_ring_bytes, seed: int | None = None) -> None:
     must equal
     the formula on every case of ``ring_bytes_cases(seed)``."""
     todo = ring_bytes_cases(seed)
-    if seed is None:
-        from distlab.checks.stored import load
-        expected = load(LAB, "ring_prediction")["bytes"].tolist()
-    else:
-        expected = [ring_bytes_formula(*case) for case in todo]
+    expected = expected_values(LAB, "ring_prediction", "bytes", seed, todo,
+                               lambda case: ring_bytes_formula(*case))
     for (s, p, hq, hkv, d, b, item), want in zip(todo, expected):
         call = (f"predict_ring_bytes(seq_len={s}, world_size={p}, q_heads={hq}, kv_heads={hkv}, "
                 f"head_dim={d}, batch={b}, itemsize={item})")

@@ -28,3 +28,12 @@ def load(lab: str, name: str, data: Path | None = None) -> dict[str, torch.Tenso
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         raise ValueError(f"{folder / (name + '.pt')} does not match its sha256 in the manifest. {fix}")
     return torch.load(io.BytesIO(blob), weights_only=True)
+
+
+def expected_values(lab: str, name: str, key: str, seed: int | None, cases, formula) -> list:
+    """What a prediction's check expects for ``cases``: for the visible test (``seed`` None) the
+    values stored in set ``name`` under ``key`` (a handout holds no formula); for hidden cases,
+    ``formula(case)`` for each, computed where the check runs (the judge)."""
+    if seed is None:
+        return load(lab, name)[key].tolist()
+    return [formula(case) for case in cases]
