@@ -1,6 +1,6 @@
 """Grading at course scale: wall time and throughput of ``distlab grade --jobs J`` on N students.
 
-    .venv/bin/python bench/grading_scale.py                        # 200 students x 9 labs, jobs 1 2
+    .venv/bin/python bench/grading_scale.py                        # 200 students x every lab, jobs 1 2
     .venv/bin/python bench/grading_scale.py --students 8 --labs 01_collectives --jobs 1 2
     .venv/bin/python bench/grading_scale.py --students 6 --labs 01_collectives  # Lab 1's samples
 
@@ -20,8 +20,11 @@ directory with ``python -m distlab.cli grade`` (as an instructor would run it) a
     load          the 1-minute load average when the row finished (other work on the machine
                   inflates the times: compare rows only at similar loads)
 
-then the wall time 200 students x 9 labs would take, extrapolated from the measured s/notebook,
-and whether every --jobs value gave the same scores and statuses.
+then the wall time 200 students x every lab of the course would take, extrapolated from the
+measured s/notebook, and whether every --jobs value gave the same scores and statuses.
+
+``--keep DIR`` writes into DIR only when it is new, empty or an earlier ``--keep`` folder (its
+``.distlab-grading-scale`` marker), or with ``--force``: its files of the same names are replaced.
 """
 from __future__ import annotations
 
@@ -43,8 +46,10 @@ sys.path.insert(0, str(REPO / "tests"))
 import submissions  # noqa: E402  (tests/submissions: the sample submissions, made by code)
 
 from distlab.course.notebooks import labs as course_labs  # noqa: E402
+from distlab.grading.folders import FolderInUse, claim, mark  # noqa: E402
 
-COURSE = (200, 9)  # a class: students x every lab of the course
+STUDENTS = 200   # a class, each handing in every lab of the course
+KEEP = ("grading-scale", "bench/grading_scale.py --keep")   # the --keep folder's marker, program
 
 
 def samples(lab: str) -> list[tuple[str, object]]:
@@ -155,7 +160,7 @@ def verdicts(out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--students", type=int, default=COURSE[0])
+    parser.add_argument("--students", type=int, default=STUDENTS)
     parser.add_argument("--labs", nargs="+", default=course_labs(), metavar="LAB")
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--grade-args", default="--backend gloo --rank-timeout 10",
@@ -167,7 +172,17 @@ def main() -> None:
                              "sample, seconds and CPU seconds (notebooks-jobsJ.csv, summed per "
                              "sample on the terminal) here, to compare runs and read why a grade "
                              "differed or where the CPU went")
+    parser.add_argument("--force", action="store_true",
+                        help="write into --keep DIR even if it is not an earlier --keep folder")
     args = parser.parse_args()
+    if args.keep:   # refused before the hour of grading, not after
+        try:
+            claim(args.keep, KEEP[0], args.force, what="replace files of the same names in it",
+                  remedy="pass --force to write into it anyway", program=KEEP[1])
+        except FolderInUse as exc:
+            raise SystemExit(f"bench/grading_scale.py: {exc}") from None
+        mark(args.keep, *KEEP)
+    course_size = (STUDENTS, len(course_labs()))
     from distlab.grading.sandbox import become_subreaper
     become_subreaper()   # orphans come back here to be reaped, and counted (_reap_orphans)
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
@@ -201,8 +216,8 @@ def main() -> None:
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
                   f"{cpu / notebooks:.1f} | {os.getloadavg()[0]:.1f} |", flush=True)
-            course = seconds / notebooks * COURSE[0] * COURSE[1]
-            print(f"|  | {COURSE[0]} x {COURSE[1]} labs, extrapolated |  | "
+            course = seconds / notebooks * course_size[0] * course_size[1]
+            print(f"|  | {course_size[0]} x {course_size[1]} labs, extrapolated |  | "
                   f"{course:.0f} ({course / 3600:.1f} h) |  |  |  |  |  |  |", flush=True)
             if args.keep:
                 keep_costs(costs, args.keep / f"notebooks-jobs{jobs}.csv")

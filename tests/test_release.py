@@ -58,8 +58,8 @@ def handout(tmp_path_factory) -> Path:
 
 def test_it_holds_the_labs_data_package_and_environment_only(handout):
     top = sorted(p.name for p in handout.iterdir())
-    assert top == ["Makefile", "README.md", "cluster", "data", "distlab", "environment.yml",
-                   "notebooks", "pyproject.toml", "setup.py"], top
+    assert top == [".distlab-release", "Makefile", "README.md", "cluster", "data", "distlab",
+                   "environment.yml", "notebooks", "pyproject.toml", "setup.py"], top
     assert (handout / "cluster" / "slurm" / "busbw.sbatch").is_file()
     for lab in paths.labs():
         assert (handout / "notebooks" / lab / f"{lab}.ipynb").is_file()
@@ -191,10 +191,17 @@ def _get_json(url: str, timeout: float):
 def test_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(tmp_path):
     lab3 = "03_tensor_parallel_mlp"
     out = tmp_path / "week3"
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "distlab"), "release", str(out),
-                           "--lab", lab3], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")   # a user's folder: kept without --force
+    release = [str(REPO / ".venv" / "bin" / "distlab"), "release", str(out), "--lab", lab3]
+    done = subprocess.run(release, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and str(out) in done.stderr and "--force" in done.stderr
+    assert (out / "notes.txt").read_text() == "my notes"
+    for extra in (["--force"], []):   # replaces it; then replaces its own output, unforced
+        done = subprocess.run(release + extra, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not (out / "notes.txt").exists() and (out / ".distlab-release").is_file()
     assert [p.name for p in (out / "notebooks").iterdir()] == [lab3]
     assert sorted(p.name for p in (out / "data").iterdir()) == [lab3, "traces"]
     package = out / "distlab" / "labs"

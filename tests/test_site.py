@@ -17,6 +17,7 @@ import pytest
 from distlab.course import notebooks
 
 from distlab.course import site, site_assets, site_pages, site_sphinx
+from distlab.grading import folders
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -161,6 +162,7 @@ def test_a_failing_lab_names_lab_and_cell_and_keeps_the_old_site(tmp_path, monke
     out = tmp_path / "site"
     out.mkdir()
     (out / "index.html").write_text("the previous site")
+    folders.mark(out, "site")
     failing = _notebook(("fine", "x = 1"), ("divide", "x / 0"), ("never", "print('not run')"))
     monkeypatch.setattr(site, "lab_notebook", lambda lab, version: failing)
     monkeypatch.setattr(site, "copy_static", lambda *args: None)
@@ -171,7 +173,7 @@ def test_a_failing_lab_names_lab_and_cell_and_keeps_the_old_site(tmp_path, monke
                               "(grade_id divide: 'x / 0'): ZeroDivisionError: division by zero")
     assert "distlab site 01_collectives" in message          # what to do
     assert (out / "index.html").read_text() == "the previous site"
-    assert not (tmp_path / "site.partial").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["site"]   # no partial site beside it
 
 
 def test_lab_mentions_become_links_to_other_labs_on_the_site():

@@ -11,6 +11,10 @@ compare byte for byte: ``distlab build --check`` fails when ``notebooks/`` is st
 as ``grader/nbgrader_config.py`` maps it), so nbgrader's formgrader lists the labs
 (``make formgrader``).
 
+Both folders are the build's own, file by file: a file in ``notebooks/<lab>/`` or
+``build/source/<lab>/`` that the build does not write (a trace a lab run there left, an
+instructor's notes) stops the build of that lab, naming it, unless ``--force`` deletes it.
+
 ``lint`` states the rules a source lab must follow for the grader to treat it fairly: unique
 grade ids, balanced solution and hidden-test markers, locked test cells with points, at least one
 autograded cell, and no unlocked code cell that is not a solution.
@@ -26,6 +30,7 @@ from pathlib import Path
 import nbformat
 
 from distlab import paths
+from distlab.grading.folders import FolderInUse
 from distlab.grading.course_dir import (KERNELSPEC, generate, nbgrader_api,  # noqa: F401
                                         source_notebook, write_source)
 
@@ -92,15 +97,36 @@ def stale(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> list[str]:
     return problems + sorted(have - set(built))
 
 
-def write_student_notebooks(lab: str, built: dict[str, str], out: Path = NOTEBOOKS) -> None:
+def _files(folder: Path) -> set[str]:
+    """The files under ``folder``, relative to it (JupyterLab's checkpoints aside)."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")
+            if p.is_file() and ".ipynb_checkpoints" not in p.parts} if folder.is_dir() else set()
+
+
+def _replaceable(folder: Path, written: set[str], force: bool) -> None:
+    """Raise ``FolderInUse`` when ``folder`` holds files the build would not write again."""
+    others = sorted(_files(folder) - written)
+    if others and not force:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise FolderInUse(f"{folder} holds files that `distlab build` does not write ({shown}); "
+                          f"replacing the folder would delete them, so nothing was changed there. "
+                          f"Move them elsewhere, or run `distlab build --force {folder.name}` to "
+                          f"delete them.")
+
+
+def write_student_notebooks(lab: str, built: dict[str, str], out: Path = NOTEBOOKS,
+                            force: bool = False) -> None:
+    _replaceable(out / lab, set(built), force)
     shutil.rmtree(out / lab, ignore_errors=True)
     for name, text in built.items():
         (out / lab / name).parent.mkdir(parents=True, exist_ok=True)
         (out / lab / name).write_text(text)
 
 
-def write_course_source(lab: str, source: Path = COURSE_SOURCE) -> Path:
+def write_course_source(lab: str, source: Path = COURSE_SOURCE, force: bool = False) -> Path:
     """Refresh nbgrader's source folder for ``lab`` (what the formgrader lists and grades from)."""
+    with tempfile.TemporaryDirectory(prefix="distlab-source-") as tmp:
+        _replaceable(source / lab, _files(write_source(lab, Path(tmp)).parent), force)
     shutil.rmtree(source / lab, ignore_errors=True)  # no stale companion files
     return write_source(lab, source)
 
@@ -211,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("labs", nargs="*", metavar="LAB", help="labs to build (default: all)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if notebooks/ differs from a fresh build")
+    parser.add_argument("--force", action="store_true",
+                        help="delete files in notebooks/<lab>/ and build/source/<lab>/ that the "
+                             "build does not write (without it, such a file stops that lab's "
+                             "build)")
     args = parser.parse_args(argv)
     chosen = args.labs or labs()
     unknown = sorted(set(chosen) - set(labs()))
@@ -233,13 +263,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{lab}: notebooks/{lab}/ is stale ({', '.join(changed)}); run `distlab build {lab}`",
                       file=sys.stderr)
                 status = 1
-        elif changed:
-            write_student_notebooks(lab, files)
-            print(f"{lab}: wrote notebooks/{lab}/ ({', '.join(sorted(files))})")
-        else:
-            print(f"{lab}: up to date")
-        if not args.check:
-            write_course_source(lab)
+            continue
+        try:
+            if changed:
+                write_student_notebooks(lab, files, force=args.force)
+                print(f"{lab}: wrote notebooks/{lab}/ ({', '.join(sorted(files))})")
+            else:
+                print(f"{lab}: up to date")
+            write_course_source(lab, force=args.force)
+        except FolderInUse as exc:
+            print(f"{lab}: {exc}", file=sys.stderr)
+            status = 1
     if not args.check:
         # the formgrader creates its gradebook there (distlab grade fills it) but not the folder
         GRADEBOOK.parent.mkdir(parents=True, exist_ok=True)

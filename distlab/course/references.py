@@ -5,7 +5,8 @@ Each lab's checks module (``distlab.checks.labNN`` for lab ``NN_name``) has
 seed it was drawn from and the named tensors (inputs and the plain single-process result). This
 command writes every set to ``data/<lab>/<name>.pt`` (``torch.save`` of the dict of tensors) and
 ``data/<lab>/manifest.json`` with the seed, the shape and dtype of every tensor, the torch version
-and the sha256 of every file.
+and the sha256 of every file. A set the previous manifest named and the lab no longer makes is
+deleted; a file no manifest named (not the command's) is left where it is.
 
 Rebuilding gives the same seeds, shapes and dtypes, and the same values up to float rounding:
 float32 matrix products change in their last bits with the BLAS build and thread count, so
@@ -61,13 +62,21 @@ def write(lab: str, out: Path = DATA) -> Path:
     files, manifest = make(lab)
     folder = out / lab
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.pt"):
-        if old.name not in files:
-            old.unlink()
+    for old in _previous_sets(folder):   # only what an earlier run wrote: a set dropped since
+        if old not in files:
+            (folder / old).unlink(missing_ok=True)
     for name, blob in files.items():
         (folder / name).write_bytes(blob)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return folder
+
+
+def _previous_sets(folder: Path) -> list[str]:
+    """The reference files the folder's manifest names (none without one)."""
+    try:
+        return sorted(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def differences(lab: str) -> list[str]:

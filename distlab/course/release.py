@@ -19,6 +19,10 @@ solutions and hidden tests), ``grader/``, ``tests/`` (sample submissions are sol
 ``bench/``. Before writing, it checks its own output: no line that exists only inside a solution
 or hidden-test region of a source may appear in the student labs or the data, and no hidden-test
 line anywhere, else it stops and says which.
+
+OUT is replaced whole only when it is absent, empty or a previous handout (its
+``.distlab-release`` marker; ``distlab.grading.folders``), or with ``--force``: a folder holding
+anything else is refused, naming it, before anything is built.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from pathlib import Path
 from distlab import paths
 from distlab.course import notebooks
 from distlab.grading import student_package
+from distlab.grading.folders import claim, mark
 
 PROJECT_FILES = ("pyproject.toml", "setup.py", "environment.yml")
 COURSE_FOLDERS = {"solutions", "notebooks", "data", "grader", "distlab", "tests", "bench"}
@@ -72,7 +77,7 @@ laptop's CPU (several processes, gloo) or on NVIDIA GPUs.
 On Linux or macOS with Python 3.10+ (`python3`) and `make`:
 
 ```bash
-make lab       # set everything up (a .venv in this folder, about a minute) and open the labs
+make lab       # set everything up (a .venv in this folder, 1-5 minutes) and open the labs
 make doctor    # check the machine: versions, backends, GPUs and a 2-rank all-reduce
 ```
 
@@ -147,13 +152,25 @@ def _secret_lines(lab: str) -> tuple[set[str], set[str]]:
                  for k in regions)
 
 
+def _old_handout(folder: Path) -> bool:
+    """A handout written before handouts carried their marker: the student README's title."""
+    readme = folder / "README.md"
+    return ((folder / "notebooks").is_dir() and readme.is_file()
+            and readme.read_text(errors="replace").startswith(README.splitlines()[0] + "\n"))
+
+
+def _claim(out: Path, force: bool) -> None:
+    claim(out, "release", force, legacy=_old_handout,
+          remedy="pass --force to replace it and everything in it with the handout")
+
+
 def _labs_list(labs: list[str]) -> str:
     return "\n".join(f"- `notebooks/{lab}/{lab}.ipynb`" for lab in labs)
 
 
-def release(out: Path, log=print, labs: list[str] | None = None) -> Path:
+def release(out: Path, log=print, labs: list[str] | None = None, force: bool = False) -> Path:
     """Write the handout of ``labs`` (every lab: None) into ``out`` (replaced whole, and only
-    once it passed its own check)."""
+    once it passed its own check; a folder that is not a previous handout only with ``force``)."""
     root, every = paths.root(), paths.labs()
     unknown = sorted(set(labs or ()) - set(every))
     if unknown:
@@ -164,6 +181,7 @@ def release(out: Path, log=print, labs: list[str] | None = None) -> Path:
     if out in (root, *root.parents) or (out.parent == root and out.name in COURSE_FOLDERS):
         raise ValueError(f"{out} would overwrite the course's own files: give a new folder, "
                          f"e.g. build/release")
+    _claim(out, force)   # before the minutes of building, and again before replacing
     with tempfile.TemporaryDirectory(prefix="distlab-release-", dir=out.parent
                                      if out.parent.exists() else None) as tmp:
         stage = Path(tmp) / "handout"
@@ -180,10 +198,12 @@ def release(out: Path, log=print, labs: list[str] | None = None) -> Path:
             shutil.copytree(root / "cluster", stage / "cluster", ignore=SKIP)
         (stage / "Makefile").write_text(MAKEFILE)
         (stage / "README.md").write_text(README.format(labs=_labs_list(labs)))
+        mark(stage, "release")
         problems = handout_problems(stage)
         if problems:
             raise RuntimeError("the handout would give away solutions or hidden tests, so nothing "
                                "was written:\n  " + "\n  ".join(problems[:20]))
+        _claim(out, force)
         shutil.rmtree(out, ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(stage), out)
@@ -196,13 +216,19 @@ def main(argv: list[str] | None = None) -> int:
         description="Write the student handout into OUT: the student labs, the data their visible "
                     "tests read, the package, the environment and a student README; no solutions, "
                     "no hidden tests.")
-    p.add_argument("out", type=Path, metavar="OUT")
+    p.add_argument("out", type=Path, metavar="OUT",
+                   help="the handout's folder. It is replaced whole only when it is a previous "
+                        "handout (it holds .distlab-release) or with --force; another folder "
+                        "with files in it is refused")
     p.add_argument("--lab", action="append", metavar="LAB",
                    help="hand out this lab (repeatable; default: every lab). The package holds "
                         "no answer to it or to any later lab; earlier labs' implementations stay.")
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT even if it is not a previous handout (everything in it is "
+                        "deleted)")
     args = p.parse_args(argv)
     try:
-        out = release(args.out, labs=args.lab)
+        out = release(args.out, labs=args.lab, force=args.force)
     except (RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"distlab release: {exc}", file=sys.stderr)
         return 1

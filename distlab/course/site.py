@@ -19,6 +19,8 @@ are stubs, so a run would stop at the first one).
 
 The site is built in a scratch folder and moved into place only when every lab ran: a lab that
 fails stops the build naming the lab, the cell and the error, and the previous site stays.
+The output folder is replaced only when it is absent, empty or a previous site (its
+``.distlab-site`` marker, ``distlab.grading.folders``), or with ``--force``.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import nbformat
 from distlab.course import notebooks, site_pages, site_sphinx
 from distlab.course.site_assets import VENDOR, SiteError, copy_static
 from distlab.course.site_pages import Page, link_lab_mentions, title_of  # noqa: F401 (the API)
+from distlab.grading.folders import FolderInUse, claim, mark
 
 REPO = notebooks.REPO
 SITE = REPO / "build" / "site"
@@ -99,15 +102,28 @@ def execute(nb: nbformat.NotebookNode, lab: str, cwd: Path) -> float:
 # ----------------------------------------------------------------------------- the build
 
 
+def _old_site(folder: Path) -> bool:
+    """A site built before sites carried their marker: its index beside the course's own script."""
+    return (folder / "index.html").is_file() and (folder / "_static" / "twins.js").is_file()
+
+
+def _claim(out: Path, force: bool) -> None:
+    claim(out, "site", force, legacy=_old_site,
+          remedy="pass --force to replace it and everything in it with the site")
+
+
 @contextlib.contextmanager
-def swapped_in(out: Path):
+def swapped_in(out: Path, force: bool = False):
     """A scratch folder beside ``out`` that replaces it only if the block succeeds, so that
-    ``out`` is never a partial site."""
-    scratch = out.with_name(out.name + ".partial")
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
+    ``out`` is never a partial site; ``out`` must be a previous site (or ``force``)."""
+    _claim(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    scratch.chmod(0o755)   # mkdtemp's 0700 would keep a web server from reading the site
     try:
         yield scratch
+        mark(scratch, "site")
+        _claim(out, force)   # a folder made there while the labs ran is not replaced either
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -140,14 +156,15 @@ def repository_url() -> str | None:
 
 
 def build_site(labs: list[str] | None = None, version: str = "solutions", out: Path = SITE,
-               vendor: Path = VENDOR, log=print, repository: str | None = None) -> list[Page]:
+               vendor: Path = VENDOR, log=print, repository: str | None = None,
+               force: bool = False) -> list[Page]:
     """Execute (solutions) ``labs`` (default: all) and render them with Sphinx into ``out``;
     the pages built."""
     labs = sorted(labs or notebooks.labs())  # in course order, whatever order they were named
     start = time.perf_counter()
     nbs = {lab: lab_notebook(lab, version) for lab in labs}
     pages = [Page(lab, title_of(nbs[lab], lab), notebooks.lab_summary(lab)) for lab in labs]
-    with swapped_in(out) as scratch, tempfile.TemporaryDirectory(prefix="distlab-site-src-") as tmp:
+    with swapped_in(out, force) as scratch, tempfile.TemporaryDirectory(prefix="distlab-site-src-") as tmp:
         src = Path(tmp)
         copy_static(src, vendor)
         (src / site_pages.STUDENT_DIR).mkdir()
@@ -176,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", choices=VERSIONS, default="solutions",
                         help="solutions (run, hidden tests left out; default) or the student labs "
                              "as handed out (not run)")
-    parser.add_argument("--out", type=Path, default=SITE, help=f"where to write it (default: {SITE})")
+    parser.add_argument("--out", type=Path, default=SITE,
+                        help=f"where to write it (default: {SITE}); replaced whole only when it is "
+                             f"a previous site (it holds .distlab-site) or with --force")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out even if it is not a previous site (everything in it "
+                             "is deleted)")
     parser.add_argument("--repository", default=None,
                         help="the course's repository URL for the pages' links (default: the "
                              "checkout's git origin, if any)")
@@ -189,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         pages = build_site(args.labs, args.version, args.out.resolve(),
-                           repository=args.repository or repository_url())
-    except SiteError as e:
+                           repository=args.repository or repository_url(), force=args.force)
+    except (SiteError, FolderInUse) as e:
         print(f"distlab site: {e}", file=sys.stderr)
         return 1
     print(f"site: {len(pages)} labs in {time.perf_counter() - start:.0f} s; open "

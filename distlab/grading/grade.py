@@ -69,6 +69,8 @@ from pathlib import Path
 from distlab import paths
 from distlab.grading import selection, similarity
 from distlab.grading.files import Busy, locked
+from distlab.grading.folders import FolderInUse, mark
+from distlab.grading.records import claim_workdir
 from distlab.grading.intake import discover
 from distlab.grading.orchestrate import grade_run
 from distlab.grading.settings import DEFAULT_MEMORY_GB, GradingSettings
@@ -96,7 +98,9 @@ def parse_args(argv):
                         "no progress in any run of the notebook are stopped (default 60)")
     p.add_argument("--workdir", type=Path,
                    help="nbgrader course folders, results of each student, feedback, gradebook.db "
-                        "(default ./grading; with --shard K/N, ./grading-shard-K-of-N)")
+                        "(default ./grading; with --shard K/N, ./grading-shard-K-of-N); a run "
+                        "resumes in a previous run's work directory and refuses any other folder "
+                        "that is not empty")
     p.add_argument("--lab", action="append", dest="labs", help="grade only this lab (repeatable)")
     p.add_argument("--regrade", action="append", nargs="?", const=selection.ALL, metavar="STUDENT",
                    help="grade STUDENT again although the work directory has their results for "
@@ -152,12 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = (args.workdir or default).resolve()
     out = args.out or (workdir / "scores.csv" if args.shard else Path("scores.csv"))
     try:
+        claim_workdir(workdir)   # a user's folder is never written into, a run's is resumed
         with locked(workdir):
+            mark(workdir, "grade")
             status = grade_run(settings_of(args), args.submissions, found, workdir, out,
                                jobs=args.jobs, shard=args.shard, regrade=args.regrade)
             # A report on the graded work that never changes a score: <workdir>/similarity.csv
             return similarity.after_grading(args.submissions, found, workdir, status)
-    except Busy as exc:
+    except (Busy, FolderInUse) as exc:
         print(f"distlab grade: {exc}", file=sys.stderr)
         return 2
 

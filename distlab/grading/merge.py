@@ -18,6 +18,7 @@ from pathlib import Path
 
 from distlab.grading import records as results
 from distlab.grading.files import Busy, atomic_copy, locked
+from distlab.grading.folders import FolderInUse, mark
 from distlab.grading.gradebook import ensure_structure, gradebook_tests, sync_gradebook
 
 
@@ -148,9 +149,11 @@ def merge(dirs: list[Path], dest: Path, out: Path) -> dict[str, dict]:
     dirs = [d.resolve() for d in dirs]
     if dest.resolve() in dirs:
         raise MergeError(f"--workdir {dest} is one of the shards: merge into a folder of its own.")
+    results.claim_workdir(dest.resolve())   # a grading work directory, or a new folder
     manifests = read_shards(dirs)
     merged, origin = collect(manifests)
     with locked(dest.resolve()):
+        mark(dest.resolve(), "grade")
         write_merged(dest.resolve(), manifests, merged, origin, out)
     return merged
 
@@ -163,7 +166,8 @@ def _parse_args(argv):
     p.add_argument("shards", type=Path, nargs="+", metavar="SHARD_WORKDIR")
     p.add_argument("--workdir", type=Path, default=Path("grading"),
                    help="where the merged results, feedback and gradebook.db go "
-                        "(default ./grading)")
+                        "(default ./grading): a new or empty folder or a grading work "
+                        "directory; any other folder is refused")
     p.add_argument("--out", type=Path, default=Path("scores.csv"),
                    help="merged scores CSV (default ./scores.csv)")
     return p.parse_args(argv)
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         merged = merge(args.shards, args.workdir, args.out)
-    except (MergeError, Busy) as exc:
+    except (MergeError, Busy, FolderInUse) as exc:
         print(f"distlab merge: {exc}", file=sys.stderr)
         return 1
     notebooks = sum(len(r["labs"]) for r in merged.values())

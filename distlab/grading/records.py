@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from distlab.grading.files import atomic_write
+from distlab.grading.folders import claim
 from distlab.grading.gradebook import (ensure_structure, gradebook_tests, manual_cells,
                                        manual_scores, sync_gradebook)
 
@@ -68,6 +69,20 @@ def points_per_test(row: dict, tests: dict[str, float]) -> dict[str, float]:
 def read_manifest(workdir: Path) -> dict | None:
     path = workdir / MANIFEST
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def is_workdir(folder: Path) -> bool:
+    """A grading work directory written before work directories carried their marker."""
+    return (folder / MANIFEST).is_file() or (folder / "results").is_dir()
+
+
+def claim_workdir(workdir: Path) -> None:
+    """Refuse a work directory that holds anything but a grading run's (or a merge's) files: a
+    run replaces its ``students/``, ``template/`` and ``views/`` folders. A previous run's work
+    directory (its ``.distlab-grade`` or its records) is resumed as always."""
+    claim(workdir, "grade", legacy=is_workdir,
+          what="write course folders, records and feedback into it and replace its students/, "
+               "template/ and views/", remedy=None)
 
 
 def write_manifest(workdir: Path, scope: dict[str, list[str]], shard, complete: bool,
