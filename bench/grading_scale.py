@@ -52,6 +52,11 @@ STUDENTS = 200   # a class, each handing in every lab of the course
 KEEP = ("grading-scale", "bench/grading_scale.py --keep")   # the --keep folder's marker, program
 
 
+def course_size() -> tuple[int, int]:
+    """(students, labs) of the class the run is extrapolated to: every lab the course has."""
+    return STUDENTS, len(course_labs())
+
+
 def samples(lab: str) -> list[tuple[str, object]]:
     """Every sample submission of ``lab``, named: solution, untouched, then its special cases."""
     nbs = [("solution", submissions.solved(lab)), ("untouched", submissions.student(lab))]
@@ -182,7 +187,7 @@ def main() -> None:
         except FolderInUse as exc:
             raise SystemExit(f"bench/grading_scale.py: {exc}") from None
         mark(args.keep, *KEEP)
-    course_size = (STUDENTS, len(course_labs()))
+    course = course_size()
     from distlab.grading.sandbox import become_subreaper
     become_subreaper()   # orphans come back here to be reaped, and counted (_reap_orphans)
     extra = args.grade_args.split() + [a for lab in args.labs for a in ("--lab", lab)]
@@ -216,9 +221,9 @@ def main() -> None:
                   f"{seconds / notebooks:.1f} | {mean_latency(work):.1f} | "
                   f"{args.students / seconds * 60:.2f} | {first / seconds:.2f} | "
                   f"{cpu / notebooks:.1f} | {os.getloadavg()[0]:.1f} |", flush=True)
-            course = seconds / notebooks * course_size[0] * course_size[1]
-            print(f"|  | {course_size[0]} x {course_size[1]} labs, extrapolated |  | "
-                  f"{course:.0f} ({course / 3600:.1f} h) |  |  |  |  |  |  |", flush=True)
+            whole = seconds / notebooks * course[0] * course[1]
+            print(f"|  | {course[0]} x {course[1]} labs, extrapolated |  | "
+                  f"{whole:.0f} ({whole / 3600:.1f} h) |  |  |  |  |  |  |", flush=True)
             if args.keep:
                 keep_costs(costs, args.keep / f"notebooks-jobs{jobs}.csv")
         print(f"\nload average after: {os.getloadavg()[0]:.1f}; same scores and statuses at every "

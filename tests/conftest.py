@@ -21,6 +21,8 @@ import pytest
 # Lab 2 (formulas), Lab 5 (the schedule widget) and Lab 7 (the planner) cover every kind of
 # content a page has (tests/test_site.py reads every page's HTML).
 SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel", "07_3d_parallelism")
+# Where a skipped test's message sends a newcomer for what to install (README.md's section).
+INSTALL_HELP = 'README.md, "What the optional tests need"'
 # pytest-timeout's limit for a test that makes course_site (its set-up counts): `make site` runs
 # every lab, about 3 minutes on an idle 2-core machine.
 SITE_TIMEOUT = 1900
@@ -49,8 +51,8 @@ def course_site(course, tmp_path_factory):
 
     if not site_assets.can_vendor():
         message = ("the site fetches its scripts (require.js, the widget manager, MathJax) once with "
-                   "npm, which is not installed: install Node.js with npm (Debian/Ubuntu: "
-                   "`sudo apt-get install npm`) to run the site tests")
+                   f"npm, which is not on PATH: install it (Debian/Ubuntu: `sudo apt-get install "
+                   f"npm`; see {INSTALL_HELP}) to run the site tests")
         if os.environ.get("DISTLAB_REQUIRE_BROWSER") == "1":   # CI: mandatory
             pytest.fail(message)
         pytest.skip(f"site tests skipped: {message}")

@@ -22,6 +22,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from conftest import INSTALL_HELP
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
 CONF = """\
 ClusterName=distlabtest
@@ -65,7 +67,7 @@ def missing() -> str | None:
               and not Path("/usr/sbin", d).exists()]
     if absent:
         return (f"Slurm is not installed ({', '.join(absent)} not found): install it with "
-                f"`sudo apt-get install slurm-wlm munge` to run the Slurm test")
+                f"`sudo apt-get install slurm-wlm munge` to run the Slurm test (see {INSTALL_HELP})")
     if os.geteuid() != 0:
         return "a test cluster's slurmd must run as root (it starts jobs as their users)"
     return None

@@ -12,7 +12,7 @@
 
 Screenshots of every page go to build/artifacts/screenshots/ (git-ignored).
 
-The browser is the system's Chromium (Debian: `apt-get install chromium chromium-driver`);
+The browser is the system's Chromium (Debian: `apt-get install chromium`);
 Playwright's own browser download is not used. Without it these tests skip, saying how to enable
 them, unless DISTLAB_REQUIRE_BROWSER=1 (.ci/run sets it): there they fail.
 """
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SITE_LABS
+from conftest import INSTALL_HELP, SITE_LABS
 
 from distlab.course import notebooks
 
@@ -74,10 +74,10 @@ def browser():
     missing = missing_browser()
     if missing and os.environ.get("DISTLAB_REQUIRE_BROWSER") == "1":
         pytest.fail(f"browser tests are mandatory here (DISTLAB_REQUIRE_BROWSER=1) but {missing}: "
-                    "install it (`apt-get install chromium chromium-driver`; .ci/run does)")
+                    "install it (`apt-get install chromium`; .ci/run does)")
     if missing:
         pytest.skip(f"browser tests skipped: {missing}. To run them, install Chromium (Debian/Ubuntu: "
-                    "`sudo apt-get install chromium chromium-driver`) or set DISTLAB_CHROMIUM to a "
+                    f"`sudo apt-get install chromium`; see {INSTALL_HELP}) or set DISTLAB_CHROMIUM to a "
                     "Chrome binary, then `make test` again")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:

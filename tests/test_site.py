@@ -19,6 +19,8 @@ from distlab.course import notebooks
 from distlab.course import site, site_assets, site_pages, site_sphinx
 from distlab.grading import folders
 
+from conftest import INSTALL_HELP
+
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -267,7 +269,7 @@ def _twins_in_node(calls: str) -> list:
     in Node.js, the JSON it returns."""
     node = shutil.which("node")
     if node is None:
-        pytest.skip("Node.js is not installed (it comes with npm: `sudo apt-get install npm`)")
+        pytest.skip(f"Node.js is not installed (it comes with npm: see {INSTALL_HELP})")
     twins = site_sphinx.OWN_STATIC / "twins.js"
     script = ("global.window = {}; global.document = {readyState: 'complete', "
               "querySelectorAll: () => []};\n"
