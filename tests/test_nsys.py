@@ -1,22 +1,26 @@
 """distlab.labs.timelines.nsys: the commands, the availability test, and the reader, checked against the real
-2-GPU nsys export the course ships (data/traces, trimmed) with independent SQL queries; where
-../shared/traces holds the originals, the shipped copies are checked against them."""
+2-GPU nsys export the course ships (data/traces, trimmed) with independent SQL queries; the
+shipped copies are checked against the digests of the originals in data/traces/manifest.json
+(tests/trace_digests.py wrote them after checking the copies against the originals), so the
+check runs on any clone."""
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
-from pathlib import Path
 
 import pytest
 
+import trace_digests
 from distlab.labs.timelines import gpu_traces, nsys
 from distlab.checks import lab06
 
 SAMPLE = nsys.SAMPLE   # the shipped, trimmed export
-ORIGINALS = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-needs_originals = pytest.mark.skipif(
-    not ORIGINALS.is_dir(), reason=f"{ORIGINALS} (the traces' originals, beside the checkout) "
-                                   f"is absent; the shipped copies are tested without it")
+
+
+def digests(name: str) -> dict:
+    """The manifest's entry for a shipped trace."""
+    return json.loads((gpu_traces.folder() / trace_digests.MANIFEST).read_text())["files"][name]
 
 
 def test_commands_profile_torchrun_then_stats_then_export():
@@ -116,18 +120,22 @@ def test_lab_reads_the_shipped_export_where_nsys_is_absent(monkeypatch, capsys):
     assert "No fresh nsys profile" in capsys.readouterr().out
 
 
-@needs_originals
 def test_trimmed_export_reads_exactly_as_the_original():
-    def key(s):
-        return (s.rank, s.kind, s.start, s.end, s.name)
-    original = ORIGINALS / gpu_traces.NSYS_2GPU
-    assert sorted(nsys.read_nsys(original).spans, key=key) == sorted(nsys.read_nsys(SAMPLE).spans, key=key)
+    entry = digests(gpu_traces.NSYS_2GPU)
+    assert SAMPLE == gpu_traces.trace_path(gpu_traces.NSYS_2GPU)
+    assert trace_digests.file_sha256(SAMPLE) == entry["sha256"]
+    assert trace_digests.spans_sha256(SAMPLE) == entry["spans_sha256"]
 
 
-@needs_originals
-@pytest.mark.parametrize("name", [gpu_traces.KINETO_A100, "kineto_cpu_gloo_rank34.json.gz"])
+@pytest.mark.parametrize("name", trace_digests.UNCHANGED)
 def test_shipped_kineto_traces_are_the_originals_unchanged(name):
-    assert gpu_traces.trace_path(name).read_bytes() == (ORIGINALS / name).read_bytes()
+    assert trace_digests.file_sha256(gpu_traces.trace_path(name)) == digests(name)["sha256"]
+
+
+def test_the_manifest_covers_every_shipped_trace():
+    shipped = {p.name for p in gpu_traces.folder().iterdir()} - {"NOTICE.md", trace_digests.MANIFEST}
+    assert set(json.loads((gpu_traces.folder() / trace_digests.MANIFEST).read_text())["files"]) \
+        == shipped
 
 
 def test_shipped_traces_carry_their_notice():
