@@ -8,8 +8,9 @@ The commands that write a folder, and what each does to one that exists:
 - ``distlab site --out`` (build/site): the same with ``.distlab-site`` (or an older site's
   index.html beside _static/twins.js); its scratch folder is a fresh temporary one beside it;
 - ``distlab grade --workdir`` (./grading) and ``distlab merge --workdir``: write into a previous
-  run's work directory (``.distlab-grade``, or its run.json or results/), resuming as before;
-  refuse any other folder with something in it (there is no --force: give another folder);
+  run's work directory (``.distlab-grade``, or its run.json or results/) or nbgrader's grading
+  folder (only gradebook.db, submitted/, autograded/, feedback/, exchange/ in it), resuming as
+  before; refuse any other folder with something in it (no --force: give another folder);
 - ``distlab build``: writes notebooks/<lab>/ and build/source/<lab>/, refusing a lab whose
   folder holds a file the build does not write (JupyterLab's checkpoints aside), unless
   ``--force``;
@@ -168,8 +169,14 @@ def test_a_grading_workdir_is_resumed_by_its_marker_or_its_records(tmp_path):
     (marked / "scores.csv").write_text("")
     (old / "results").mkdir(parents=True)              # a run's records, from before the marker
     (old / "students").mkdir()
-    for workdir in (marked, old):
+    formgrader = tmp_path / "grading"                  # the repository's, as nbgrader keeps it
+    (formgrader / "submitted").mkdir(parents=True)
+    (formgrader / "gradebook.db").write_text("")
+    for workdir in (marked, old, formgrader):
         records.claim_workdir(workdir)
+    (formgrader / "notes.txt").write_text("my notes")
+    with pytest.raises(folders.FolderInUse):
+        records.claim_workdir(formgrader)
 
 
 def test_merge_refuses_a_users_folder_as_its_workdir(tmp_path, users, capsys):

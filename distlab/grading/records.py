@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from distlab.grading.files import atomic_write
-from distlab.grading.folders import claim
+from distlab.grading.folders import claim, contents
 from distlab.grading.gradebook import (ensure_structure, gradebook_tests, manual_cells,
                                        manual_scores, sync_gradebook)
 
@@ -71,9 +71,17 @@ def read_manifest(workdir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+# What nbgrader's own tools keep in a course's grading folder (grader/nbgrader_config.py maps the
+# repository's grading/ so; `distlab build` makes it for the formgrader's gradebook.db), which a
+# grading run adds to and never deletes.
+NBGRADER_NAMES = {"gradebook.db", "submitted", "autograded", "feedback", "exchange"}
+
+
 def is_workdir(folder: Path) -> bool:
-    """A grading work directory written before work directories carried their marker."""
-    return (folder / MANIFEST).is_file() or (folder / "results").is_dir()
+    """A grading work directory written before work directories carried their marker, or
+    nbgrader's grading folder."""
+    return ((folder / MANIFEST).is_file() or (folder / "results").is_dir()
+            or set(contents(folder)) <= NBGRADER_NAMES)
 
 
 def claim_workdir(workdir: Path) -> None:
