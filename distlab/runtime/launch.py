@@ -44,6 +44,7 @@ from distlab.runtime import call_guard
 from distlab.runtime.devices import pick_backend
 from distlab.runtime.outcome import (DistributedError, HangError, RankCrashed, RankError,  # noqa: F401
                                      Results)
+from distlab.runtime.per_rank import ReferenceLeak, for_rank
 from distlab.runtime.rank import Task
 from distlab.runtime.rank_watch import RankWatch
 from distlab.runtime.torchrun import run_in_process
@@ -174,32 +175,45 @@ class Launcher:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         backend = pick_backend(backend, world_size)
+        calls = _calls(fn, args, kwargs, world_size)   # before any rank starts: a leak stops here
         zygote = self.warm_up()
         zygote.wait_ready()
         zygote.drain()
         zygote.exits.clear()  # notices of earlier runs' ranks are of no further use
         run_id = next(self.run_ids)
         store_path = self.rendezvous_file(run_id)
-        try:
-            call = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:
-            raise DistributedError(
-                f"distlab.run could not send your function or its arguments to the ranks: {exc}. "
-                f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
-        task = Task(call=call, world_size=world_size, backend=backend, store_path=store_path,
-                    timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
-                    path=self.settings.rank_path(),
-                    env=dict(os.environ, **self.settings.rank_env()),
-                    threads=threads or max(1, (os.cpu_count() or 1) // world_size),
-                    plain_results=self.settings.distrust, guard=call_guard.active_guard())
+        tasks = [pickle.dumps(Task(
+            call=call, world_size=world_size, backend=backend, store_path=store_path,
+            timeout=timeout, cwd=self.settings.cwd or os.getcwd(), path=self.settings.rank_path(),
+            env=dict(os.environ, **self.settings.rank_env()),
+            threads=threads or max(1, (os.cpu_count() or 1) // world_size),
+            plain_results=self.settings.distrust, guard=call_guard.active_guard()))
+            for call in calls]
         watch = RankWatch(zygote, run_id, world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result,
                           store=f"file {store_path}")
         try:
-            return watch.go(pickle.dumps(task))
+            return watch.go(tasks)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(store_path)
+
+
+def _calls(fn, args: tuple, kwargs: dict, world_size: int) -> list[bytes]:
+    """One pickled call per rank: rank r's holds its own ``PerRank`` values and no other rank's."""
+    calls = []
+    for rank in range(world_size):
+        rank_args, rank_kwargs = for_rank(args, kwargs, rank, world_size)
+        try:
+            calls.append(cloudpickle.dumps((fn, rank_args, rank_kwargs)))
+        except ReferenceLeak:
+            raise
+        except Exception as exc:
+            raise DistributedError(
+                f"distlab.run could not send your function or its arguments to rank {rank}: "
+                f"{exc}. Arguments must be picklable (tensors, numbers, modules, functions)."
+            ) from exc
+    return calls
 
 
 # The launcher ``distlab.run`` uses inside ``Launcher.active()`` (a context variable: each thread

@@ -49,10 +49,11 @@ class RankWatch:
     def _recv(self, conn: Connection):
         return self.loads(conn.recv_bytes())
 
-    def go(self, payload: bytes) -> Results:
+    def go(self, payloads: list[bytes]) -> Results:
+        """``payloads[r]``: rank r's pickled task (each rank gets its own inputs only)."""
         start = time.perf_counter()
         try:
-            self._start(payload)
+            self._start(payloads)
             self._watch(start + self.timeout)
         except BaseException:
             self._kill()
@@ -64,7 +65,7 @@ class RankWatch:
         out.backend, out.seconds = self.backend, time.perf_counter() - start
         return out
 
-    def _start(self, payload: bytes) -> None:
+    def _start(self, payloads: list[bytes]) -> None:
         child_fds = []
         for rank in range(self.world_size):
             ctrl_ours, ctrl_theirs = socket.socketpair()
@@ -82,7 +83,7 @@ class RankWatch:
             self.selector.register(conn.fileno(), selectors.EVENT_READ, ("ctrl", rank))
             self.selector.register(out, selectors.EVENT_READ, ("out", rank))
         self.selector.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
-        for conn in self.conns:
+        for conn, payload in zip(self.conns, payloads):
             conn.send_bytes(payload)
 
     def _watch(self, deadline: float) -> None:
