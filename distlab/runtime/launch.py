@@ -40,7 +40,7 @@ import tempfile
 
 import cloudpickle
 
-from distlab.runtime import call_guard
+from distlab.runtime import call_guard, wire
 from distlab.runtime.devices import pick_backend
 from distlab.runtime.outcome import (DistributedError, HangError, RankCrashed, RankError,  # noqa: F401
                                      Results)
@@ -74,6 +74,9 @@ class LaunchSettings:
     # fork the zygote from the launching process where that is safe (ZygoteHandle), not start
     # a fresh interpreter: for a process that has imported torch and runs no student's script
     fork_zygote: bool = False
+    # the zygote moves into a network namespace of its own (``distlab.runtime.wire``), so that
+    # every byte its ranks send is counted on that namespace's loopback, from outside
+    own_network: bool = False
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets on top of the caller's."""
@@ -85,6 +88,8 @@ class LaunchSettings:
 
     def zygote_env(self) -> dict[str, str]:
         env = self.rank_env()
+        if self.own_network:
+            env[wire.OWN_NETWORK_ENV] = "1"
         if self.preload is not None:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
@@ -189,11 +194,18 @@ class Launcher:
             threads=threads or max(1, (os.cpu_count() or 1) // world_size),
             plain_results=self.settings.distrust, guard=call_guard.active_guard()))
             for call in calls]
+        zygote_pid = self.zygote_pid()
+        own = zygote_pid is not None and wire.in_own_network(zygote_pid)
         watch = RankWatch(zygote, run_id, world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result,
                           store=f"file {store_path}")
         try:
-            return watch.go(tasks)
+            before = wire.loopback(zygote_pid) if own else None
+            out = watch.go(tasks)
+            if own:   # every byte of this run: runs of one launcher never overlap
+                out.wire = wire.RunWire(ranks=out.wire.ranks, total=wire.payload(
+                    before, wire.loopback(zygote_pid)))
+            return out
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(store_path)

@@ -12,6 +12,7 @@ import socket
 import time
 from multiprocessing.connection import Connection
 
+from distlab.runtime import wire
 from distlab.runtime import zygote as _zygote
 from distlab.runtime.comms import SAME_SHAPE_OPS
 from distlab.runtime.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
@@ -55,6 +56,8 @@ class RankWatch:
         try:
             self._start(payloads)
             self._watch(start + self.timeout)
+            # Every rank has returned and waits for the close: their sockets are still open.
+            wire_ranks = self.zygote.count_wire(self.run_id, self.pids)
         except BaseException:
             self._kill()
             raise
@@ -63,6 +66,7 @@ class RankWatch:
         out = Results(self.results)
         out.comms = [state.comms for state in self.states]
         out.backend, out.seconds = self.backend, time.perf_counter() - start
+        out.wire = wire.RunWire(ranks=wire_ranks, total=None)
         return out
 
     def _start(self, payloads: list[bytes]) -> None:
