@@ -57,6 +57,14 @@ def _communicate(rank, world_size, how, numel):
         dist.destroy_process_group(group)
         _ring(torch.zeros_like(t), rank, world_size)
         return t
+    if how == "through_the_store":    # the data as a store key: no network at all
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"rank{rank}", t.numpy().tobytes())
+        for other in range(world_size):
+            if other != rank:
+                t += torch.frombuffer(bytearray(store.get(f"rank{other}")), dtype=torch.float32)
+        _ring(torch.zeros_like(t), rank, world_size)
+        return t
     raise ValueError(how)
 
 
@@ -75,6 +83,13 @@ def test_an_all_reduce_that_skips_the_record_fails(numel):
     assert {c.op for c in out.comms[0]} == {"isend", "irecv"}
     with pytest.raises(CheckFailed, match="crossed outside"):
         assert_crossed_as_recorded(out, "ring_all_reduce")
+
+
+def test_data_through_the_rendezvous_store_fails():
+    out = distlab.run(_communicate, 4, "through_the_store", 1031, backend="gloo")
+    assert torch.equal(out[1], sum(torch.arange(1031, dtype=torch.float32) + r for r in range(4)))
+    with pytest.raises(CheckFailed, match="rendezvous store"):
+        assert_crossed_as_recorded(out)
 
 
 def test_a_group_destroyed_before_the_count_is_caught_on_the_ranks_own_network():

@@ -4,7 +4,8 @@ rank, so skippable) must account for of what the kernel counted leaving it (``ou
 
 A check on *how* a student communicated reads ``out.comms``. A rank can move data without a
 record (a ``ProcessGroup``'s own ``allreduce``, functional collectives, a group it makes and
-destroys) and then add a few messages that look right. Its bytes still cross the network, so a
+destroys, the rendezvous store's set and get) and then add a few messages that look right. Its
+bytes still cross the network or grow the store (a file), so a
 check that grades the record calls ``assert_crossed_as_recorded(out)`` first: every rank's
 counted bytes must be within what its record's calls can have sent. The student can inflate the
 count (send more than needed) but cannot hide from it.
@@ -24,6 +25,9 @@ P2P_RECEIVES = {"recv", "irecv"}
 P2P_HEADER = 160            # bytes of gloo's framing per message, sender and receiver together
 COLLECTIVE_HEADER = 2048    # bytes of gloo's framing per collective call, per rank
 RUN_SLACK = 512             # what joining the group sends (at most 24 B measured), with room
+# What a run writes into its rendezvous store (a file: out.wire.store), per rank: joining the
+# default group (208-256 B measured at 2-8 ranks) and each further group (193-241 B).
+STORE_JOIN, STORE_PER_GROUP = 288, 256
 
 
 def _wire_factor(op: str, n: int) -> float:
@@ -68,6 +72,19 @@ def assert_crossed_as_recorded(out, what: str = "your function") -> None:
     # On the ranks' own network every byte is counted, also on sockets closed before the end.
     if wire.total is not None and wire.total > sum(bounds):
         raise CheckFailed(_message(what, "the ranks together", wire.total, sum(bounds)))
+    if wire.store is not None and wire.store > store_bound(out.comms, world_size):
+        raise CheckFailed(
+            f"{what}: the ranks wrote {wire.store:,} bytes into their rendezvous store, more than "
+            f"joining their groups takes (at most {store_bound(out.comms, world_size):,}): the "
+            f"store is not a channel for the exercise's data. Communicate only as the exercise "
+            f"says.")
+
+
+def store_bound(comms, world_size: int) -> int:
+    """The most a run's store grows by joining the default group and every group its record
+    uses (each distinct group counted once more, for a check that made it for the student)."""
+    groups = {c.group for rank in comms for c in rank if c.group}
+    return world_size * (STORE_JOIN + STORE_PER_GROUP * len(groups))
 
 
 def _message(what: str, who: str, counted: int, bound: int) -> str:

@@ -202,9 +202,11 @@ class Launcher:
         try:
             before = wire.loopback(zygote_pid) if own else None
             out = watch.go(tasks)
-            if own:   # every byte of this run: runs of one launcher never overlap
-                out.wire = wire.RunWire(ranks=out.wire.ranks, total=wire.payload(
-                    before, wire.loopback(zygote_pid)))
+            # every byte of this run (runs of one launcher never overlap), and of its store
+            total = wire.payload(before, wire.loopback(zygote_pid)) if own else None
+            with contextlib.suppress(OSError):
+                out.wire = wire.RunWire(ranks=out.wire.ranks, total=total,
+                                        store=os.path.getsize(store_path))
             return out
         finally:
             with contextlib.suppress(OSError):

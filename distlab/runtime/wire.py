@@ -50,9 +50,11 @@ class RunWire:
     """What crossed in one run: ``ranks[r]``, what rank r's sockets open at the end carried
     (None where unreadable); ``total``, the payload bytes every rank sent on the run's own
     network, over any socket, closed ones included (None where the ranks share the machine's
-    network)."""
+    network); ``store``, the size of the run's rendezvous store, a file every write to it
+    (``dist.distributed_c10d._get_default_store().set``, a group's addresses) appends to."""
     ranks: list[Wire] | None
     total: int | None
+    store: int | None = None   # bytes the ranks wrote into their rendezvous store (a file)
 
 
 # Bytes of headers a loopback packet carries besides its payload: Ethernet (14), IPv4 (20) and
