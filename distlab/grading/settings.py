@@ -82,7 +82,10 @@ class GradingSettings:
                               readable=self.readable_to_students(labs[0]) if package else (),
                               package=package,
                               preload=rank_modules(labs), fork_zygote=package is None,
-                              spawn=spawn)
+                              spawn=spawn,
+                              # a student's ranks reach no network but their own, on which
+                              # every byte they send is counted (distlab.runtime.wire)
+                              own_network=student)
 
 
 def rank_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:

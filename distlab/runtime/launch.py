@@ -40,10 +40,11 @@ import tempfile
 
 import cloudpickle
 
-from distlab.runtime import call_guard
+from distlab.runtime import call_guard, wire
 from distlab.runtime.devices import pick_backend
 from distlab.runtime.outcome import (DistributedError, HangError, RankCrashed, RankError,  # noqa: F401
                                      Results)
+from distlab.runtime.per_rank import ReferenceLeak, for_rank
 from distlab.runtime.rank import Task
 from distlab.runtime.rank_watch import RankWatch
 from distlab.runtime.torchrun import run_in_process
@@ -73,6 +74,9 @@ class LaunchSettings:
     # fork the zygote from the launching process where that is safe (ZygoteHandle), not start
     # a fresh interpreter: for a process that has imported torch and runs no student's script
     fork_zygote: bool = False
+    # the zygote moves into a network namespace of its own (``distlab.runtime.wire``), so that
+    # every byte its ranks send is counted on that namespace's loopback, from outside
+    own_network: bool = False
 
     def rank_env(self) -> dict[str, str]:
         """What the ranks' environment gets on top of the caller's."""
@@ -84,6 +88,8 @@ class LaunchSettings:
 
     def zygote_env(self) -> dict[str, str]:
         env = self.rank_env()
+        if self.own_network:
+            env[wire.OWN_NETWORK_ENV] = "1"
         if self.preload is not None:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
@@ -174,32 +180,54 @@ class Launcher:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         backend = pick_backend(backend, world_size)
+        calls = _calls(fn, args, kwargs, world_size)   # before any rank starts: a leak stops here
         zygote = self.warm_up()
         zygote.wait_ready()
         zygote.drain()
         zygote.exits.clear()  # notices of earlier runs' ranks are of no further use
         run_id = next(self.run_ids)
         store_path = self.rendezvous_file(run_id)
-        try:
-            call = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:
-            raise DistributedError(
-                f"distlab.run could not send your function or its arguments to the ranks: {exc}. "
-                f"Arguments must be picklable (tensors, numbers, modules, functions).") from exc
-        task = Task(call=call, world_size=world_size, backend=backend, store_path=store_path,
-                    timeout=timeout, cwd=self.settings.cwd or os.getcwd(),
-                    path=self.settings.rank_path(),
-                    env=dict(os.environ, **self.settings.rank_env()),
-                    threads=threads or max(1, (os.cpu_count() or 1) // world_size),
-                    plain_results=self.settings.distrust, guard=call_guard.active_guard())
+        tasks = [pickle.dumps(Task(
+            call=call, world_size=world_size, backend=backend, store_path=store_path,
+            timeout=timeout, cwd=self.settings.cwd or os.getcwd(), path=self.settings.rank_path(),
+            env=dict(os.environ, **self.settings.rank_env()),
+            threads=threads or max(1, (os.cpu_count() or 1) // world_size),
+            plain_results=self.settings.distrust, guard=call_guard.active_guard()))
+            for call in calls]
+        zygote_pid = self.zygote_pid()
+        own = zygote_pid is not None and wire.in_own_network(zygote_pid)
         watch = RankWatch(zygote, run_id, world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result,
                           store=f"file {store_path}")
         try:
-            return watch.go(pickle.dumps(task))
+            before = wire.loopback(zygote_pid) if own else None
+            out = watch.go(tasks)
+            # every byte of this run (runs of one launcher never overlap), and of its store
+            total = wire.payload(before, wire.loopback(zygote_pid)) if own else None
+            with contextlib.suppress(OSError):
+                out.wire = wire.RunWire(ranks=out.wire.ranks, total=total,
+                                        store=os.path.getsize(store_path))
+            return out
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(store_path)
+
+
+def _calls(fn, args: tuple, kwargs: dict, world_size: int) -> list[bytes]:
+    """One pickled call per rank: rank r's holds its own ``PerRank`` values and no other rank's."""
+    calls = []
+    for rank in range(world_size):
+        rank_args, rank_kwargs = for_rank(args, kwargs, rank, world_size)
+        try:
+            calls.append(cloudpickle.dumps((fn, rank_args, rank_kwargs)))
+        except ReferenceLeak:
+            raise
+        except Exception as exc:
+            raise DistributedError(
+                f"distlab.run could not send your function or its arguments to rank {rank}: "
+                f"{exc}. Arguments must be picklable (tensors, numbers, modules, functions)."
+            ) from exc
+    return calls
 
 
 # The launcher ``distlab.run`` uses inside ``Launcher.active()`` (a context variable: each thread

@@ -29,7 +29,10 @@ class HangError(DistributedError):
 
 class Results(list):
     """The ranks' return values in rank order, plus ``comms[r]``: rank r's collective record,
-    ``backend`` and ``seconds`` (wall time of the run)."""
+    ``backend``, ``seconds`` (wall time of the run) and ``wire``: the bytes that crossed,
+    counted by the kernel outside the ranks (``distlab.runtime.wire.RunWire``; None under
+    torchrun)."""
     comms: list[list[Comm]]
+    wire: object = None
     backend: str
     seconds: float

@@ -12,6 +12,7 @@ import socket
 import time
 from multiprocessing.connection import Connection
 
+from distlab.runtime import wire
 from distlab.runtime import zygote as _zygote
 from distlab.runtime.comms import SAME_SHAPE_OPS
 from distlab.runtime.diagnosis import (RankState, describe, exit_text, find_deadlock, find_mismatch,
@@ -49,11 +50,14 @@ class RankWatch:
     def _recv(self, conn: Connection):
         return self.loads(conn.recv_bytes())
 
-    def go(self, payload: bytes) -> Results:
+    def go(self, payloads: list[bytes]) -> Results:
+        """``payloads[r]``: rank r's pickled task (each rank gets its own inputs only)."""
         start = time.perf_counter()
         try:
-            self._start(payload)
+            self._start(payloads)
             self._watch(start + self.timeout)
+            # Every rank has returned and waits for the close: their sockets are still open.
+            wire_ranks = self.zygote.count_wire(self.run_id, self.pids)
         except BaseException:
             self._kill()
             raise
@@ -62,9 +66,10 @@ class RankWatch:
         out = Results(self.results)
         out.comms = [state.comms for state in self.states]
         out.backend, out.seconds = self.backend, time.perf_counter() - start
+        out.wire = wire.RunWire(ranks=wire_ranks, total=None)
         return out
 
-    def _start(self, payload: bytes) -> None:
+    def _start(self, payloads: list[bytes]) -> None:
         child_fds = []
         for rank in range(self.world_size):
             ctrl_ours, ctrl_theirs = socket.socketpair()
@@ -82,7 +87,7 @@ class RankWatch:
             self.selector.register(conn.fileno(), selectors.EVENT_READ, ("ctrl", rank))
             self.selector.register(out, selectors.EVENT_READ, ("out", rank))
         self.selector.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
-        for conn in self.conns:
+        for conn, payload in zip(self.conns, payloads):
             conn.send_bytes(payload)
 
     def _watch(self, deadline: float) -> None:

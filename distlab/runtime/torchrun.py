@@ -18,6 +18,7 @@ import torch.distributed as dist
 from distlab.runtime.comms import Recorder
 from distlab.runtime.devices import pick_backend, to_cpu
 from distlab.runtime.outcome import DistributedError, Results
+from distlab.runtime.per_rank import for_rank
 
 
 def run_in_process(fn, world_size: int, args: tuple, kwargs: dict, backend: str):
@@ -38,6 +39,7 @@ def run_in_process(fn, world_size: int, args: tuple, kwargs: dict, backend: str)
         # aborts the process ("terminate called without an active exception") as its threads
         # are torn down under it.
         atexit.register(_leave_group)
+    args, kwargs = for_rank(args, kwargs, rank, world_size)
     recorder = Recorder(rank, lambda *_: None).install()
     try:
         value = fn(rank, world_size, *args, **kwargs)

@@ -21,6 +21,8 @@ import signal
 import socket
 import sys
 
+from distlab.runtime import wire
+
 MAX_FDS = 512
 # Modules the launcher asks the zygote to import besides torch (os.pathsep-separated): the
 # grader's judge names the checks modules, which every rank of a check would otherwise import
@@ -130,9 +132,13 @@ def serve(sock: socket.socket) -> None:
                     except OSError:
                         pass
                 return
-            kind, run_id, world_size = message
+            kind, run_id, arg = message
             if kind == "fork":
-                _fork_ranks(sock, run_id, world_size, fds, children)
+                _fork_ranks(sock, run_id, arg, fds, children)
+            elif kind == "count":   # the ranks' sockets live in this process's network
+                counted = wire.count(arg)
+                send(sock, ("counted", run_id, None if counted is None
+                            else [(w.sent, w.received, w.sockets) for w in counted]))
 
 
 def _confine_if_asked() -> None:
@@ -153,6 +159,8 @@ def main(fd: int) -> None:
     if package:   # a student's view of distlab: its ranks import nothing else of the course
         from distlab.runtime.forked import import_package_from
         import_package_from(package)
+    if os.environ.get(wire.OWN_NETWORK_ENV) == "1":
+        wire.own_network()   # before confinement, which drops the capabilities it needs
     _confine_if_asked()
     _preload()
     serve(sock)

@@ -110,6 +110,19 @@ class ZygoteHandle:
                 return message[2]
             self.note(message)
 
+    def count_wire(self, run_id: int, pids: list[int]):
+        """The TCP bytes each of ``pids`` (a run's ranks) has sent and received, counted by the
+        zygote in its network (``distlab.runtime.wire.count``): a list of ``Wire``, or None."""
+        from distlab.runtime.wire import Wire
+        _zygote.send(self.sock, ("count", run_id, list(pids)))
+        while True:
+            message = self._recv(60)
+            if message is None:
+                raise DistributedError("the rank launcher process stopped answering")
+            if message[0] == "counted" and message[1] == run_id:
+                return None if message[2] is None else [Wire(*w) for w in message[2]]
+            self.note(message)
+
     def note(self, message) -> None:
         if message and message[0] == "exit":
             self.exits[(message[1], message[2])] = message[3]
