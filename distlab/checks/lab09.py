@@ -25,7 +25,7 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
 from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch,  # noqa: F401
-                                           layer_of, local_experts, mine, moe_case, moe_problem,
+                                           experts_by_rank, layer_of, mine, moe_case, moe_problem,
                                            moe_shape, own_rows)
 from distlab.checks.lab09_ranks import (ATOL, MISSING_HINT, RTOL, SIZE_MISMATCH,  # noqa: F401
                                         SPLITS_HINT, _close, _run, failure_hint)
@@ -173,7 +173,7 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
     moe = layer_of(ref, experts, k)
     for backend, out in _run(_layer_on_rank, world_size, f"moe_forward on {case}", moe_forward,
                              own_rows(ref["x"], world_size), own_rows(ref["dy"], world_size),
-                             moe.router, local_experts(moe, world_size), experts, k):
+                             moe.router, experts_by_rank(moe, world_size), experts, k):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             _close(res["y"], mine(ref["y"], rank, world_size), f"moe_forward output on {where}",

@@ -21,7 +21,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device
-from distlab.checks.lab09_problems import (LAB, layer_of, local_experts, mine, moe_case, moe_shape,
+from distlab.checks.lab09_problems import (LAB, experts_by_rank, layer_of, mine, moe_case, moe_shape,
                                            own_rows)
 from distlab.checks.lab09_ranks import SIZE_MISMATCH, _close, _run
 from distlab.labs.experts.moe import MoE, combine_reference, reference_keep
@@ -113,7 +113,7 @@ def grade_padded(fn, world_size: int = 2, seed: int | None = None, tokens=12, hi
     moe = _layer(ref, experts, k)
     for backend, out in _run(_padded_on_rank, world_size, f"padded_moe_forward on {case}", fn,
                              own_rows(ref["x"], world_size), moe.router,
-                             local_experts(moe, world_size), experts, k, capacity_factor,
+                             experts_by_rank(moe, world_size), experts, k, capacity_factor,
                              hint_of=_failure_hint):
         where = f"{case}, capacity factor {capacity_factor} (C = {capacity}), {out.backend}"
         for rank, res in enumerate(out):

@@ -39,7 +39,7 @@ def moe_problem(seed: int, world_size: int, tokens: int, hidden: int, ffn: int, 
             **dense_run(moe, x, dy)}
 
 
-def marked(problem: dict) -> dict:
+def with_references(problem: dict) -> dict:
     """``problem`` with the plain layer's results (y, dx, grad.*) marked as references (stored
     or fresh): none of them can head for a rank (``distlab.runtime.per_rank``)."""
     return {key: reference(t) if key in ("y", "dx") or key.startswith("grad.") else t
@@ -78,15 +78,15 @@ def moe_case(seed, world_size: int, shape: dict, starve: bool = False) -> tuple[
              f"E={s['experts']}, k={s['k']}")
     if starve:
         seed = SEED if seed is None else seed
-        return (marked(moe_problem(seed, world_size, **shape, starve=True)),
+        return (with_references(moe_problem(seed, world_size, **shape, starve=True)),
                 f"fresh inputs (seed {seed}, {sizes}; rank {world_size - 1}'s experts get no token)")
     if seed is None:
         if world_size != 2 or shape != SHAPE:
             raise CheckFailed("the stored references are for 2 ranks and the default sizes; "
                               "pass a seed to check other world sizes or sizes")
         from distlab.checks.stored import load
-        return marked(load(LAB, "moe")), "the stored inputs (2 ranks)"
-    return marked(moe_problem(seed, world_size, **shape)), f"fresh inputs (seed {seed}, {sizes})"
+        return with_references(load(LAB, "moe")), "the stored inputs (2 ranks)"
+    return with_references(moe_problem(seed, world_size, **shape)), f"fresh inputs (seed {seed}, {sizes})"
 
 
 def moe_shape(tokens, hidden, ffn, experts, k) -> dict:
@@ -107,13 +107,13 @@ def own_rows(t: torch.Tensor, world_size: int) -> PerRank:
 
 def layer_of(problem: dict, experts: int, k: int) -> MoE:
     """The problem's whole layer, built in the judge from its param.* (the router is replicated;
-    each rank receives only its own experts, ``local_experts``)."""
+    each rank receives only its own experts, ``experts_by_rank``)."""
     moe = MoE(problem["x"].shape[1], problem["param.experts.0.w1.weight"].shape[0], experts, k)
     moe.load_state_dict({n[6:]: v for n, v in problem.items() if n.startswith("param.")})
     return moe
 
 
-def local_experts(moe: MoE, world_size: int) -> PerRank:
+def experts_by_rank(moe: MoE, world_size: int) -> PerRank:
     """Rank r's experts [r E/p, (r+1) E/p), as a ModuleList each rank receives alone."""
     per = moe.num_experts // world_size
     return PerRank([torch.nn.ModuleList(moe.experts[r * per + i] for i in range(per))

@@ -20,9 +20,10 @@ import torch
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import describe_comms, rank_device, split_phases
 from distlab.checks.lab10_watch import RingWatch
-from distlab.checks.lab10_problems import (LAB, MERGE_CASES, SEED, SHAPE, at,  # noqa: F401
-                                           context_problem, layouts, merge_problem,
-                                           problem_case, shape_of)
+from distlab.checks.lab10_problems import (BACKWARD_EXPECTED, FORWARD_EXPECTED,  # noqa: F401
+                                           LAB, MERGE_CASES, SEED, SHAPE, at, context_problem,
+                                           layouts, with_expected, merge_problem, problem_case,
+                                           rank_tokens, shape_of)
 from distlab.checks.rank_failures import ranks_failed
 from distlab.checks.ranks import run_each_backend
 from distlab.labs.context.layout import causal_work
@@ -51,17 +52,6 @@ def make_references() -> dict[str, dict]:
     demo["grad.dw"] = plain_weight_grad(dense_attention, grad, GRAD_DEMO["heads"])
     return {**lab10_plan.make_references(), "attention": problem,
             "merge": {"seed": SEED, **merge_problem(problem)}, "demos": {"seed": 0, **demo}}
-
-
-def _marked(problem: dict, keys) -> dict:
-    """``problem`` with the expected results of the check at hand (``keys``) marked as
-    references: a marked tensor heading for a rank stops the launch (ReferenceLeak). Which keys
-    are expected depends on the check: the forward's out and lse are the backward's inputs."""
-    return {key: reference(t) if key in keys else t for key, t in problem.items()}
-
-
-FORWARD_EXPECTED = ("full.out", "full.lse", "causal.out", "causal.lse")
-BACKWARD_EXPECTED = tuple(f"{tag}.d{n}" for tag in ("full", "causal") for n in "qkv")
 
 
 def _close(got, expected, what: str, rank, hint: str = "") -> None:
@@ -112,18 +102,6 @@ def check_merge(merge_partials, seed: int | None = None, batch=2, heads=4, seq=1
 
 # ---------------------------------------------------------------------------------------------
 # Exercises 2 and 3: ring attention, forward and backward
-
-def _tag(causal: bool) -> str:
-    return "causal" if causal else "full"
-
-
-def _per_rank(problem, cases, world_size: int, names) -> PerRank:
-    """Each rank's own tokens of ``names`` ("{tag}" stands for the case's "full" or "causal")
-    for every case, made here in the judge: rank r's list holds, per case, the tensors at
-    ``positions[r]`` (copies) and nothing of the other ranks'."""
-    return PerRank([[[at(problem[n.format(tag=_tag(causal))], positions[rank]) for n in names]
-                     for positions, causal in cases] for rank in range(world_size)])
-
 
 def _ring_forward_on_rank(rank, world_size, ring_attention, inputs, cases):
     """Rank body: the rank's own q, k, v per case in ``inputs``; returns what the student's
@@ -200,14 +178,14 @@ def check_ring_forward(ring_attention, world_size: int = 2, seed: int | None = N
     K/V blocks (2·2·B bytes) alive whenever a receive starts (the current one and the next)."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
-    problem = _marked(problem, FORWARD_EXPECTED)
+    problem = with_expected(problem, FORWARD_EXPECTED)
     cases = _cases(problem, world_size)
     run_cases = [(pos, causal) for _, pos, causal in cases]
     n = seq // world_size
     block = batch * heads * n * dim * 8
     limit = batch * heads * n * max(n, 2 * dim)
     for backend, out in _run(_ring_forward_on_rank, world_size, f"ring_attention on {case}",
-                             ring_attention, _per_rank(problem, run_cases, world_size, "qkv"),
+                             ring_attention, rank_tokens(problem, run_cases, world_size, "qkv"),
                              run_cases):
         where = f"{case}, {out.backend}"
         for rank, results in enumerate(out):
@@ -247,14 +225,14 @@ def check_ring_backward(ring_attention_backward, world_size: int = 2, seed: int 
     between 4(p-1)·B and (4p-2)·B bytes sent per rank."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
-    problem = _marked(problem, BACKWARD_EXPECTED)
+    problem = with_expected(problem, BACKWARD_EXPECTED)
     cases = _cases(problem, world_size)
     run_cases = [(pos, causal) for _, pos, causal in cases]
     block = batch * heads * (seq // world_size) * dim * 8
     low, high = 4 * (world_size - 1) * block, (4 * world_size - 2) * block
     for backend, out in _run(_ring_backward_on_rank, world_size,
                              f"ring_attention_backward on {case}", ring_attention_backward,
-                             _per_rank(problem, run_cases, world_size,
+                             rank_tokens(problem, run_cases, world_size,
                                        ("q", "k", "v", "dout", "{tag}.out", "{tag}.lse")), run_cases):
         where = f"{case}, {out.backend}"
         for rank, results in enumerate(out):
@@ -334,13 +312,13 @@ def check_ulysses(ulysses_attention, world_size: int = 2, seed: int | None = Non
     the last one B bytes (the return). With p+1 heads it raises ValueError naming the heads."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
-    problem = _marked(problem, ("full.out", "causal.out"))
+    problem = with_expected(problem, ("full.out", "causal.out"))
     if heads % world_size:
         raise CheckFailed(f"{heads} heads over {world_size} ranks: choose divisible sizes")
     n = seq // world_size
     block = batch * heads * n * dim * 8
     contiguous = [(layouts(problem, world_size)["contiguous split"], False)]
-    qkv = PerRank(rank_inputs[0] for rank_inputs in _per_rank(problem, contiguous, world_size,
+    qkv = PerRank(rank_inputs[0] for rank_inputs in rank_tokens(problem, contiguous, world_size,
                                                               "qkv").values)
     for backend, out in _run(_ulysses_on_rank, world_size, f"ulysses_attention on {case}",
                              ulysses_attention, qkv):
