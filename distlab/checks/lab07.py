@@ -36,8 +36,9 @@ from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.lab07_cases import (_candidate_memory, _degree_case, _memory_case,
                                         _memory_lookup, degree_cases, memory_cases, memory_rows)
 from distlab.checks.ranks import backends, rank_timeout
-from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses,
-                                   train_on_mesh)
+from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, mesh_shares,
+                              reference_losses, train_on_mesh)
+from distlab.runtime.per_rank import PerRank, reference
 from distlab.labs.planning import (GB, H100_16x8, LLAMA3_70B, LLAMA3_405B, LLAMA3_405B_CLUSTER,
                                    LLAMA3_405B_JOB, RESOLUTION, TERMS, Cluster, Job, Model,
                                    ParallelConfig, acceptable_layout, bubble_fraction,
@@ -244,8 +245,12 @@ def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None 
     seed = SEED if seed is None else seed
     if expected is None:
         expected = reference_losses(cfg, seed)
+    expected = reference(expected)
     try:
-        runs = [(b, distlab.run(train_on_mesh, shape.world_size, shape, plan_fn, cfg, seed,
+        # Each rank: its stage's initial weights (whole: the plan shards them there) and its
+        # DP replica's rows, made here; not the seed, from which it could train one process.
+        shares = PerRank(mesh_shares(shape, cfg, seed))
+        runs = [(b, distlab.run(train_on_mesh, shape.world_size, shape, plan_fn, cfg, shares,
                                 backend=b, timeout=max(rank_timeout(), MESH_TIMEOUT)))
                 for b in backends(shape.world_size)]
     except distlab.RankError as err:

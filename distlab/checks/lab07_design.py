@@ -20,7 +20,9 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.lab07_prediction import formula_traffic
-from distlab.labs.mesh import LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, reference_losses
+from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, mesh_shares,
+                              reference_losses)
+from distlab.runtime.per_rank import PerRank, reference
 from distlab.labs.mesh_traffic import (AXES, axis_traffic, cross_node_bytes, groups_of,
                                        megatron_layout, traced_mesh_rank)
 
@@ -89,8 +91,10 @@ def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
     shape, per_node, cfg, run_seed, budget, losses = _problem(seed)
     call = f"place_mesh({shape!r}, per_node={per_node})"
     layout = _layout(place_mesh(shape, per_node), shape, call)
+    losses = reference(losses)
+    shares = PerRank(mesh_shares(shape, cfg, run_seed, layout))   # stage and rows, not the seed
     for backend, out in run_each_backend(traced_mesh_rank, shape.world_size, shape, layout, cfg,
-                                         run_seed, plan_fn):
+                                         shares, plan_fn):
         got = next(r["losses"] for r in out if r["losses"] is not None)
         assert_close(got, losses, what=f"the loss of each step on your layout {layout} ({backend}) "
                      f"vs single-process training", atol=LOSS_ATOL, rtol=LOSS_RTOL)

@@ -34,6 +34,8 @@ from distlab.labs.sharded import (CheckpointProblem, ShardSetup, best_checkpoint
                                   reference_sharded_training, saved_bytes, shard_numel,
                                   wrap_blocks, wrap_model, zero2_training, zero3_training)
 
+from distlab.runtime.per_rank import PerRank, reference
+
 LAB = "08_sharded_data_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 # torch._dynamo (with DTensor and FSDP): an optimizer's constructor imports it, 0.4-0.8 s a rank.
@@ -93,8 +95,14 @@ def _expected(seed, hidden: int, blocks: int) -> dict:
     """Stored for the visible tests (seed None, the lab's sizes: a handout has no reference),
     else computed here and now (in the grader's judge, which has it)."""
     if seed is not None or (hidden, blocks) != (ShardSetup.hidden, ShardSetup.blocks):
-        return _reference(seed, hidden, blocks)
-    return _stored_reference()
+        return reference(_reference(seed, hidden, blocks))
+    return reference(_stored_reference())
+
+
+def _shares(setup: ShardSetup, world_size: int) -> PerRank:
+    """Each rank's inputs: the initial model (replicated, as data parallelism needs) and its own
+    rows of the batch, made here; the seed and the other ranks' rows stay in the judge."""
+    return PerRank(setup.shares(world_size))
 
 
 def _reference(seed, hidden: int, blocks: int) -> dict:
@@ -171,7 +179,7 @@ def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
     __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
     out = _run(zero2_training, world_size, f"Zero2AdamW ({_case(seed, hidden, blocks)})", cls,
-               setup, STEPS)
+               _shares(setup, world_size), STEPS)
     ref = _expected(seed, hidden, blocks)
     sizes = [p.numel() for p in ref["params"]]
     allowed = sum(shard_numel(n, world_size) for n in sizes) * 8
@@ -270,7 +278,7 @@ def check_zero3_block(cls, *, world_size: int = 2, seed: int | None = None,
     __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
     out = _run(zero3_training, world_size, f"Zero3Block ({_case(seed, hidden, blocks)})",
-               wrap_blocks(cls), setup, STEPS)
+               wrap_blocks(cls), _shares(setup, world_size), STEPS)
     for rank in range(world_size):
         for step in range(STEPS):
             check_zero3_pattern(step_comms(out, rank, step), out[rank]["steps"][step], rank, step,
@@ -288,7 +296,7 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
     __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
     out = _run(zero3_training, world_size, f"PrefetchingZero3 ({_case(seed, hidden, blocks)})",
-               wrap_model(cls), setup, STEPS)
+               wrap_model(cls), _shares(setup, world_size), STEPS)
     for rank in range(world_size):
         for step in range(STEPS):
             comms = step_comms(out, rank, step)

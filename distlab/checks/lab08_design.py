@@ -28,6 +28,8 @@ from distlab.labs.sharded.budget import (DESIGN_SETUP, DESIGN_STEPS, PLAIN_DESIG
                                          steady_peak)
 from distlab.labs.sharded.problem import ShardSetup, reference_sharded_training
 
+from distlab.runtime.per_rank import PerRank, reference
+
 LAB = "08_sharded_data_parallel"
 TOL = dict(atol=1e-9, rtol=1e-9)
 
@@ -73,7 +75,10 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> N
         peaks = measured_peaks(world_size)
         losses = reference_sharded_training(setup, DESIGN_STEPS)["losses"]
     case = "the stored inputs" if seed is None else f"fresh inputs, seed {seed}"
-    out = run(budget_training, world_size, f"your design ({case})", design, setup, DESIGN_STEPS)
+    losses = reference(losses)
+    # Each rank: the initial model (the design's input, whole on every rank) and its own rows.
+    out = run(budget_training, world_size, f"your design ({case})", design,
+              PerRank(setup.shares(world_size)), DESIGN_STEPS)
     budget = peaks.budget
     for rank in range(world_size):
         peak, step = steady_peak(out[rank]["peaks"])

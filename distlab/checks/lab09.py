@@ -24,12 +24,13 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
-from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch, mine,  # noqa: F401
-                                           moe_case, moe_problem, moe_shape)
+from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch,  # noqa: F401
+                                           experts_by_rank, layer_of, mine, moe_case, moe_problem,
+                                           moe_shape, own_rows)
 from distlab.checks.lab09_ranks import (ATOL, MISSING_HINT, RTOL, SIZE_MISMATCH,  # noqa: F401
                                         SPLITS_HINT, _close, _run, failure_hint)
-from distlab.labs.experts.moe import (MoE, reference_aux_loss, reference_capacity,
-                                      reference_keep)
+from distlab.labs.experts.moe import reference_aux_loss, reference_capacity, reference_keep
+from distlab.runtime.per_rank import PerRank, reference
 
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 RANK_IMPORTS = ()
@@ -99,9 +100,10 @@ def _token_all_to_alls(count: int, why: str, sent: int | None = None) -> Collect
 # Exercise 1: dispatch
 
 def _dispatch_on_rank(rank, world_size, dispatch, x, idx, experts):
+    """Rank body: the rank's own tokens ``x`` (T, h) and their experts ``idx`` (T, k); returns
+    what the student's dispatch received and planned, compared in the judge."""
     dev = rank_device()
-    recv, plan = dispatch(mine(x, rank, world_size).to(dev), mine(idx, rank, world_size).to(dev),
-                          experts, None)
+    recv, plan = dispatch(x.to(dev), idx.to(dev), experts, None)
     return {"recv": recv.detach(), "recv_expert": plan.recv_expert,
             "send_splits": [int(n) for n in plan.send_splits],
             "recv_splits": [int(n) for n in plan.recv_splits]}
@@ -116,7 +118,8 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
     __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
     for backend, out in _run(_dispatch_on_rank, world_size, f"dispatch on {case}", dispatch,
-                             ref["x"], ref["idx"], experts):
+                             own_rows(ref["x"], world_size), own_rows(ref["idx"], world_size),
+                             experts):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             want = expected_dispatch(ref["idx"], ref["x"], experts, world_size, rank)
@@ -139,22 +142,20 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
 # ---------------------------------------------------------------------------------------------
 # Exercise 2: the expert-parallel layer, forward and backward
 
-def _layer_on_rank(rank, world_size, moe_forward, ref, experts, k):
+def _layer_on_rank(rank, world_size, moe_forward, x, dy, router, local, experts, k):
+    """Rank body: the rank's own tokens ``x`` and upstream gradient ``dy`` (T, h), the router
+    (replicated: every rank routes its own tokens) and its own experts ``local``; returns the
+    student's output, dL/dx and the gradients by name, compared in the judge."""
     import torch.distributed as dist
     dev = rank_device()
-    x_all = ref["x"]
-    moe = MoE(x_all.shape[1], ref["param.experts.0.w1.weight"].shape[0], experts, k)
-    moe.load_state_dict({n[6:]: v for n, v in ref.items() if n.startswith("param.")})
-    moe = moe.to(dev)
-    per = experts // world_size
-    local = torch.nn.ModuleList(moe.experts[rank * per + i] for i in range(per))
-    x = mine(x_all, rank, world_size).to(dev).clone().requires_grad_(True)
-    y = moe_forward(x, moe.router, local, experts, k, None)
+    router, local = router.to(dev), local.to(dev)
+    x = x.to(dev).clone().requires_grad_(True)
+    y = moe_forward(x, router, local, experts, k, None)
     dist.barrier()
-    (y * mine(ref["dy"], rank, world_size).to(dev)).sum().backward()
+    (y * dy.to(dev)).sum().backward()
     grads = {n: (torch.zeros_like(p) if p.grad is None else p.grad.detach())
              for n, p in local.named_parameters()}
-    router = moe.router.weight.grad
+    router = router.weight.grad
     return {"y": y.detach(), "dx": x.grad, "grads": grads,
             "router": None if router is None else router.detach()}
 
@@ -169,8 +170,10 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
     __tracebackhide__ = True  # noqa: F841
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k), starve)
     per = experts // world_size
+    moe = layer_of(ref, experts, k)
     for backend, out in _run(_layer_on_rank, world_size, f"moe_forward on {case}", moe_forward,
-                             ref, experts, k):
+                             own_rows(ref["x"], world_size), own_rows(ref["dy"], world_size),
+                             moe.router, experts_by_rank(moe, world_size), experts, k):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             _close(res["y"], mine(ref["y"], rank, world_size), f"moe_forward output on {where}",
@@ -226,16 +229,18 @@ def _capacity_case(ref: dict, seed, world_size: int, experts: int, factor: float
     """The stored capacity references for a visible test (a handout has no reference_keep), or
     fresh ones for a hidden test."""
     if seed is not None:
-        return _capacity_reference(ref, world_size, experts, factor)
+        return reference(_capacity_reference(ref, world_size, experts, factor))
     if factor != STORED_FACTOR:
         raise CheckFailed(f"the stored references are for capacity factor {STORED_FACTOR}; pass "
                           f"a seed to check another factor")
     from distlab.checks.stored import load
-    return load(LAB, "capacity")
+    return reference(load(LAB, "capacity"))
 
 
 def _capacity_on_rank(rank, world_size, expert_capacity, capacity_mask, idx, experts, factor):
-    keep, dropped = capacity_mask(mine(idx, rank, world_size).to(rank_device()), experts, factor)
+    """Rank body: the rank's own routing ``idx`` (T, k); returns the student's mask, dropped
+    fraction and capacities, compared in the judge."""
+    keep, dropped = capacity_mask(idx.to(rank_device()), experts, factor)
     return {"keep": keep, "dropped": float(dropped),
             "capacities": [int(expert_capacity(*case)) for case in CAPACITY_CASES]}
 
@@ -249,7 +254,8 @@ def check_capacity(expert_capacity, capacity_mask, world_size: int = 2, seed: in
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
     expected = _capacity_case(ref, seed, world_size, experts, capacity_factor)
     for backend, out in _run(_capacity_on_rank, world_size, f"capacity on {case}", expert_capacity,
-                             capacity_mask, ref["idx"], experts, capacity_factor):
+                             capacity_mask, own_rows(ref["idx"], world_size), experts,
+                             capacity_factor):
         where = f"{case}, capacity factor {capacity_factor}, {out.backend}"
         for rank, res in enumerate(out):
             want = [int(c) for c in expected["capacities"]]
@@ -273,9 +279,10 @@ def check_capacity(expert_capacity, capacity_mask, world_size: int = 2, seed: in
 # ---------------------------------------------------------------------------------------------
 # Exercise 4: the load-balancing loss
 
-def _aux_on_rank(rank, world_size, loss_fn, ref, experts, k):
-    logits = (mine(ref["x"], rank, world_size) @ ref["param.router.weight"].T).to(rank_device())
-    logits.requires_grad_(True)
+def _aux_on_rank(rank, world_size, loss_fn, logits, experts, k):
+    """Rank body: the router's logits of the rank's own tokens (T, E); returns the student's
+    loss and its gradient with respect to the logits, compared in the judge."""
+    logits = logits.to(rank_device()).requires_grad_(True)
     probs = torch.softmax(logits, dim=-1)                         # (T, E)
     idx = probs.topk(k, dim=-1).indices                           # (T, k)
     loss = loss_fn(probs, idx, experts)
@@ -294,11 +301,13 @@ def check_aux_loss(load_balancing_loss, world_size: int = 2, seed: int | None = 
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
     if seed is None:                     # visible: stored (a handout has no reference_aux_loss)
         from distlab.checks.stored import load
-        expected = load(LAB, "aux_loss")
+        expected = reference(load(LAB, "aux_loss"))
     else:
-        expected = _aux_reference(ref, world_size, experts, k)
+        expected = reference(_aux_reference(ref, world_size, experts, k))
+    logits = PerRank([(mine(ref["x"], r, world_size) @ ref["param.router.weight"].T).detach()
+                      for r in range(world_size)])
     for backend, out in _run(_aux_on_rank, world_size, f"load_balancing_loss on {case}",
-                             load_balancing_loss, ref, experts, k):
+                             load_balancing_loss, logits, experts, k):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             hint = ("E · Σ_i f_i · P_i: the factor E makes a uniform router score exactly 1 "

@@ -21,9 +21,11 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device
-from distlab.checks.lab09_problems import LAB, moe_case, moe_shape, mine
+from distlab.checks.lab09_problems import (LAB, experts_by_rank, layer_of, mine, moe_case, moe_shape,
+                                           own_rows)
 from distlab.checks.lab09_ranks import SIZE_MISMATCH, _close, _run
 from distlab.labs.experts.moe import MoE, combine_reference, reference_keep
+from distlab.runtime.per_rank import reference
 
 STORED_FACTOR = 1.0          # the visible test's capacity factor
 FLOAT32 = 4
@@ -33,9 +35,7 @@ PADDED_HINT = ("Without a count exchange no rank knows how many rows another wil
 
 
 def _layer(ref: dict, experts: int, k: int) -> MoE:
-    moe = MoE(ref["x"].shape[1], ref["param.experts.0.w1.weight"].shape[0], experts, k)
-    moe.load_state_dict({n[6:]: v for n, v in ref.items() if n.startswith("param.")})
-    return moe
+    return layer_of(ref, experts, k)
 
 
 def padded_reference(ref: dict, world_size: int, experts: int, k: int, factor: float) -> dict:
@@ -57,14 +57,12 @@ def padded_set(ref: dict, world_size: int, experts: int, k: int) -> dict:
     return {"seed": ref["seed"], **padded_reference(ref, world_size, experts, k, STORED_FACTOR)}
 
 
-def _padded_on_rank(rank, world_size, fn, ref, experts, k, factor):
+def _padded_on_rank(rank, world_size, fn, x, router, local, experts, k, factor):
+    """Rank body: the rank's own tokens ``x``, the router (replicated) and its own experts;
+    returns the student's (y, keep), compared in the judge."""
     dev = rank_device()
-    moe = _layer(ref, experts, k).to(dev)
-    per = experts // world_size
-    local = torch.nn.ModuleList(moe.experts[rank * per + i] for i in range(per))
     with torch.no_grad():
-        got = fn(mine(ref["x"], rank, world_size).to(dev), moe.router, local, experts, k, factor,
-                 None)
+        got = fn(x.to(dev), router.to(dev), local.to(dev), experts, k, factor, None)
     try:
         y, keep = got
     except (TypeError, ValueError):
@@ -103,17 +101,20 @@ def grade_padded(fn, world_size: int = 2, seed: int | None = None, tokens=12, hi
                  experts=4, k=2, capacity_factor=STORED_FACTOR) -> None:
     ref, case = moe_case(seed, world_size, moe_shape(tokens, hidden, ffn, experts, k))
     if seed is not None:
-        expected = padded_reference(ref, world_size, experts, k, capacity_factor)
+        expected = reference(padded_reference(ref, world_size, experts, k, capacity_factor))
     elif capacity_factor != STORED_FACTOR:
         raise CheckFailed(f"the stored references are for capacity factor {STORED_FACTOR}; pass "
                           f"a seed to check another factor")
     else:
         from distlab.checks.stored import load
-        expected = load(LAB, "padded")
+        expected = reference(load(LAB, "padded"))
     capacity = math.ceil(capacity_factor * tokens * k / experts)
     message = experts * capacity * hidden * FLOAT32
+    moe = _layer(ref, experts, k)
     for backend, out in _run(_padded_on_rank, world_size, f"padded_moe_forward on {case}", fn,
-                             ref, experts, k, capacity_factor, hint_of=_failure_hint):
+                             own_rows(ref["x"], world_size), moe.router,
+                             experts_by_rank(moe, world_size), experts, k, capacity_factor,
+                             hint_of=_failure_hint):
         where = f"{case}, capacity factor {capacity_factor} (C = {capacity}), {out.backend}"
         for rank, res in enumerate(out):
             expect_collectives(out.comms[rank], f"padded_moe_forward on {where}, rank {rank}",

@@ -9,7 +9,8 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import dense_run
-from distlab.labs.experts.moe import make_moe
+from distlab.labs.experts.moe import MoE, make_moe
+from distlab.runtime.per_rank import PerRank, reference
 
 LAB = "09_expert_parallel"
 SHAPE = dict(tokens=12, hidden=8, ffn=16, experts=4, k=2)   # tokens per rank; E divisible by 2, 4
@@ -36,6 +37,13 @@ def moe_problem(seed: int, world_size: int, tokens: int, hidden: int, ffn: int, 
         probs, gates, idx = moe.route(x)
     return {"seed": seed, "x": x, "dy": dy, "probs": probs, "gates": gates, "idx": idx,
             **dense_run(moe, x, dy)}
+
+
+def with_references(problem: dict) -> dict:
+    """``problem`` with the plain layer's results (y, dx, grad.*) marked as references (stored
+    or fresh): none of them can head for a rank (``distlab.runtime.per_rank``)."""
+    return {key: reference(t) if key in ("y", "dx") or key.startswith("grad.") else t
+            for key, t in problem.items()}
 
 
 def starve_last_rank(moe, x: torch.Tensor, world_size: int) -> None:
@@ -70,15 +78,15 @@ def moe_case(seed, world_size: int, shape: dict, starve: bool = False) -> tuple[
              f"E={s['experts']}, k={s['k']}")
     if starve:
         seed = SEED if seed is None else seed
-        return (moe_problem(seed, world_size, **shape, starve=True),
+        return (with_references(moe_problem(seed, world_size, **shape, starve=True)),
                 f"fresh inputs (seed {seed}, {sizes}; rank {world_size - 1}'s experts get no token)")
     if seed is None:
         if world_size != 2 or shape != SHAPE:
             raise CheckFailed("the stored references are for 2 ranks and the default sizes; "
                               "pass a seed to check other world sizes or sizes")
         from distlab.checks.stored import load
-        return load(LAB, "moe"), "the stored inputs (2 ranks)"
-    return moe_problem(seed, world_size, **shape), f"fresh inputs (seed {seed}, {sizes})"
+        return with_references(load(LAB, "moe")), "the stored inputs (2 ranks)"
+    return with_references(moe_problem(seed, world_size, **shape)), f"fresh inputs (seed {seed}, {sizes})"
 
 
 def moe_shape(tokens, hidden, ffn, experts, k) -> dict:
@@ -89,6 +97,27 @@ def mine(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank r's rows of a (p T, ...) tensor."""
     n = t.shape[0] // world_size
     return t[rank * n:(rank + 1) * n]
+
+
+def own_rows(t: torch.Tensor, world_size: int) -> PerRank:
+    """Each rank's own rows of a (p T, ...) tensor, as copies: rank r receives its T rows and
+    nothing of the other ranks' (a pickled view would carry the whole storage)."""
+    return PerRank([mine(t, r, world_size).clone() for r in range(world_size)])
+
+
+def layer_of(problem: dict, experts: int, k: int) -> MoE:
+    """The problem's whole layer, built in the judge from its param.* (the router is replicated;
+    each rank receives only its own experts, ``experts_by_rank``)."""
+    moe = MoE(problem["x"].shape[1], problem["param.experts.0.w1.weight"].shape[0], experts, k)
+    moe.load_state_dict({n[6:]: v for n, v in problem.items() if n.startswith("param.")})
+    return moe
+
+
+def experts_by_rank(moe: MoE, world_size: int) -> PerRank:
+    """Rank r's experts [r E/p, (r+1) E/p), as a ModuleList each rank receives alone."""
+    per = moe.num_experts // world_size
+    return PerRank([torch.nn.ModuleList(moe.experts[r * per + i] for i in range(per))
+                    for r in range(world_size)])
 
 
 def expected_dispatch(idx: torch.Tensor, x: torch.Tensor, experts: int, world_size: int,
@@ -110,5 +139,5 @@ def expected_dispatch(idx: torch.Tensor, x: torch.Tensor, experts: int, world_si
         recv_splits.append(n)
     mine_idx = mine(idx, rank, world_size).reshape(-1)
     send_splits = [int(((mine_idx // per) == dst).sum()) for dst in range(world_size)]
-    return {"recv": torch.cat(rows), "recv_expert": torch.tensor(local, dtype=torch.long),
-            "recv_splits": recv_splits, "send_splits": send_splits}
+    return reference({"recv": torch.cat(rows), "recv_expert": torch.tensor(local, dtype=torch.long),
+                      "recv_splits": recv_splits, "send_splits": send_splits})

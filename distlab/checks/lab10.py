@@ -20,13 +20,15 @@ import torch
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import describe_comms, rank_device, split_phases
 from distlab.checks.lab10_watch import RingWatch
-from distlab.checks.lab10_problems import (LAB, MERGE_CASES, SEED, SHAPE, at,  # noqa: F401
-                                           context_problem, layouts, merge_problem,
-                                           problem_case, shape_of)
+from distlab.checks.lab10_problems import (BACKWARD_EXPECTED, FORWARD_EXPECTED,  # noqa: F401
+                                           LAB, MERGE_CASES, SEED, SHAPE, at, context_problem,
+                                           layouts, with_expected, merge_problem, problem_case,
+                                           rank_tokens, shape_of)
 from distlab.checks.rank_failures import ranks_failed
 from distlab.checks.ranks import run_each_backend
 from distlab.labs.context.layout import causal_work
 from distlab.runtime.outcome import DistributedError
+from distlab.runtime.per_rank import PerRank, reference
 
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-9
@@ -82,6 +84,7 @@ def check_merge(merge_partials, seed: int | None = None, batch=2, heads=4, seq=1
         where = f"fresh inputs (seed {seed})"
     for i, name in enumerate(MERGE_CASES):
         c = {key.split(".", 1)[1]: t for key, t in cases.items() if key.startswith(f"{i}.")}
+        c.update(reference({key: c[key] for key in ("out_want", "lse_want")}))
         got = merge_partials(c["out_a"], c["lse_a"], c["out_b"], c["lse_b"])
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailed(f"merge_partials must return (out, lse), got {type(got).__name__}")
@@ -100,16 +103,14 @@ def check_merge(merge_partials, seed: int | None = None, batch=2, heads=4, seq=1
 # ---------------------------------------------------------------------------------------------
 # Exercises 2 and 3: ring attention, forward and backward
 
-def _inputs(problem, positions, rank, names):
-    dev = rank_device()
-    return [at(problem[n], positions[rank]).to(dev) for n in names]
-
-
-def _ring_forward_on_rank(rank, world_size, ring_attention, problem, cases):
+def _ring_forward_on_rank(rank, world_size, ring_attention, inputs, cases):
+    """Rank body: the rank's own q, k, v per case in ``inputs``; returns what the student's
+    ring_attention made (and what the ring watch saw), compared in the judge."""
     import torch.distributed as dist
+    dev = rank_device()
     results = []
-    for positions, causal in cases:
-        q, k, v = _inputs(problem, positions, rank, "qkv")
+    for (q, k, v), (positions, causal) in zip(inputs, cases):
+        q, k, v = q.to(dev), k.to(dev), v.to(dev)
         with torch.no_grad(), RingWatch() as watch:
             out, lse = ring_attention(q, k, v, positions if causal else None, None)
         dist.barrier()
@@ -118,13 +119,14 @@ def _ring_forward_on_rank(rank, world_size, ring_attention, problem, cases):
     return results
 
 
-def _ring_backward_on_rank(rank, world_size, backward, problem, cases):
+def _ring_backward_on_rank(rank, world_size, backward, inputs, cases):
+    """Rank body: per case the rank's own dout, q, k, v and its shard of the forward's out and
+    lse (inputs of the exercise's interface); returns the student's (dq, dk, dv)."""
     import torch.distributed as dist
+    dev = rank_device()
     results = []
-    for positions, causal in cases:
-        tag = "causal" if causal else "full"
-        q, k, v, dout, out, lse = _inputs(problem, positions, rank,
-                                          ("q", "k", "v", "dout", f"{tag}.out", f"{tag}.lse"))
+    for tensors, (positions, causal) in zip(inputs, cases):
+        q, k, v, dout, out, lse = (t.to(dev) for t in tensors)
         with torch.no_grad():
             grads = backward(dout, q, k, v, out, lse, positions if causal else None, None)
         dist.barrier()
@@ -176,12 +178,15 @@ def check_ring_forward(ring_attention, world_size: int = 2, seed: int | None = N
     K/V blocks (2·2·B bytes) alive whenever a receive starts (the current one and the next)."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
+    problem = with_expected(problem, FORWARD_EXPECTED)
     cases = _cases(problem, world_size)
+    run_cases = [(pos, causal) for _, pos, causal in cases]
     n = seq // world_size
     block = batch * heads * n * dim * 8
     limit = batch * heads * n * max(n, 2 * dim)
     for backend, out in _run(_ring_forward_on_rank, world_size, f"ring_attention on {case}",
-                             ring_attention, problem, [(pos, causal) for _, pos, causal in cases]):
+                             ring_attention, rank_tokens(problem, run_cases, world_size, "qkv"),
+                             run_cases):
         where = f"{case}, {out.backend}"
         for rank, results in enumerate(out):
             phases = split_phases(out.comms[rank], len(cases) + 1, "ring_attention", rank)
@@ -220,12 +225,15 @@ def check_ring_backward(ring_attention_backward, world_size: int = 2, seed: int 
     between 4(p-1)·B and (4p-2)·B bytes sent per rank."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
+    problem = with_expected(problem, BACKWARD_EXPECTED)
     cases = _cases(problem, world_size)
+    run_cases = [(pos, causal) for _, pos, causal in cases]
     block = batch * heads * (seq // world_size) * dim * 8
     low, high = 4 * (world_size - 1) * block, (4 * world_size - 2) * block
     for backend, out in _run(_ring_backward_on_rank, world_size,
                              f"ring_attention_backward on {case}", ring_attention_backward,
-                             problem, [(pos, causal) for _, pos, causal in cases]):
+                             rank_tokens(problem, run_cases, world_size,
+                                       ("q", "k", "v", "dout", "{tag}.out", "{tag}.lse")), run_cases):
         where = f"{case}, {out.backend}"
         for rank, results in enumerate(out):
             phases = split_phases(out.comms[rank], len(cases) + 1, "ring_attention_backward", rank)
@@ -276,11 +284,12 @@ def check_causal_layout(causal_layout, world_size: int = 2, seq_len: int = 64) -
 # ---------------------------------------------------------------------------------------------
 # Exercise 5: Ulysses
 
-def _ulysses_on_rank(rank, world_size, ulysses_attention, problem):
+def _ulysses_on_rank(rank, world_size, ulysses_attention, qkv):
+    """Rank body: the rank's own q, k, v (the contiguous split); returns the student's outputs
+    (not causal, causal) and what a call with p+1 heads raised, compared in the judge."""
     import torch.distributed as dist
-    n = problem["q"].shape[2] // world_size
-    positions = torch.arange(problem["q"].shape[2]).view(world_size, n)
-    q, k, v = _inputs(problem, positions, rank, "qkv")
+    dev = rank_device()
+    q, k, v = (t.to(dev) for t in qkv)
     results = {}
     for causal in (False, True):
         with torch.no_grad():
@@ -303,12 +312,16 @@ def check_ulysses(ulysses_attention, world_size: int = 2, seed: int | None = Non
     the last one B bytes (the return). With p+1 heads it raises ValueError naming the heads."""
     __tracebackhide__ = True  # noqa: F841
     problem, case = problem_case(seed, world_size, shape_of(batch, heads, seq, dim))
+    problem = with_expected(problem, ("full.out", "causal.out"))
     if heads % world_size:
         raise CheckFailed(f"{heads} heads over {world_size} ranks: choose divisible sizes")
     n = seq // world_size
     block = batch * heads * n * dim * 8
+    contiguous = [(layouts(problem, world_size)["contiguous split"], False)]
+    qkv = PerRank(rank_inputs[0] for rank_inputs in rank_tokens(problem, contiguous, world_size,
+                                                              "qkv").values)
     for backend, out in _run(_ulysses_on_rank, world_size, f"ulysses_attention on {case}",
-                             ulysses_attention, problem):
+                             ulysses_attention, qkv):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             phases = split_phases(out.comms[rank], 3, "ulysses_attention", rank)

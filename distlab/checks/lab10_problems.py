@@ -11,6 +11,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.labs.context.dense import block_attention, dense_attention
+from distlab.runtime.per_rank import PerRank, reference
 
 LAB = "10_context_parallel"
 SHAPE = dict(batch=2, heads=4, seq=16, dim=4)   # heads divisible by 2 and 4; s/p >= 2 d at p = 2
@@ -96,3 +97,28 @@ def layouts(problem: dict, world_size: int) -> dict[str, torch.Tensor]:
 def at(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The tokens at ``positions`` of a (b, h, s, ...) tensor (the sequence is dim 2)."""
     return t[:, :, positions]
+
+
+# What a check sends its ranks (their own tokens) and what it keeps (the marked references)
+
+def with_expected(problem: dict, keys) -> dict:
+    """``problem`` with the expected results of the check at hand (``keys``) marked as
+    references: a marked tensor heading for a rank stops the launch (ReferenceLeak). Which keys
+    are expected depends on the check: the forward's out and lse are the backward's inputs."""
+    return {key: reference(t) if key in keys else t for key, t in problem.items()}
+
+
+FORWARD_EXPECTED = ("full.out", "full.lse", "causal.out", "causal.lse")
+BACKWARD_EXPECTED = tuple(f"{tag}.d{n}" for tag in ("full", "causal") for n in "qkv")
+
+
+def _tag(causal: bool) -> str:
+    return "causal" if causal else "full"
+
+
+def rank_tokens(problem, cases, world_size: int, names) -> PerRank:
+    """Each rank's own tokens of ``names`` ("{tag}" stands for the case's "full" or "causal")
+    for every case, made here in the judge: rank r's list holds, per case, the tensors at
+    ``positions[r]`` (copies) and nothing of the other ranks'."""
+    return PerRank([[[at(problem[n.format(tag=_tag(causal))], positions[rank]) for n in names]
+                     for positions, causal in cases] for rank in range(world_size)])

@@ -211,8 +211,38 @@ def _local_elements(stage: Stage) -> int:
     return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in stage.parameters())
 
 
+@dataclass
+class MeshShare:
+    """One rank's inputs of a mesh run (``mesh_shares``): its pipeline stage's initial weights,
+    whole (tensor parallelism and FSDP shard them on the rank), and its DP replica's rows of
+    every step's tokens and targets, (steps, B/dp, T) each; not the seed that makes the rest."""
+    stage: Stage
+    tokens: torch.Tensor
+    targets: torch.Tensor
+
+
+def _grid(shape: MeshShape, layout) -> torch.Tensor:
+    return torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp) if layout is None \
+        else torch.tensor(layout, dtype=torch.int64)                     # (pp, dp, tp) -> rank
+
+
+def _share(model: Stage, batches, shape: MeshShape, cfg: TinyConfig, grid, rank: int) -> MeshShare:
+    pp_i, dp_i, _ = (int(i) for i in (grid == rank).nonzero()[0])
+    per_dp = cfg.batch // shape.dp
+    rows = slice(dp_i * per_dp, (dp_i + 1) * per_dp)      # this DP replica's share of the batch
+    tokens, targets = (t[:, rows].clone() for t in batches)
+    return MeshShare(split_stage(model, shape.pp, pp_i), tokens, targets)
+
+
+def mesh_shares(shape: MeshShape, cfg: TinyConfig, seed: int, layout=None) -> list[MeshShare]:
+    """Every rank's ``MeshShare``, made in the calling process (a check's judge): pass them as
+    ``PerRank(...)`` in place of the seed, so that no rank holds another's stage or rows."""
+    model, batches, grid = build_model(cfg, seed), make_batches(cfg, seed), _grid(shape, layout)
+    return [_share(model, batches, shape, cfg, grid, r) for r in range(shape.world_size)]
+
+
 def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: TinyConfig,
-                  seed: int, layout=None) -> dict:
+                  seed: "int | MeshShare", layout=None) -> dict:
     """Train ``cfg.steps`` steps on this rank's part of the PP x DP x TP mesh.
 
     ``layout``: the global rank at each (pp, dp, tp) coordinate, nested lists of shape
@@ -222,6 +252,8 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     None), "step_seconds" (wall time of each step on this rank; the first includes set-up),
     "step_windows" ((start, end) ``time.perf_counter()`` of each step, the clock of the
     collective record)}.
+    ``seed``: the seed of the model and batches (the lab's runs), or this rank's ``MeshShare``
+    (a check's runs: the rank gets its stage and rows, not the seed).
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -230,12 +262,13 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     if world_size != shape.world_size:
         raise ValueError(f"{shape} needs {shape.world_size} ranks, got {world_size}")
     device = rank_device()
-    grid = torch.arange(world_size).reshape(shape.pp, shape.dp, shape.tp) if layout is None \
-        else torch.tensor(layout, dtype=torch.int64)                     # (pp, dp, tp) -> rank
+    grid = _grid(shape, layout)
     mesh = DeviceMesh(device.type, grid, mesh_dim_names=("pp", "dp", "tp"))
     pp_i, dp_i, tp_i = (int(i) for i in (grid == rank).nonzero()[0])
+    share = seed if isinstance(seed, MeshShare) else \
+        _share(build_model(cfg, seed), make_batches(cfg, seed), shape, cfg, grid, rank)
 
-    stage = split_stage(build_model(cfg, seed), shape.pp, pp_i).to(device)
+    stage = share.stage.to(device)
     plan = plan_fn()
     for block in stage.blocks:
         parallelize_module(block, mesh["tp"], plan)
@@ -243,9 +276,6 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     fully_shard(stage, mesh=mesh["dp"])
     opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, foreach=False)
 
-    tokens, targets = make_batches(cfg, seed)
-    per_dp = cfg.batch // shape.dp
-    rows = slice(dp_i * per_dp, (dp_i + 1) * per_dp)      # this DP replica's share of the batch
     run_step = _pipeline_step(stage, shape, pp_i, mesh, device) if shape.pp > 1 \
         else _plain_step(stage)
 
@@ -253,7 +283,7 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     for step in range(cfg.steps):
         start = time.perf_counter()
         opt.zero_grad()
-        loss = run_step(tokens[step, rows].to(device), targets[step, rows].to(device))
+        loss = run_step(share.tokens[step].to(device), share.targets[step].to(device))
         opt.step()
         windows.append((start, time.perf_counter()))
         if loss is not None:                                 # the mean over DP replicas
@@ -345,5 +375,5 @@ def dense_elements(cfg: TinyConfig) -> int:
 
 
 __all__ = ["TinyConfig", "MeshShape", "build_model", "split_stage", "make_batches",
-           "reference_losses", "megatron_plan", "train_on_mesh", "run_mesh", "MeshRun",
+           "reference_losses", "megatron_plan", "train_on_mesh", "MeshShare", "mesh_shares", "run_mesh", "MeshRun",
            "BLOCK_LINEARS", "LOSS_RTOL", "LOSS_ATOL", "check_batch_fits", "dense_elements"]

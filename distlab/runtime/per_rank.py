@@ -104,8 +104,22 @@ def for_rank(args: tuple, kwargs: dict, rank: int, world_size: int) -> tuple[tup
         if len(value.values) != world_size:
             raise ValueError(f"a PerRank argument holds {len(value.values)} values for "
                              f"{world_size} ranks: give exactly one value per rank")
-        return value.values[rank]
+        return _own(value.values[rank])
     return tuple(pick(a) for a in args), {k: pick(v) for k, v in kwargs.items()}
+
+
+def _own(value):
+    """``value`` with every tensor that is a view of a larger storage copied: a pickled tensor
+    carries its whole storage, so rank r's rows sliced from the full batch would carry every
+    rank's rows with them."""
+    if isinstance(value, torch.Tensor):
+        whole = value.untyped_storage().nbytes()
+        return value.clone() if whole > value.numel() * value.element_size() else value
+    if isinstance(value, dict):
+        return {k: _own(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_own(v) for v in value)
+    return value
 
 
 def nan_outside(tensor: torch.Tensor, keep) -> torch.Tensor:

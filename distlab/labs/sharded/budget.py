@@ -118,12 +118,14 @@ def budget_training(rank: int, world_size: int, design, setup: ShardSetup, steps
     and the warnings raised (once each)."""
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device().type, (world_size,))
-    x, y = (rank_batch(t, rank, world_size).to(device()) for t in setup.data())
+    x, y = (t.to(device()) for t in setup.rows(rank, world_size))
     meter = LiveBytes()
     meter.track(x, y)
     losses, peaks = [], []
     with quiet_warnings() as seen, meter:
-        model = design(setup.model().to(device()), mesh)
+        model = setup.model().to(device())
+        meter.track(*model.parameters(), *model.buffers())   # a share's model was made outside
+        model = design(model, mesh)
         if not isinstance(model, nn.Module):
             raise TypeError(f"the design returned {type(model).__name__}; it must return the "
                             f"model (an nn.Module) to train")

@@ -24,14 +24,16 @@ import torch
 from distlab.labs.losses import loss_fn
 from distlab.labs.sharded.alive import TensorsMade, kept_beyond, optimizer_tensors, quiet_warnings
 from distlab.labs.sharded.flat import storage_bytes
-from distlab.labs.sharded.problem import ShardSetup, block_flats, rank_batch
+from distlab.labs.sharded.problem import RankShare, ShardSetup, block_flats
 from distlab.runtime.devices import device
 
 
-def _rank_problem(setup: ShardSetup, rank: int, world_size: int):
+def _rank_problem(setup: ShardSetup | RankShare, rank: int, world_size: int):
+    """The model and this rank's rows: from the setup (the lab's runs) or from the rank's own
+    share (a check's runs, ``ShardSetup.shares``: no seed reaches the rank)."""
     dev = device()
     model = setup.model().to(dev)
-    x, y = (rank_batch(t, rank, world_size).to(dev) for t in setup.data())
+    x, y = (t.to(dev) for t in setup.rows(rank, world_size))
     return model, x, y
 
 

@@ -50,11 +50,45 @@ class ShardSetup:
             return nn.Sequential(*[MLPBlock(self.d, self.hidden)
                                    for _ in range(self.blocks)]).to(self.dtype)
 
+    def rows(self, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank r's rows of the global batch: x, y (batch / W, d)."""
+        return tuple(rank_batch(t, rank, world_size) for t in self.data())
+
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The global batch, identical on every rank: x (batch, d), y (batch, d)."""
         g = torch.Generator().manual_seed(self.seed + 1)
         x = torch.randn(self.batch, self.d, generator=g, dtype=self.dtype)
         return x, torch.randn(self.batch, self.d, generator=g, dtype=self.dtype)
+
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, foreach=False)
+
+    def shares(self, world_size: int) -> list["RankShare"]:
+        """What each rank of a graded run receives (``distlab.runtime.per_rank.PerRank``): the
+        initial model (replicated: data parallelism starts every rank from the same weights)
+        and its own rows of the batch, made here; never the seed that makes the others' rows."""
+        x, y = self.data()
+        return [RankShare(self.model(), rank_batch(x, r, world_size).clone(),
+                          rank_batch(y, r, world_size).clone(), self.lr, self.weight_decay)
+                for r in range(world_size)]
+
+
+@dataclasses.dataclass
+class RankShare:
+    """One rank's inputs of a ``ShardSetup`` (``ShardSetup.shares``): the model, its rows, the
+    optimizer's settings. The rank bodies take either: a share in a check, the setup in the
+    lab's own runs."""
+    initial: nn.Sequential
+    x: torch.Tensor
+    y: torch.Tensor
+    lr: float
+    weight_decay: float
+
+    def model(self) -> nn.Sequential:
+        return self.initial
+
+    def rows(self, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
 
     def optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, foreach=False)
