@@ -500,12 +500,15 @@ def test_visible_tests_and_figures_read_stored_references(solution, monkeypatch)
     """A handout has no reference training (checks' _reference, reference_sharded_training): the
     visible test reads the stored set, and the FSDP2 and 2-D mesh figures' references for the
     lab's setup are stored too, equal to the reference training's."""
+    from distlab.checks.stored import tolerance
     from distlab.labs.sharded import problem
     for steps in problem.STORED_STEPS:
         stored = problem.reference_params(ShardSetup(), steps)
         computed = lab08.reference_sharded_training(ShardSetup(), steps)["params"]
-        for got, want in zip(stored, computed, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        # Float64 training from weights drawn in float32, a last bit apart on another CPU:
+        # AdamW carries that through its steps (1.8e-7 of 0.26 with ATEN_CPU_CAPABILITY=default).
+        for got, want in zip(computed, stored, strict=True):
+            torch.testing.assert_close(got, want, **tolerance(want, steps=steps))
 
     def withheld(*args, **kwargs):
         raise NotImplementedError("withheld")
