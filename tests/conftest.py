@@ -26,6 +26,12 @@ SITE_LABS = ("01_collectives", "02_data_parallel", "05_pipeline_parallel", "07_3
 SITE_TIMEOUT = 1900
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "stored_data: compares data/ with values recomputed on this machine's CPU; "
+                   "tests/test_any_cpu.py runs these again as on another CPU")
+
+
 @pytest.fixture(scope="session")
 def course(tmp_path_factory) -> Path:
     """One copy of the course for the session, where README.md's commands run

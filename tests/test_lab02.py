@@ -46,6 +46,7 @@ def test_a_residue_is_shown_as_its_bound_and_a_difference_as_digits():
     assert residue(33 * eps, scale=1.0) == "< 1e-14"
 
 
+@pytest.mark.stored_data
 def test_ddp_equals_the_stored_single_process_run():
     """The lab's DDP comparison reads the visible tests' stored reference (no reference_training
     in a handout); DDP's parameters equal it to float64 rounding on the CPU that made data/, and
@@ -62,6 +63,7 @@ def test_ddp_equals_the_stored_single_process_run():
     assert max(float(line.rsplit("= ", 1)[1]) for line in lines if "= " in line) < bound
 
 
+@pytest.mark.stored_data
 def test_the_labs_gradient_average_table_is_the_stored_one():
     """A Lab 2 handout has no gradient_average: the lab's case prints the stored numbers, which
     are what the course's computation gives on any CPU, to the tolerance of values drawn in
@@ -104,6 +106,7 @@ def test_optimizer_state_bytes_counts_adamw_state():
     assert optimizer_state_bytes(opt) == 2 * 4 * 10 + 4
 
 
+@pytest.mark.stored_data
 def test_references_match_the_code():
     from distlab.checks.stored import tolerance
     from distlab.course.references import load
@@ -134,6 +137,7 @@ def test_solution_passes_every_check(solution):
     lab02.check_sharded_adamw(solution["ShardedAdamW"], world_size=4, seed=14, d_hidden=50)
 
 
+@pytest.mark.stored_data
 def test_visible_checks_need_no_reference_implementation(solution, monkeypatch):
     """A handout has no reference_training: the visible path reads data/ only."""
     def withheld(*args, **kwargs):

@@ -496,6 +496,7 @@ def test_the_student_version_imports_only_what_it_uses():
     assert "fresh_seed" not in "".join(cell.source for cell in nb.cells)
 
 
+@pytest.mark.stored_data
 def test_visible_tests_and_figures_read_stored_references(solution, monkeypatch):
     """A handout has no reference training (checks' _reference, reference_sharded_training): the
     visible test reads the stored set, and the FSDP2 and 2-D mesh figures' references for the

@@ -401,6 +401,7 @@ def test_the_student_version_imports_only_what_it_uses():
 
 # ----------------------------------------------------------------------------- answers out of reach
 
+@pytest.mark.stored_data
 def test_visible_checks_and_figures_read_stored_outputs(monkeypatch):
     """A handout has no plain layer, reference_keep or reference_aux_loss: the visible capacity
     and aux-loss tests read stored sets, and the figures' plain outputs for the lab's cases are
