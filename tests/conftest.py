@@ -28,6 +28,12 @@ INSTALL_HELP = 'README.md, "What the optional tests need"'
 SITE_TIMEOUT = 1900
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "stored_data: compares data/ with values recomputed on this machine's CPU; "
+                   "tests/test_any_cpu.py runs these again as on another CPU")
+
+
 @pytest.fixture(scope="session")
 def course(tmp_path_factory) -> Path:
     """One copy of the course for the session, where README.md's commands run

@@ -75,6 +75,7 @@ def test_attention_reference_passes(world_size, shape):
     lab04.check_tp_attention_backward(att.TensorParallelAttention, world_size, seed=22, **shape)
 
 
+@pytest.mark.stored_data
 def test_visible_checks_pass_on_stored_references():
     lab04.check_tp_attention_backward(att.TensorParallelAttention)
     lab04.check_tp_block(att.TensorParallelTransformerBlock)
@@ -278,7 +279,10 @@ def test_tp_scaling_visible_check_needs_no_formula_of_the_course(monkeypatch):
     predict, efficiency = ts.reference_predicted_step, ts.reference_strong_scaling_efficiency
     stored = load(lab04.LAB, "scaling")
     fresh = lab04_scaling.reference_set()
-    assert all(torch.equal(stored[k], fresh[k]) for k in ("predicted", "efficiency", "all_reduce"))
+    # float64 formulas of the same stored numbers: equal but for sums in another order
+    from distlab.checks.stored import EXACT64, tolerance
+    for k in ("predicted", "efficiency", "all_reduce"):
+        torch.testing.assert_close(fresh[k], stored[k], **tolerance(stored[k], rel=EXACT64))
 
     def withheld(*args, **kwargs):
         raise NotImplementedError("not in the handout")

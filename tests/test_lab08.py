@@ -178,10 +178,17 @@ def test_checkpointing_measurement_shows_the_quadratic_term():
     assert "read the bytes, not the milliseconds" in noise[0]
 
 
+@pytest.mark.stored_data
 def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
     from distlab.labs.sharded.fsdp import compare_with_fsdp, format_fsdp_comparison
+    from distlab.checks.stored import tolerance
+    from distlab.labs.sharded.problem import reference_params
+    from distlab.labs.tables import residue
     rows = {r["variant"]: r for r in compare_with_fsdp(solution["Zero3Block"], world_size=2)}
-    assert all(r["max_diff"] < 1e-12 for r in rows.values()), rows
+    # against the stored run: float64 rounding on the CPU that made data/, on another what its
+    # float32 weight init carries through 3 AdamW steps
+    bound = tolerance(torch.cat(reference_params(ShardSetup(), 3)), steps=3)["atol"]
+    assert all(r["max_diff"] < bound for r in rows.values()), rows
     ours, block, keep, whole = rows.values()
     block_bytes = 808 * 8  # one block's flat parameters (16*24 + 24 + 24*16 + 16), float64
     assert ours["gathers"] == block["gathers"] == 2 * 4 and keep["gathers"] == 4
@@ -194,13 +201,17 @@ def test_fsdp2_and_your_zero3_equal_one_process_and_differ_in_gathers(solution):
                       "max |Δ| vs 1 process"]
     assert [line[:4] + line[5:] for line in lines] == [
         [r["variant"], str(r["gathers"]), f"{r['bytes']:,}", f"{r['peak_param_bytes']:,}",
-         f"{r['max_diff']:.1e}"] for r in rows.values()]
+         residue(r["max_diff"], r["scale"])] for r in rows.values()]
 
 
+@pytest.mark.stored_data
 def test_tp_within_fsdp_equals_one_process_and_runs_each_collective_on_its_axis():
     from distlab.labs.sharded.tp_fsdp import format_tp_fsdp, tp_within_fsdp
+    from distlab.checks.stored import tolerance
+    from distlab.labs.sharded.problem import reference_params
     result = tp_within_fsdp()
-    assert result["max_diff"] < 1e-12
+    # against the stored one-step run: as in test_fsdp2_and_your_zero3_equal_one_process_...
+    assert result["max_diff"] < tolerance(torch.cat(reference_params(ShardSetup(), 1)))["atol"]
     assert result["tp_group"] == (0, 1) and result["dp_group"] == (0, 2)
     assert result["counts"] == {("all_gather_single", "dp"): 8, ("reduce_scatter_single", "dp"): 4,
                                 ("all_reduce (functional)", "tp"): 7}
@@ -496,16 +507,20 @@ def test_the_student_version_imports_only_what_it_uses():
     assert "fresh_seed" not in "".join(cell.source for cell in nb.cells)
 
 
+@pytest.mark.stored_data
 def test_visible_tests_and_figures_read_stored_references(solution, monkeypatch):
     """A handout has no reference training (checks' _reference, reference_sharded_training): the
     visible test reads the stored set, and the FSDP2 and 2-D mesh figures' references for the
     lab's setup are stored too, equal to the reference training's."""
+    from distlab.checks.stored import tolerance
     from distlab.labs.sharded import problem
     for steps in problem.STORED_STEPS:
         stored = problem.reference_params(ShardSetup(), steps)
         computed = lab08.reference_sharded_training(ShardSetup(), steps)["params"]
-        for got, want in zip(stored, computed, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        # Float64 training from weights drawn in float32, a last bit apart on another CPU:
+        # AdamW carries that through its steps (1.8e-7 of 0.26 with ATEN_CPU_CAPABILITY=default).
+        for got, want in zip(computed, stored, strict=True):
+            torch.testing.assert_close(got, want, **tolerance(want, steps=steps))
 
     def withheld(*args, **kwargs):
         raise NotImplementedError("withheld")

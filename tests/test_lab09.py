@@ -401,6 +401,7 @@ def test_the_student_version_imports_only_what_it_uses():
 
 # ----------------------------------------------------------------------------- answers out of reach
 
+@pytest.mark.stored_data
 def test_visible_checks_and_figures_read_stored_outputs(monkeypatch):
     """A handout has no plain layer, reference_keep or reference_aux_loss: the visible capacity
     and aux-loss tests read stored sets, and the figures' plain outputs for the lab's cases are
@@ -422,9 +423,13 @@ def test_visible_checks_and_figures_read_stored_outputs(monkeypatch):
     with pytest.raises(CheckFailed, match="stored references are for capacity factor 1.0"):
         lab09.check_capacity(ns["expert_capacity"], ns["capacity_mask"], capacity_factor=1.5)
     monkeypatch.undo()
-    stored = lab09.demo_references()
-    for key, value in stored.items():
-        torch.testing.assert_close(experts.stored.stored_output(key), value, rtol=0, atol=1e-12)
+    # Recomputed from the same seeds on this CPU: float32 draws and sums a few ulps from the CPU
+    # that made data/ (2.5e-7 of the largest output with ATEN_CPU_CAPABILITY=default).
+    from distlab.checks.stored import tolerance
+    for key, value in lab09.demo_references().items():
+        stored = experts.stored.stored_output(key)
+        torch.testing.assert_close(value, stored, **tolerance(stored),
+                                   msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_the_training_figure_runs_on_the_readers_layer():

@@ -209,10 +209,13 @@ def test_training_through_the_readers_ring_matches_one_process():
     ns = solution_namespace()
     assert context.ring_gradients(ns["ring_attention"], ns["ring_attention_backward"],
                                   show=False) < 1e-12
+    from distlab.checks.stored import EXACT64, tolerance
     stored = demos.stored_set("demos")
     problem = {key: stored[f"grad.{key}"] for key in ("x", "w", "dy")}
-    torch.testing.assert_close(stored["grad.dw"], demos.plain_weight_grad(
-        context.dense_attention, problem, demos.GRAD_DEMO["heads"]))
+    # float64, from the stored inputs: equal but for the order of sums on this CPU
+    torch.testing.assert_close(demos.plain_weight_grad(
+        context.dense_attention, problem, demos.GRAD_DEMO["heads"]), stored["grad.dw"],
+        **tolerance(stored["grad.dw"], rel=EXACT64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +261,7 @@ def test_the_student_version_imports_only_what_it_uses():
 
 # ----------------------------------------------------------------------------- answers out of reach
 
+@pytest.mark.stored_data
 def test_visible_checks_read_stored_outputs(monkeypatch):
     """A handout has no dense_attention: the visible checks and the demo read stored sets."""
     ns = solution_namespace()

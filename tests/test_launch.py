@@ -279,6 +279,58 @@ def test_unpicklable_return_value_is_explained():
         distlab.run(lambda r, w: (x for x in range(3)), 1)
 
 
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """A launcher that fails the test if it is asked to start processes."""
+    from distlab.runtime import launch
+
+    def started(self):
+        raise AssertionError("distlab.run started processes before checking its arguments")
+    monkeypatch.setattr(launch.Launcher, "warm_up", started)
+
+
+@pytest.mark.parametrize("world_size,error,said", [
+    ("2", TypeError, r"got '2' \(a str\)\. Pass 2, a number, not a string\."),
+    (2.0, TypeError, r"got 2\.0 \(a float\)\. Pass 2\."),
+    (2.5, TypeError, r"an int >= 1; got 2\.5 \(a float\)\.$"),
+    (True, TypeError, r"got True \(a bool\)"),
+    (None, TypeError, r"got None \(a NoneType\)"),
+    (0, ValueError, r"an int >= 1; got 0\."),
+    (-2, ValueError, r"got -2\."),
+])
+def test_a_world_size_that_is_not_a_count_of_ranks_is_refused_at_once(no_ranks, world_size,
+                                                                       error, said):
+    with pytest.raises(error, match=said) as caught:
+        distlab.run(lambda r, w: 0, world_size)
+    assert "world_size is the number of ranks" in str(caught.value)
+
+
+def test_a_function_that_is_not_callable_is_refused_at_once(no_ranks):
+    with pytest.raises(TypeError, match=r"fn must be the function each rank runs.*got 4 \(an "
+                                        r"int\)\. Pass the function itself"):
+        distlab.run(4, 2)
+
+
+@pytest.mark.parametrize("backend", ["mpi", "NCCL", None, ""])
+def test_an_unknown_backend_is_refused_at_once(no_ranks, backend):
+    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'gloo', 'nccl'; "
+                                         rf"got {re.escape(repr(backend))} "):
+        distlab.run(lambda r, w: 0, 2, backend=backend)
+
+
+@pytest.mark.parametrize("timeout,error", [(0, ValueError), (-1.0, ValueError),
+                                           ("60", TypeError), (True, TypeError)])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_at_once(no_ranks, timeout, error):
+    with pytest.raises(error, match=r"timeout is the seconds the ranks may run, a number > 0"):
+        distlab.run(lambda r, w: 0, 2, timeout=timeout)
+
+
+def test_a_numpy_integer_is_a_world_size():
+    import numpy as np
+    out = distlab.run(lambda rank, world_size: (rank, type(world_size).__name__), np.int64(2))
+    assert list(out) == [(0, "int"), (1, "int")]
+
+
 def test_nccl_without_gpus_is_explained():
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has GPUs: the NCCL path is tested in test_nccl_all_reduce")

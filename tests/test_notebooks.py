@@ -42,6 +42,7 @@ def test_student_notebook_has_no_outputs(built, lab):
                for c in nb["cells"] if c["cell_type"] == "code")
 
 
+@pytest.mark.stored_data
 @pytest.mark.parametrize("lab", references.labs_with_references())
 def test_references_reproducible(lab):
     problems = references.differences(lab)

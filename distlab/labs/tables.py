@@ -1,7 +1,9 @@
 """Plain-text tables of the labs' measurements (a list of dicts with the same keys)."""
 from __future__ import annotations
 
+import math
 import re
+import sys
 
 # A number as the labs print one: sign, digits with thousands commas, decimals, exponent, and a
 # unit sign that is not a letter ("%", "Ψ").
@@ -31,3 +33,13 @@ def format_table(rows: list[dict]) -> str:
                          for v, w, num in zip(vals, width, numeric)).rstrip()
     return "\n".join([line(keys, header=True), line(["-" * w for w in width])]
                      + [line(c) for c in cells])
+
+
+def residue(value: float, scale: float, eps: float = sys.float_info.epsilon, ulps: int = 32) -> str:
+    """A difference that should be rounding, as a table shows it: ``"< 1e-14"`` when ``|value|``
+    is under ``ulps`` units of rounding (``eps``, float64's by default) of numbers as large as
+    ``scale``, the bound rounded up to a power of ten; else the value's digits, a real difference.
+    Rounding's own digits depend on the CPU (torch picks its kernels by instruction set), so a
+    table that printed them would differ from machine to machine."""
+    bound = 10.0 ** math.ceil(math.log10(ulps * eps * max(abs(scale), sys.float_info.min)))
+    return f"< {bound:.0e}" if abs(value) < bound else f"{value:.2e}"

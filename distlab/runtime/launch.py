@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import functools
 import itertools
+import numbers
 import os
 import pickle
 import shutil
@@ -177,8 +178,7 @@ class Launcher:
     def run(self, fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
             threads: int | None = None, **kwargs) -> Results:
         """``distlab.run`` on this launcher's ranks."""
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        world_size = check_arguments(fn, world_size, backend, timeout)
         backend = pick_backend(backend, world_size)
         calls = _calls(fn, args, kwargs, world_size)   # before any rank starts: a leak stops here
         zygote = self.warm_up()
@@ -253,6 +253,47 @@ def warm_up() -> ZygoteHandle:
     return current_launcher().warm_up()
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def _kind(value) -> str:
+    name = type(value).__name__
+    return f"{value!r} ({'an' if name[0] in 'aeiouAEIOU' else 'a'} {name})"
+
+
+def check_arguments(fn, world_size, backend, timeout) -> int:
+    """Refuse, before any process starts, arguments ``run`` cannot use, saying what came and what
+    to pass: a mistyped world size otherwise surfaces as a comparison of str and int, or as a
+    TypeError from deep in the ranks seconds later. Returns the world size as an int (a numpy
+    integer from a loop over an array is one too)."""
+    if not callable(fn):
+        raise TypeError(f"distlab.run(fn, world_size, ...): fn must be the function each rank "
+                        f"runs, fn(rank, world_size, ...); got {_kind(fn)[:200]}. Pass the "
+                        f"function itself (`fn`, not `fn(...)`).")
+    # bool is an int to Python, but run(fn, True) is a slip, not one rank.
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        fix = ""
+        if isinstance(world_size, float) and world_size.is_integer() and world_size >= 1:
+            fix = f" Pass {int(world_size)}."
+        elif isinstance(world_size, str) and world_size.strip().isdigit():
+            fix = f" Pass {int(world_size)}, a number, not a string."
+        raise TypeError(f"distlab.run(fn, world_size, ...): world_size is the number of ranks, "
+                        f"an int >= 1; got {_kind(world_size)[:200]}.{fix}")
+    if world_size < 1:
+        raise ValueError(f"distlab.run(fn, world_size, ...): world_size is the number of ranks, "
+                         f"an int >= 1; got {world_size}.")
+    if backend not in BACKENDS:
+        raise ValueError(f"distlab.run: backend must be one of {', '.join(map(repr, BACKENDS))}; "
+                         f"got {_kind(backend)[:200]}. 'auto' picks NCCL when every rank can "
+                         f"have a GPU of its own, gloo otherwise.")
+    number = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+    if not (number and timeout > 0):
+        raise (ValueError if number else TypeError)(
+            f"distlab.run: timeout is the seconds the ranks may run, a number > 0; "
+            f"got {_kind(timeout)[:200]}.")
+    return int(world_size)
+
+
 def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
         threads: int | None = None, **kwargs) -> Results:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` fresh ranks; return the
@@ -262,6 +303,7 @@ def run(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60,
     timeout: seconds before hung ranks are killed and ``HangError`` explains where each one was.
     threads: intra-op threads per rank (default: this machine's cores shared among the ranks).
     """
+    world_size = check_arguments(fn, world_size, backend, timeout)
     if os.environ.get("DISTLAB_RANK") == "1":
         raise DistributedError("distlab.run was called inside a rank. Call it from the notebook "
                                "or script, and pass the work as the function it runs.")

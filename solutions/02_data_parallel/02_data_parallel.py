@@ -409,8 +409,8 @@ print(overlap_beside_gpu(rows))
 #   opt-in for data-movement collectives such as all-gather; a reduction still adds on SMs).
 #   With 4 ranks on the same 2 cores (`--world-size 4`) DDP, which combines bucketing and overlap
 #   in C++, was the fastest: 74 ms against 150 ms for the naive loop.
-# - DDP's parameters equal single-process training (1.9e-15 in float64); its comm hook shows its
-#   buckets, rebuilt after the first step from the order in which gradients arrived.
+# - DDP's parameters equal single-process training to float64 rounding (< 1e-14); its comm hook
+#   shows its buckets, rebuilt after the first step from the order in which gradients arrived.
 # - ZeRO-1 keeps the communication of plain data parallelism (reduce-scatter + all-gather = one
 #   all-reduce) and divides the optimizer state per rank by W (measured: 0.500 and 0.250 of
 #   AdamW's 3.16 MB). ZeRO-2 and -3 (FSDP) shard the gradients and the parameters too.

@@ -798,8 +798,8 @@ check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget me
 #   the weights too. Under a pipeline's gradient accumulation ZeRO-2's early reduce-scatter costs
 #   m× the gradient traffic, which DeepSpeed's pipeline engine refuses and Llama 3 pays.
 # - FSDP2's `fully_shard` per block reproduces your ZeRO-3 (same gathers, same bytes, same
-#   parameters to 1.5e-15); `reshard_after_forward=False` halves the gathers and holds every
-#   block; one unit for the whole model gathers twice per step and holds it all.
+#   parameters to float64 rounding); `reshard_after_forward=False` halves the gathers and holds
+#   every block; one unit for the whole model gathers twice per step and holds it all.
 # - Checkpointing keeps only block inputs: at a doubled sequence the saved bytes grew ×2.66
 #   without it (the attention scores grow ×4) and exactly ×2 with it, at the price of a second
 #   forward in backward. The 1.25 rule of thumb is a rough average: here activations were 1.9
