@@ -184,9 +184,10 @@ def test_no_answer_in_the_student_package(packages, lab):
 def kernel_spec(folder: Path, package: Path, writable: Path) -> None:
     """A kernel confined as the grader confines students': it imports distlab from ``package``
     and cannot read the instructor's package, ``solutions/`` or ``tests/``."""
-    hide = [paths.PACKAGE, REPO / "solutions", REPO / "tests"]
+    from distlab.grading.settings import SYSTEM_READS, python_installation
+    reads = [*SYSTEM_READS, *python_installation(), package, paths.data().resolve()]
     argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(writable),
-            *[a for h in hide for a in ("--hide", str(h))], "--read", str(package),
+            *[a for r in reads for a in ("--read", str(r))],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     spec = folder / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
