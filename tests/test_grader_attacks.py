@@ -1,8 +1,8 @@
 """The grader under attack: submissions that patch the checks, read references, kill their kernel,
 hang, flood memory, output or the disk, leave processes behind, write outside their folder or
-read other copies of the course (tests/submissions/attacks.py). The suite's one shared ``distlab grade --jobs 2`` run
-(tests/conftest.py's ``graded_samples``) grades them all beside an honest ``bystander``, whose grade
-must not move, and beside the other tests' samples.
+read other copies of the course (tests/submissions/attacks.py). The suite's one shared
+``distlab grade --jobs 2`` run (tests/conftest.py's ``graded_samples``) grades them all beside
+an honest ``bystander``, whose grade must not move, and beside the other tests' samples.
 """
 from __future__ import annotations
 
@@ -153,7 +153,8 @@ def test_other_copies_of_the_course_are_out_of_a_submission_s_reach(attacked):
 def test_a_disk_flood_is_stopped_and_stays_out_of_the_feedback(attacked):
     row = attacked["rows"]["fills_disk"]
     text = _feedback(row)
-    assert f"disk limit of {DEFAULT_DISK_MB:.0f} MB" in text and "were stopped" in text, text[-3000:]
+    assert f"disk limit of {DEFAULT_DISK_MB:.0f} MB" in text, text[-3000:]
+    assert "were stopped" in text
     assert "Files not copied into this feedback" in text and "filler" in text
     student = attacked["work"] / "students" / "fills_disk"
     written = sorted((student / "autograded" / "fills_disk" / LAB).glob("filler*.bin"))

@@ -236,8 +236,8 @@ def _python_reads() -> list[str]:
     return [arg for folder in (*SYSTEM_READS, *python_installation()) for arg in ("--read", folder)]
 
 
-READ_PROBE = ("import os, sys\nfor p in sys.argv[1:]:\n"
-              "    try: print(open(p).read() if os.path.isfile(p) else len(os.listdir(p)), end=' ')\n"
+READ_PROBE = ("import os, sys\nfor p in sys.argv[1:]:\n    try:\n"
+              "        print(open(p).read() if os.path.isfile(p) else len(os.listdir(p)), end=' ')\n"
               "    except OSError: print('refused', end=' ')\n")
 
 

@@ -39,7 +39,8 @@ env = {"HOME": str(scratch), "TMPDIR": str(scratch), "MPLCONFIGDIR": str(scratch
        "IPYTHONDIR": str(scratch / "ipython"), "PROBE": "from the spec", "JUPYTER_PATH": ""}
 from distlab import paths
 from distlab.grading.settings import SYSTEM_READS, python_installation
-reads = [a for f in (*SYSTEM_READS, *python_installation(), paths.PACKAGE) for a in ("--read", str(f))]
+reads = [a for f in (*SYSTEM_READS, *python_installation(), paths.PACKAGE)
+         for a in ("--read", str(f))]
 argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(lab), "--write",
         str(scratch), *reads, "--", sys.executable, "-m", "ipykernel_launcher",
         "-f", "{connection_file}"]   # `secret` is on no list: unreadable

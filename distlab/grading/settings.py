@@ -31,7 +31,7 @@ class GradingSettings:
     timeout: float = 300.0              # seconds per cell
     notebook_timeout: float = 900.0     # seconds for all cells of a notebook
     memory_limit: float = DEFAULT_MEMORY_GB   # GB for all of a student's processes
-    hide: tuple[str, ...] = ()          # never readable to students' code, even inside a readable folder
+    hide: tuple[str, ...] = ()          # never readable to students' code, even in a readable folder
     views: str = ""                     # the folder of the student packages, one per lab (views/<lab>)
     system_reads: tuple[str, ...] = SYSTEM_READS   # what else students' code may read (see above)
     disk_limit: float = DEFAULT_DISK_MB  # MB that all of a student's folders may hold while graded

@@ -90,7 +90,8 @@ class LaunchSettings:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),
-                       DISTLAB_HIDE=os.pathsep.join(self.hide), DISTLAB_FILE_LIMIT=str(self.file_limit))
+                       DISTLAB_HIDE=os.pathsep.join(self.hide),
+                       DISTLAB_FILE_LIMIT=str(self.file_limit))
             if self.readable is not None:   # absent: reads anywhere; empty: only `confine`
                 env["DISTLAB_READ"] = os.pathsep.join(self.readable)
         if self.package:

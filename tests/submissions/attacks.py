@@ -163,10 +163,10 @@ print("refused:", refused)
 unreadable = []
 for name, path in {"another submission": TARGETS["another submission"],
                    "the grader's template": here.parents[4] / "template"}.items():
-    try:   # a folder's names may be listed; its files' text may not be read
+    try:   # neither its names nor its files' text can be read (rglob skips what it cannot list)
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         open(files[0], "rb").read(1)
-    except OSError:
+    except (OSError, IndexError):
         unreadable.append(name)
 print("unreadable:", unreadable)
 
