@@ -17,6 +17,7 @@ import ast
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -214,6 +215,8 @@ def run_in_view(nb: nbformat.NotebookNode, package: Path, folder: Path,
     work.mkdir(parents=True)
     kernel_spec(jupyter, package, folder)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter))
+    # jupyter_client writes the connection file to the temporary folder: one the kernel may read
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
     NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(work)}}).execute()
     return nb

@@ -85,14 +85,16 @@ class GradingSettings:
     def launch_settings(self, scratch: str, confine: bool, labs: tuple[str, ...] = (),
                         student: bool = False, spawn=None):
         """How the judge's launcher treats ranks that run a student's code: read with
-        safe_pickle only, started in ``scratch``, confined to it (where Landlock exists), kept
-        out of the hidden folders; its zygote imports what ``labs``' checks need. ``student``:
-        the ranks import distlab from the student package of the lab graded (the one lab in
-        ``labs``) and cannot read the instructor's (their zygote is forked by ``spawn``, the
-        kernels' server, which holds no answer, or else is a fresh interpreter: never forked
-        from the worker, which holds answers); else, or without views, their zygote is forked
-        from the worker, which has imported torch and the checks, or by ``spawn`` where the
-        worker cannot fork (a reference run that a check starts from the judge's thread)."""
+        safe_pickle only, started in ``scratch``, writing only there (where Landlock exists); its
+        zygote imports what ``labs``' checks need. ``student``: the ranks read only what
+        ``readable_to_students`` allows, write no file past the disk limit, import distlab from
+        the student package of the lab graded (the one lab in ``labs``) and cannot read the
+        instructor's (their zygote is forked by ``spawn``, the kernels' server, which holds no
+        answer, or else is a fresh interpreter: never forked from the worker, which holds
+        answers); else (reference ranks, which run no student code: they read anywhere), or
+        without views, their zygote is forked from the worker, which has imported torch and the
+        checks, or by ``spawn`` where the worker cannot fork (a reference run that a check
+        starts from the judge's thread)."""
         from distlab.runtime.launch import LaunchSettings
         package = self.view(labs[0]) if student and self.views else None
         return LaunchSettings(distrust=True, cwd=scratch,

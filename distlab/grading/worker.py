@@ -56,8 +56,11 @@ def main(argv: list[str]) -> int:
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
+
+    def keep() -> set:   # the judge's zygotes and the kernels' server: each costs seconds to start
+        return {*judge.launcher.zygote_pids(), kernels and kernels.pid}
+
     # All the student's folders together: the lab folders, the kernel's and the ranks' scratch.
-    keep = lambda: {*judge.launcher.zygote_pids(), kernels and kernels.pid}   # noqa: E731
     disk_watch = disk.DiskWatch(
         [root / "autograded" / student, root / "scratch", folders["kernel_sockets"]],
         settings.disk_bytes, stop=lambda: _stop_student_processes(keep()),
@@ -96,8 +99,7 @@ def main(argv: list[str]) -> int:
             lab_dir = root / "autograded" / student / lab
             _write_kernelspec(folders, lab_dir, judge.address, settings, lab)
             row = _grade_lab(api, root, student, lab, judge, settings)
-            # The judge's zygotes and the kernels' server stay: each costs seconds to start.
-            _kill_leftovers(keep={*judge.launcher.zygote_pids(), kernels and kernels.pid})
+            _kill_leftovers(keep=keep())
             # What this notebook cost since the last one (the first: since the worker started).
             now = (time.monotonic(), _cpu_seconds())
             row["cost"] = {"seconds": round(now[0] - start, 2),
