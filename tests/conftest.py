@@ -197,6 +197,8 @@ def graded_samples(request, tmp_path_factory):
     protected = sorted(subs.glob(f"bystander/{lab1}/*.ipynb")) + sorted((DATA / lab1).iterdir())
     before = {p: _digest(p) for p in protected}
     out, work = root / "scores.csv", root / "work"
+    if "attacks" in kinds:
+        attacks.plant_course_copy()   # another copy of the course, for reads_course_copy
     try:
         status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(work),
                              *GRADE_LIMITS, "--memory-limit", str(attacks.MEMORY_LIMIT_GB)])
@@ -214,6 +216,7 @@ def graded_samples(request, tmp_path_factory):
     finally:
         for proc in attacks.orphans():   # never leave them on the machine, even when a test fails
             proc.kill()
+        shutil.rmtree(attacks.COURSE_COPY, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The grader under attack: submissions that patch the checks, read references, kill their kernel,
-hang, flood memory and output, leave processes behind or write outside their folder
-(tests/submissions/attacks.py). The suite's one shared ``distlab grade --jobs 2`` run
-(tests/conftest.py's ``graded_samples``) grades them all beside an honest ``bystander``, whose grade
-must not move, and beside the other tests' samples.
+hang, flood memory, output or the disk, leave processes behind, write outside their folder or
+read other copies of the course (tests/submissions/attacks.py). The suite's one shared
+``distlab grade --jobs 2`` run (tests/conftest.py's ``graded_samples``) grades them all beside
+an honest ``bystander``, whose grade must not move, and beside the other tests' samples.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from distlab.grading.settings import DEFAULT_DISK_MB
 from distlab.runtime import landlock
 from submissions.attacks import LAB, MEMORY_LIMIT_GB, TESTS, attack_samples, orphans
 
@@ -135,6 +136,33 @@ def test_writes_outside_the_folder_are_refused(attacked):
 def test_the_course_s_own_solution_is_out_of_a_submission_s_reach(attacked):
     # Its lab source, the git history and the grader's source notebooks all hold the answers.
     assert "copied from: []" in _feedback(attacked["rows"]["copies_solution"])
+
+
+@needs_landlock
+def test_other_copies_of_the_course_are_out_of_a_submission_s_reach(attacked):
+    # Reads are an allow-list: a copy of the course anywhere else on the machine, and the
+    # instructor's checkout, are on no list; the ranks are confined as the kernel is.
+    text = _feedback(attacked["rows"]["reads_course_copy"])
+    assert "copied from other copies: []" in text
+    assert "a second copy: PermissionError" in text
+    assert "the instructor's checkout: PermissionError" in text
+    assert "other copy from ranks: ['PermissionError', 'PermissionError']" in text
+
+
+@pytest.mark.slow
+def test_a_disk_flood_is_stopped_and_stays_out_of_the_feedback(attacked):
+    row = attacked["rows"]["fills_disk"]
+    text = _feedback(row)
+    assert f"disk limit of {DEFAULT_DISK_MB:.0f} MB" in text, text[-3000:]
+    assert "were stopped" in text
+    assert "Files not copied into this feedback" in text and "filler" in text
+    student = attacked["work"] / "students" / "fills_disk"
+    written = sorted((student / "autograded" / "fills_disk" / LAB).glob("filler*.bin"))
+    assert written, "the sample wrote nothing: it tests nothing"
+    copied = list((student / "feedback").rglob("filler*.bin"))
+    assert copied == [], copied
+    for path in written:   # a quarter GB of zeros need not wait for pytest to rotate its folders
+        path.unlink()
 
 
 def test_the_kernel_and_the_ranks_hold_no_answer_to_their_lab(attacked):

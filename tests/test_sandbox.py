@@ -230,23 +230,51 @@ def test_wrapper_confines_the_command(folders, tmp_path):
     assert (inside / "env").read_text().split() == [str(home), str(home / "tmp")]
 
 
+def _python_reads() -> list[str]:
+    """The --read options a confined interpreter needs: the grader's system folders and Python."""
+    from distlab.grading.settings import SYSTEM_READS, python_installation
+    return [arg for folder in (*SYSTEM_READS, *python_installation()) for arg in ("--read", folder)]
+
+
+READ_PROBE = ("import os, sys\nfor p in sys.argv[1:]:\n    try:\n"
+              "        print(open(p).read() if os.path.isfile(p) else len(os.listdir(p)), end=' ')\n"
+              "    except OSError: print('refused', end=' ')\n")
+
+
 @needs_landlock
-def test_hidden_folders_cannot_be_read_but_their_writable_parts_can(tmp_path):
-    secret, mine, open_ = tmp_path / "secret", tmp_path / "secret" / "mine", tmp_path / "open"
-    for folder, text in ((secret, "s"), (mine, "m"), (open_, "o")):
+def test_reads_are_an_allow_list_with_hidden_folders_carved_out(tmp_path):
+    # The allowed folder holds a hidden one, which holds the command's own (writable) folder; a
+    # second copy of the course elsewhere on the machine is simply not on the list.
+    open_, elsewhere = tmp_path / "open", tmp_path / "course-copy"
+    secret, mine = open_ / "secret", open_ / "secret" / "mine"
+    for folder, text in ((open_, "o"), (secret, "s"), (mine, "m"), (elsewhere, "e")):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "f").write_text(text)
-    link = tmp_path / "link"
-    link.symlink_to(secret)
-    code = ("import os\nfor p in os.sys.argv[1:]:\n"
-            "    try: print(open(p).read(), end=' ')\n"
-            "    except OSError: print('refused', end=' ')\n"
-            f"print(len(os.listdir({str(open_)!r})))")
-    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", str(mine), "--hide",
-                           str(secret), "--", sys.executable, "-c", code, str(open_ / "f"),
-                           str(mine / "f"), str(secret / "f"), str(link / "f")],
+    (open_ / "link").symlink_to(secret)
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", str(mine),
+                           *_python_reads(), "--read", str(open_), "--hide", str(secret), "--",
+                           sys.executable, "-c", READ_PROBE, str(open_ / "f"), str(mine / "f"),
+                           str(secret / "f"), str(open_ / "link" / "f"), str(elsewhere / "f"),
+                           str(open_), str(elsewhere), str(Path.home())],
                           capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["o", "m", "refused", "refused", "1"], proc.stderr
+    entries = str(len(os.listdir(open_)))
+    assert proc.stdout.split() == ["o", "m", "refused", "refused", "refused", entries, "refused",
+                                   "refused"], proc.stderr
+
+
+def test_wrapper_limits_the_size_of_a_file_with_or_without_landlock(tmp_path):
+    code = ("try:\n    open('big', 'wb').write(bytes(2 << 20))\nexcept OSError as exc:\n"
+            "    print(exc.strerror)\nimport os\nprint(os.path.getsize('big'))")
+    proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write", ".",
+                           "--max-file-size", "1M", "--", sys.executable, "-c", code],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:2] == ["File too large", str(1 << 20)], proc.stderr
+
+
+def test_wrapper_wants_the_allowed_folders_a_hidden_one_is_carved_from():
+    proc = subprocess.run([sys.executable, str(SANDBOX_FILE), "--write", ".", "--hide", "/tmp",
+                           "--", "true"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "name those too" in proc.stderr
 
 
 def test_wrapper_without_landlock_warns_once_and_runs_the_command(monkeypatch, capsys):
@@ -467,20 +495,20 @@ def test_torch_matplotlib_gloo_and_distlab_run_work_confined(folders, tmp_path):
 
 
 @needs_landlock
-def test_a_readable_folder_inside_a_hidden_one_can_be_read_and_every_folder_listed(tmp_path):
-    secret, view = tmp_path / "secret", tmp_path / "secret" / "views" / "lab"
-    view.mkdir(parents=True)
-    (secret / "answer.py").write_text("s")
-    (view / "stub.py").write_text("v")
-    code = ("import os, sys\nfor p in sys.argv[1:3]:\n"
-            "    try: print(open(p).read(), end=' ')\n"
-            "    except OSError: print('refused', end=' ')\n"
-            "print(sorted(os.listdir(sys.argv[3])))")
+def test_a_readable_folder_inside_a_hidden_one_inside_a_readable_one_can_be_read(tmp_path):
+    # An installed course: site-packages (allowed) holds the instructor's package (hidden),
+    # which holds the course's data (allowed). Python lists site-packages to import from it.
+    site, package = tmp_path / "site-packages", tmp_path / "site-packages" / "distlab"
+    data = package / "data"
+    data.mkdir(parents=True)
+    (site / "numpy.py").write_text("n")
+    (package / "answer.py").write_text("s")
+    (data / "ref.txt").write_text("d")
     proc = subprocess.run([sys.executable, "-m", "distlab.runtime.landlock", "--write",
-                           str(tmp_path / "w"), "--hide", str(secret), "--read", str(view), "--",
-                           sys.executable, "-c", code, str(view / "stub.py"),
-                           str(secret / "answer.py"), str(secret)],
+                           str(tmp_path / "w"), *_python_reads(), "--read", str(site), "--hide",
+                           str(package), "--read", str(data), "--", sys.executable, "-c",
+                           READ_PROBE, str(site / "numpy.py"), str(data / "ref.txt"),
+                           str(package / "answer.py"), str(site), str(package)],
                           capture_output=True, text=True, timeout=60)
-    # A name is no secret (Python lists the folders it imports from); a file's text is.
-    assert proc.stdout.strip().split(maxsplit=2) == ["v", "refused", "['answer.py', 'views']"], \
-        proc.stderr
+    # A name is no secret (the folders on the way to a hidden one are listable); a file's text is.
+    assert proc.stdout.split() == ["n", "d", "refused", "2", "2"], proc.stderr

@@ -17,6 +17,7 @@ import ast
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -184,9 +185,10 @@ def test_no_answer_in_the_student_package(packages, lab):
 def kernel_spec(folder: Path, package: Path, writable: Path) -> None:
     """A kernel confined as the grader confines students': it imports distlab from ``package``
     and cannot read the instructor's package, ``solutions/`` or ``tests/``."""
-    hide = [paths.PACKAGE, REPO / "solutions", REPO / "tests"]
+    from distlab.grading.settings import SYSTEM_READS, python_installation
+    reads = [*SYSTEM_READS, *python_installation(), package, paths.data().resolve()]
     argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(writable),
-            *[a for h in hide for a in ("--hide", str(h))], "--read", str(package),
+            *[a for r in reads for a in ("--read", str(r))],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     spec = folder / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
@@ -213,6 +215,8 @@ def run_in_view(nb: nbformat.NotebookNode, package: Path, folder: Path,
     work.mkdir(parents=True)
     kernel_spec(jupyter, package, folder)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter))
+    # jupyter_client writes the connection file to the temporary folder: one the kernel may read
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
     NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(work)}}).execute()
     return nb

@@ -37,12 +37,18 @@ for folder in (lab, scratch, secret, outside, root / "jupyter" / "kernels" / "py
 (secret / "answers").write_text("hidden")
 env = {"HOME": str(scratch), "TMPDIR": str(scratch), "MPLCONFIGDIR": str(scratch / "mpl"),
        "IPYTHONDIR": str(scratch / "ipython"), "PROBE": "from the spec", "JUPYTER_PATH": ""}
+from distlab import paths
+from distlab.grading.settings import SYSTEM_READS, python_installation
+reads = [a for f in (*SYSTEM_READS, *python_installation(), paths.PACKAGE)
+         for a in ("--read", str(f))]
 argv = [sys.executable, "-m", "distlab.runtime.landlock", "--write", str(lab), "--write",
-        str(scratch), "--hide", str(secret), "--", sys.executable, "-m", "ipykernel_launcher",
-        "-f", "{connection_file}"]
+        str(scratch), *reads, "--", sys.executable, "-m", "ipykernel_launcher",
+        "-f", "{connection_file}"]   # `secret` is on no list: unreadable
 (root / "jupyter" / "kernels" / "python3" / "kernel.json").write_text(json.dumps(
     {"argv": argv, "env": env, "language": "python", "interrupt_mode": "signal"}))
-os.environ.update(JUPYTER_PATH=str(root / "jupyter"), JUPYTER_RUNTIME_DIR=str(scratch))
+# jupyter_client writes connection files to TMPDIR: the kernel reads them (worker._private_folders)
+os.environ.update(JUPYTER_PATH=str(root / "jupyter"), JUPYTER_RUNTIME_DIR=str(scratch),
+                  TMPDIR=str(scratch))
 assert sandbox.become_subreaper()
 from traitlets.config import Config
 config = Config()

@@ -31,10 +31,14 @@ A student's code is not trusted (the threat model, each part tested in tests/tes
   student's code on ranks of its own zygote and reads what they return without unpickling code.
   A test cell passes only if the judge passed every check the cell calls; one whose checks never
   arrived scores zero as ``tampered``.
-- The kernel and the judge's ranks are confined with Landlock (``distlab.grading.sandbox``): they may
-  write only the lab's own folder and a scratch folder, and cannot signal or trace the grader.
+- The kernel and the judge's ranks are confined with Landlock (``distlab.runtime.landlock``): they
+  may write only the lab's own folder and a scratch folder, read only those, their lab's student
+  package, the Python installation and what the system needs (``GradingSettings.system_reads``),
+  and cannot signal or trace the grader.
   The worker reads the result rows back on a pipe that no kernel holds.
 - Limits: ``--memory-limit`` on the sum of the student's processes (the largest is killed);
+  ``--disk-limit`` on their folders (``distlab.grading.disk``: the processes are stopped, no file
+  grows past it, and the feedback copies a lab folder's files up to ``feedback_files`` MB);
   output per cell (``distlab.grading.execution``: the rest is dropped and the cell interrupted); the
   worker's own log is kept to its tail. A kernel that dies (``os._exit``, a segfault, the memory
   limit) ends that notebook: its later tests score zero as ``not-run``, the run goes on.
@@ -73,7 +77,7 @@ from distlab.grading.folders import FolderInUse, mark
 from distlab.grading.records import claim_workdir
 from distlab.grading.intake import discover
 from distlab.grading.orchestrate import grade_run
-from distlab.grading.settings import DEFAULT_MEMORY_GB, GradingSettings
+from distlab.grading.settings import DEFAULT_DISK_MB, DEFAULT_MEMORY_GB, GradingSettings
 
 
 def parse_args(argv):
@@ -93,6 +97,10 @@ def parse_args(argv):
     p.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GB, metavar="GB",
                    help=f"memory of one student's processes before the largest is killed "
                         f"(default {DEFAULT_MEMORY_GB:g})")
+    p.add_argument("--disk-limit", type=float, default=DEFAULT_DISK_MB, metavar="MB",
+                   help=f"what one student's folders may hold while graded (and the largest "
+                        f"file they may write) before their processes are stopped "
+                        f"(default {DEFAULT_DISK_MB:g})")
     p.add_argument("--rank-timeout", type=float, default=60,
                    help="seconds before a check's ranks count as hung, and before ranks that make "
                         "no progress in any run of the notebook are stopped (default 60)")
@@ -121,7 +129,7 @@ def _at_least_one(text: str) -> int:
 def settings_of(args) -> GradingSettings:
     return GradingSettings(backend=args.backend, rank_timeout=args.rank_timeout,
                            timeout=args.timeout, notebook_timeout=args.notebook_timeout,
-                           memory_limit=args.memory_limit)
+                           memory_limit=args.memory_limit, disk_limit=args.disk_limit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,9 +182,9 @@ def _warn_if_unconfined() -> None:
     from distlab.runtime.landlock import landlock_abi
     if landlock_abi() == 0:
         print("warning: this Linux kernel has no Landlock (needs 5.13+ with landlock among its "
-              "LSMs): students' code is NOT confined and could change files outside its folder "
-              "(other submissions, the scores). Grade on a machine with Landlock, or check "
-              "the outputs.", file=sys.stderr)
+              "LSMs): students' code is NOT confined and could read or change files outside its "
+              "folder (other submissions, the scores, any copy of the course's solutions). Grade "
+              "on a machine with Landlock, or check the outputs.", file=sys.stderr)
 
 
 def _read_rows(fd: int, deadline: float) -> list[dict]:

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import site
+import sys
 from pathlib import Path
 
 from distlab.checks.ranks import CheckSettings
 
 DEFAULT_MEMORY_GB = 6.0
+DEFAULT_DISK_MB = 200.0
+# What the system needs a student's code to read, beside the Python installation, its lab's
+# student package and its own folders (``GradingSettings.system_reads``): shared libraries and
+# programs, configuration, devices, the kernel's views of processes and hardware.
+SYSTEM_READS = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys",
+                "/dev")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +31,15 @@ class GradingSettings:
     timeout: float = 300.0              # seconds per cell
     notebook_timeout: float = 900.0     # seconds for all cells of a notebook
     memory_limit: float = DEFAULT_MEMORY_GB   # GB for all of a student's processes
-    hide: tuple[str, ...] = ()          # folders students' code may not read (grading, submissions, scores)
+    hide: tuple[str, ...] = ()          # never readable to students' code, even in a readable folder
     views: str = ""                     # the folder of the student packages, one per lab (views/<lab>)
+    system_reads: tuple[str, ...] = SYSTEM_READS   # what else students' code may read (see above)
+    disk_limit: float = DEFAULT_DISK_MB  # MB that all of a student's folders may hold while graded
+    feedback_files: float = 20.0        # MB of a lab folder's files copied into its feedback
+
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_limit * 2**20)
 
     @property
     def memory_bytes(self) -> int:
@@ -36,7 +51,7 @@ class GradingSettings:
     def fingerprint(self) -> dict[str, str]:
         """What changes a grade: a recorded result made with other values is graded again."""
         return {k: str(v) for k, v in sorted(dataclasses.asdict(self).items())
-                if k not in ("hide", "views")}
+                if k not in ("hide", "views", "system_reads", "feedback_files")}
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -44,7 +59,9 @@ class GradingSettings:
     @classmethod
     def from_json(cls, text: str) -> "GradingSettings":
         fields = json.loads(text)
-        fields["hide"] = tuple(fields.get("hide", ()))
+        for name in ("hide", "system_reads"):
+            if name in fields:
+                fields[name] = tuple(fields[name])
         return cls(**fields)
 
     def view(self, lab: str) -> str | None:
@@ -58,34 +75,51 @@ class GradingSettings:
         return (*self.hide, str(paths.PACKAGE)) if self.views else self.hide
 
     def readable_to_students(self, lab: str) -> tuple[str, ...]:
-        """What such a process may read inside the hidden folders: the lab's student package and
-        the course's data (inside the package, for an installed course)."""
+        """What such a process may read besides its own folders (an allow-list): what the system
+        needs, the Python installation, the lab's student package (the instructor's where no
+        views were made) and the course's data."""
         from distlab import paths
-        return (self.view(lab), str(paths.data().resolve())) if self.views else ()
+        package = self.view(lab) or str(paths.PACKAGE)
+        return (*self.system_reads, *python_installation(), package, str(paths.data().resolve()))
 
     def launch_settings(self, scratch: str, confine: bool, labs: tuple[str, ...] = (),
                         student: bool = False, spawn=None):
         """How the judge's launcher treats ranks that run a student's code: read with
-        safe_pickle only, started in ``scratch``, confined to it (where Landlock exists), kept
-        out of the hidden folders; its zygote imports what ``labs``' checks need. ``student``:
-        the ranks import distlab from the student package of the lab graded (the one lab in
-        ``labs``) and cannot read the instructor's (their zygote is forked by ``spawn``, the
-        kernels' server, which holds no answer, or else is a fresh interpreter: never forked
-        from the worker, which holds answers); else, or without views, their zygote is forked
-        from the worker, which has imported torch and the checks, or by ``spawn`` where the
-        worker cannot fork (a reference run that a check starts from the judge's thread)."""
+        safe_pickle only, started in ``scratch``, writing only there (where Landlock exists); its
+        zygote imports what ``labs``' checks need. ``student``: the ranks read only what
+        ``readable_to_students`` allows, write no file past the disk limit, import distlab from
+        the student package of the lab graded (the one lab in ``labs``) and cannot read the
+        instructor's (their zygote is forked by ``spawn``, the kernels' server, which holds no
+        answer, or else is a fresh interpreter: never forked from the worker, which holds
+        answers); else (reference ranks, which run no student code: they read anywhere), or
+        without views, their zygote is forked from the worker, which has imported torch and the
+        checks, or by ``spawn`` where the worker cannot fork (a reference run that a check
+        starts from the judge's thread)."""
         from distlab.runtime.launch import LaunchSettings
         package = self.view(labs[0]) if student and self.views else None
         return LaunchSettings(distrust=True, cwd=scratch,
                               confine=(scratch,) if confine else (),
-                              hide=self.hidden_from_students() if package else self.hide,
-                              readable=self.readable_to_students(labs[0]) if package else (),
+                              hide=self.hidden_from_students() if student else (),
+                              readable=self.readable_to_students(labs[0]) if student else None,
+                              file_limit=self.disk_bytes if student else 0,
                               package=package,
                               preload=rank_modules(labs), fork_zygote=package is None,
                               spawn=spawn,
                               # a student's ranks reach no network but their own, on which
                               # every byte they send is counted (distlab.runtime.wire)
                               own_network=student)
+
+
+def python_installation() -> tuple[str, ...]:
+    """The folders of the Python that grades (and runs the kernels and ranks): its prefixes and
+    the site-packages it imports from. Not the folders that ``.pth`` files add to sys.path: an
+    editable install of the course adds its checkout, answers included."""
+    folders = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+               *site.getsitepackages()]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and user in sys.path:
+        folders.append(user)
+    return tuple(dict.fromkeys(folders))
 
 
 def rank_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:

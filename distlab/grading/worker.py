@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     root, student, settings_json, rows_fd, *labs = argv
     from distlab.grading.imports import skip_slow_imports
     skip_slow_imports()
-    from distlab.grading import sandbox
+    from distlab.grading import disk, sandbox
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge, socket_path
@@ -56,6 +56,15 @@ def main(argv: list[str]) -> int:
     guards = Guards(judge=judge)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
+
+    def keep() -> set:   # the judge's zygotes and the kernels' server: each costs seconds to start
+        return {*judge.launcher.zygote_pids(), kernels and kernels.pid}
+
+    # All the student's folders together: the lab folders, the kernel's and the ranks' scratch.
+    disk_watch = disk.DiskWatch(
+        [root / "autograded" / student, root / "scratch", folders["kernel_sockets"]],
+        settings.disk_bytes, stop=lambda: _stop_student_processes(keep()),
+        on_stop=lambda event: guards.death_notes.append(str(event)))
     budget = NotebookBudget(settings.timeout, settings.notebook_timeout)
     config = load_config()
     config.Execute.timeout = int(settings.timeout)
@@ -79,7 +88,7 @@ def main(argv: list[str]) -> int:
     config.GradedExecute.guards = guards
     config.WarmKernelManager.kernels = kernels
     api = nbgrader_api(root, config=config)
-    with watch, os.fdopen(int(rows_fd), "w") as rows_out:
+    with watch, disk_watch, os.fdopen(int(rows_fd), "w") as rows_out:
         for lab in labs:
             budget.reset()
             judge.reset()
@@ -89,9 +98,8 @@ def main(argv: list[str]) -> int:
                                                    spawn=spawn))
             lab_dir = root / "autograded" / student / lab
             _write_kernelspec(folders, lab_dir, judge.address, settings, lab)
-            row = _grade_lab(api, root, student, lab, judge)
-            # The judge's zygotes and the kernels' server stay: each costs seconds to start.
-            _kill_leftovers(keep={*judge.launcher.zygote_pids(), kernels and kernels.pid})
+            row = _grade_lab(api, root, student, lab, judge, settings)
+            _kill_leftovers(keep=keep())
             # What this notebook cost since the last one (the first: since the worker started).
             now = (time.monotonic(), _cpu_seconds())
             row["cost"] = {"seconds": round(now[0] - start, 2),
@@ -145,6 +153,14 @@ def _note_memory_kill(guards, event) -> None:
         f"({event.total / 2**30:.1f} GiB; the largest, {event.command[:80]!r}, was killed)")
 
 
+def _stop_student_processes(keep: set) -> int:
+    """Kill the kernel and every rank (the zygotes in ``keep`` stay, their ranks go); how many."""
+    import psutil
+    from distlab.grading.sandbox import kill_tree
+    return sum(kill_tree(child.pid, include_root=child.pid not in keep)
+               for child in psutil.Process().children())
+
+
 def _kill_leftovers(keep: set) -> None:
     """Kill everything the lab's kernel left behind (orphans were reparented to this worker)."""
     import psutil
@@ -178,16 +194,17 @@ def _private_folders(root: Path) -> dict[str, Path]:
 def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: str,
                       settings: GradingSettings, lab: str) -> None:
     """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
-    lab's folder, its scratch folder and its sockets' folder, read nothing in the hidden folders
-    (the grading folders, all submissions, the scores, the instructor's package) but those and
-    the lab's student package, which it imports distlab from, and is told where the judge
-    listens."""
+    lab's folder, its scratch folder and its sockets' folder, no file past the disk limit, read
+    only those and what ``settings.readable_to_students`` names (the system's folders, the
+    Python installation, the lab's student package, which it imports distlab from), and is told
+    where the judge listens."""
     from distlab.runtime.zygote import PACKAGE_ENV
     scratch = folders["kernel_scratch"]
     writable = (lab_dir, scratch, folders["kernel_sockets"])
     view = settings.view(lab)
     argv = [sys.executable, "-m", "distlab.runtime.landlock",
             *[arg for folder in writable for arg in ("--write", str(folder))],
+            "--max-file-size", str(settings.disk_bytes),
             *[arg for folder in settings.hidden_from_students() for arg in ("--hide", folder)],
             *[arg for folder in settings.readable_to_students(lab) for arg in ("--read", folder)],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -212,11 +229,13 @@ def _kernel_env(folders: dict[str, Path], judge_address: str) -> dict[str, str]:
             "XDG_CACHE_HOME": str(scratch / "cache")}
 
 
-def _grade_lab(api, root: Path, student: str, lab: str, judge) -> dict:
+def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict:
     """nbgrader autograde, then the judge's record overrides what the kernel showed, then
-    feedback; one result row."""
+    feedback (the lab folder's files up to its limit); one result row."""
     import nbformat
+    from nbformat.v4 import new_markdown_cell
     from nbgrader.utils import is_grade
+    from distlab.grading import disk
     from distlab.grading.scoring import annotate, read_flags, score_tests
     row = {"student": student, "lab": lab, "score": 0.0, "max_score": None, "tests": {},
            "messages": {}, "points": {}, "flags": [], "feedback": ""}
@@ -229,10 +248,15 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge) -> dict:
     cells = {c.metadata.nbgrader["grade_id"]: c for c in (nb.cells if nb else [])
              if c.cell_type == "code" and is_grade(c)}
     overrides = score_tests(root, student, lab, cells, judge, row)
+    limit = int(settings.feedback_files * 2**20)
+    skips = disk.feedback_skips(nb_path.parent, limit)
     if nb is not None:
         annotate(nb, cells, overrides, read_flags(root, lab))
+        if skips:
+            nb.cells.insert(0, new_markdown_cell(disk.skipped_note(skips, limit)))
         nbformat.write(nb, nb_path)
-    feedback = api.generate_feedback(lab, student, force=True) if graded["success"] else graded
+    with disk.left_out(api.coursedir, skips):
+        feedback = api.generate_feedback(lab, student, force=True) if graded["success"] else graded
     html = root / "feedback" / student / lab / f"{lab}.html"
     if html.exists():
         row["feedback"] = str(html)

@@ -3,45 +3,38 @@ the rank launcher (``distlab.runtime.zygote``) and the grader's kernels. Linux o
 landlock_abi() is 0 and confine() returns False.
 
     landlock_abi() -> int          # Landlock ABI of this kernel; 0 when unavailable
-    confine(writable) -> bool      # this process and all it starts later: writes only beneath
-                                   # `writable` (+ a few /dev files); False if Landlock is missing
+    confine(writable, readable=None, hidden=(), max_file_bytes=None) -> bool   # this process
+        # and all it starts, as below (readable=None: reads anywhere); False without Landlock
     sandbox_env(home) -> dict      # HOME, TMPDIR, caches of jupyter/matplotlib/torch under `home`
     private_shm(size) -> bool      # a fresh /dev/shm of `size` bytes for this process (root only)
 
-    python -m distlab.runtime.landlock --write DIR [--write DIR ...] [--home DIR] [--shm-size 2G] -- CMD ...
+    python -m distlab.runtime.landlock --write DIR [--read DIR ...] [--hide DIR ...] [--home DIR]
+                                       [--max-file-size 200M] [--shm-size 2G] -- CMD ...
         confine, then exec CMD (for a kernelspec's argv: `--write .` is the notebook's folder,
         since kernels start there). Without Landlock: one warning line on stderr, CMD runs anyway.
         The module imports nothing from distlab: `python .../distlab/runtime/landlock.py` works too.
 
-What confine() enforces. Reading and executing stay allowed everywhere. Every filesystem right
-that *modifies* something and that the kernel's ABI knows (write, truncate, create, remove,
-rename/link across folders, device ioctl) is denied except beneath the writable paths, and
-beneath: /dev/null, zero, full, random, urandom, tty, ptmx, pts (write + ioctl only), the GPU
-device files (/dev/nvidia*, /dev/dri, /dev/kfd, /dev/infiniband: write + ioctl, needed by CUDA,
-ROCm and NCCL) and /dev/shm (create and delete too). /dev/shm has to stay writable: Python's
-multiprocessing locks and queues (sem_open), torch tensor sharing and NCCL's shared-memory
-transport all create files there. It is shared by every process on the machine, so by default
-a student could delete another student's segments or fill it (tmpfs pages that nobody maps are
-in no process's PSS, so MemoryWatch cannot see them); `private_shm(size)` (CLI `--shm-size`)
-closes both holes where we run as root. Not the rest of /dev: as root, /dev holds the disk
-(/dev/vda) with write permission. For the same reason device nodes can never be created (mknod)
-even inside the writable folders, and confine() drops every capability (bounding set included,
-so exec cannot regain them): root keeps uid 0 but cannot load modules, mount, mknod, use raw
-sockets or change the clock. With ABI >= 6 the process also cannot signal processes outside
-its sandbox (it cannot kill the grader) nor connect to abstract unix sockets created outside.
-Landlock always forbids ptrace (attach) of processes outside the sandbox, and /proc/PID/mem:
-a student cannot read or change the grader's memory. Landlock leaves ptrace's "read" mode
-(/proc/PID/environ, maps) open on Linux 6.18; the capability drop closes it for processes
-with more capabilities (the grader). /proc/PID/cmdline stays readable, as for any process.
+What confine() enforces. With `readable`, reading is an allow-list: files beneath `readable`
+and `writable` can be read and executed, nothing else (another copy of the course, $HOME, other
+students' folders), nor beneath a `hidden` folder inside a readable one. Every right that
+modifies something and that the ABI knows (write, truncate, create, remove, rename/link across
+folders, device ioctl) is denied except beneath `writable` and: /dev/null, zero, full, random,
+urandom, tty, ptmx, pts, the GPU device files (/dev/nvidia*, dri, kfd, infiniband: write + ioctl
+for CUDA, ROCm, NCCL) and /dev/shm (create and delete too: sem_open, torch's tensor sharing and
+NCCL need it). /dev/shm is shared by the machine: a student could read, delete or fill another's
+segments (unmapped tmpfs pages are in no PSS, MemoryWatch cannot see them); `private_shm`
+(`--shm-size`) closes that as root. Device nodes are never created (mknod); every capability
+is dropped (bounding set included): root cannot load modules, mount, use raw sockets. With ABI
+>= 6 no signal to processes outside the sandbox nor connection to their abstract unix sockets.
+Landlock forbids ptrace (attach) of processes outside and /proc/PID/mem; the capability drop
+closes ptrace's read mode for the more privileged grader. `max_file_bytes` sets RLIMIT_FSIZE
+(soft and hard), with or without Landlock: a write past it fails with EFBIG (Python ignores
+SIGXFSZ).
 
-What breaks under confine() unless pointed into the writable folder (sandbox_env does it):
-HOME (~/.cache, ~/.config, ~/.nv, ~/.triton), TMPDIR (tempfile, torch inductor), IPYTHONDIR
-(IPython history), MPLCONFIGDIR (matplotlib's font cache). Writes under /proc also fail (e.g.
-naming another thread with pthread_setname_np): harmless. Landlock confines the calling thread
-only, so confine() refuses to run in a process that already has several threads.
-
-Memory: MemoryWatch (distlab.grading.sandbox) measures PSS, not RSS: ranks forked from the
-zygote share its torch pages copy-on-write, and RSS would count them once per rank.
+What breaks unless pointed into the writable folder (sandbox_env does it): HOME (~/.cache,
+~/.config, ~/.nv, ~/.triton), TMPDIR (tempfile, torch inductor), IPYTHONDIR, MPLCONFIGDIR. Writes
+under /proc fail too (pthread_setname_np on another thread): harmless. Landlock confines the
+calling thread only: confine() refuses to run in a process that already has several threads.
 """
 from __future__ import annotations
 
@@ -49,6 +42,7 @@ import argparse
 import ctypes
 import glob
 import os
+import resource
 import stat
 import sys
 import threading
@@ -69,12 +63,13 @@ _MAKE_FIFO, _MAKE_BLOCK, _MAKE_SYM = 1 << 10, 1 << 11, 1 << 12
 _REFER, _TRUNCATE, _IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15          # ABI 2, 3, 5
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1         # ABI 6
 
-# The modifying rights each ABI added (reading and executing are never handled: allowed).
+# The modifying rights each ABI added (reading and executing: handled for an allow-list only).
 _MODIFY_BY_ABI = {1: (_WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE_CHAR | _MAKE_DIR | _MAKE_REG
                       | _MAKE_SOCK | _MAKE_FIFO | _MAKE_BLOCK | _MAKE_SYM),
                   2: _REFER, 3: _TRUNCATE, 5: _IOCTL_DEV}
-_READ_FILE, _READ_DIR = 1 << 2, 1 << 3                # handled only when something is hidden
-_FILE_RIGHTS = _WRITE_FILE | _TRUNCATE | _IOCTL_DEV | _READ_FILE   # all a rule on a file may hold
+_EXECUTE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 2, 1 << 3   # handled for an allow-list of reads
+_READ = _EXECUTE | _READ_FILE | _READ_DIR
+_FILE_RIGHTS = _WRITE_FILE | _TRUNCATE | _IOCTL_DEV | _READ_FILE | _EXECUTE   # all a file may hold
 _DEVICE_NODES = _MAKE_CHAR | _MAKE_BLOCK              # never granted: mknod of a disk = the disk
 
 # Device files a process needs to write (or ioctl); directories cover what is beneath them.
@@ -172,30 +167,31 @@ def _require_single_thread(what: str) -> None:
             f"Call it first thing, or start the code under `python -m distlab.runtime.landlock`.")
 
 
-def confine(writable: list[str | os.PathLike], *, hidden: list[str | os.PathLike] = (),
-            readable: list[str | os.PathLike] = (), drop_capabilities: bool = True) -> bool:
-    """Confine this process and everything it starts later, irreversibly: no filesystem change
-    outside `writable` (paths that do not exist are skipped) and the few /dev files listed in
-    the module docstring; with Landlock ABI >= 6 no signal to, and no abstract unix socket of, a
-    process outside. Drops every capability unless `drop_capabilities=False`. No file beneath a
-    `hidden` folder can be read, except beneath the `writable` and `readable` ones it holds.
-    True when confined, False without Landlock (the caller should then detect writes). Raises
-    RuntimeError if the process already has threads, OSError if Landlock refuses the ruleset."""
-    return _confine(writable, drop_capabilities, True, hidden=hidden, readable=readable)
+def confine(writable: list[str | os.PathLike], *, readable: list[str | os.PathLike] | None = None,
+            hidden: list[str | os.PathLike] = (), max_file_bytes: int | None = None,
+            drop_capabilities: bool = True) -> bool:
+    """Confine this process and all it starts later, irreversibly, as the module docstring says
+    (paths that do not exist are skipped). Drops every capability unless `drop_capabilities=
+    False`. True when confined, False without Landlock (the caller should then detect writes).
+    Raises RuntimeError if the process has threads, OSError if Landlock refuses the ruleset."""
+    return _confine(writable, drop_capabilities, True, readable=readable, hidden=hidden,
+                    max_file_bytes=max_file_bytes)
 
 
-def readable_roots(hidden: list[str]) -> list[str]:
-    """Landlock only allows, so "everything but the hidden folders" is spelled out: walking down
-    from / toward each hidden folder, every entry beside the way (whole subtrees). Folders on the
-    way stay traversable and listable; files created there later are not readable."""
+def readable_roots(roots: list[str], hidden: list[str]) -> tuple[list[str], list[str]]:
+    """(folders readable whole, folders only listable): `roots` minus the `hidden` folders inside.
+    A Landlock rule covers all beneath its folder, so a root holding a hidden folder is spelled
+    out: walking toward each hidden folder, every entry beside the way is readable whole, the
+    folders on the way listable (Python lists where it imports from: site-packages)."""
     hidden = [os.path.realpath(h) for h in hidden]
 
     def within(path: str, folder: str) -> bool:
         return path == folder or path.startswith(folder.rstrip("/") + "/")
 
-    roots: list[str] = []
+    whole, listable = [], []
 
     def walk(folder: str) -> None:
+        listable.append(folder)
         try:
             entries = list(os.scandir(folder))
         except OSError:
@@ -209,19 +205,24 @@ def readable_roots(hidden: list[str]) -> list[str]:
             if entry.is_dir(follow_symlinks=False) and any(within(h, entry.path) for h in hidden):
                 walk(entry.path)
             else:
-                roots.append(entry.path)
+                whole.append(entry.path)
 
-    walk("/")
-    return roots
+    for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+        if root not in hidden:   # one named hidden too stays hidden; one inside a hidden is not
+            walk(root) if any(within(h, root) for h in hidden) else whole.append(root)
+    return whole, listable
 
 
-def _confine(writable, drop_capabilities: bool, single_thread: bool, hidden=(), readable=()) -> bool:
+def _confine(writable, drop_capabilities: bool, single_thread: bool, readable=None, hidden=(),
+             max_file_bytes=None) -> bool:
+    if max_file_bytes:   # before Landlock: a limit on file sizes needs no LSM
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(max_file_bytes), int(max_file_bytes)))
     abi = landlock_abi()
     if abi == 0:
         return False
     if single_thread:
         _require_single_thread("confine()")
-    handled = _handled_rights(abi) | (_READ_FILE | _READ_DIR if hidden else 0)
+    handled = _handled_rights(abi) | (_READ if readable is not None else 0)
     scoped = _SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET if abi >= 6 else 0
     attr = _RulesetAttr(handled, 0, scoped)
     ruleset = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_attr_size(abi)),
@@ -230,13 +231,13 @@ def _confine(writable, drop_capabilities: bool, single_thread: bool, hidden=(), 
         raise _oserror(f"landlock_create_ruleset (ABI {abi})",
                        "Report this kernel (uname -r) with the error")
     try:
-        if hidden:
-            # Any folder may be listed (Python lists those it imports from, site-packages among
-            # them, which may hold a hidden package); no file beneath a hidden folder is read.
-            _allow(ruleset, "/", _READ_DIR)
-            for path in [*readable_roots([os.fspath(h) for h in hidden]),
-                         *(os.fspath(r) for r in readable)]:
-                _allow(ruleset, path, _READ_FILE | _READ_DIR)
+        if readable is not None:
+            whole, listable = readable_roots([os.fspath(r) for r in readable],
+                                             [os.fspath(h) for h in hidden])
+            for path in listable:
+                _allow(ruleset, path, _READ_DIR)
+            for path in whole:
+                _allow(ruleset, path, _READ)
         for path in writable:
             _allow(ruleset, os.fspath(path), handled & ~_DEVICE_NODES)
         for path, rights in _dev_rules(handled):
@@ -264,9 +265,8 @@ class _CapData(ctypes.Structure):
 
 
 def _drop_capabilities() -> None:
-    """Empty the bounding, ambient, effective, permitted and inheritable sets. Why: Landlock
-    guards paths, but root with capabilities can act without paths (init_module, mount, raw
-    sockets, settimeofday, mknod). With the bounding set empty, exec cannot give them back."""
+    """Empty every capability set: root with capabilities acts without paths (init_module, mount,
+    raw sockets, mknod). With the bounding set empty, exec cannot give them back."""
     c = libc()
     try:
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
@@ -284,9 +284,8 @@ def _drop_capabilities() -> None:
 
 
 def sandbox_env(home: str | os.PathLike) -> dict[str, str]:
-    """Environment variables that point every per-user cache and temp folder into `home`
-    (created, with its subfolders): set them for a confined process so that IPython, matplotlib,
-    torch and CUDA find writable places. `home` must be among the writable paths."""
+    """Environment variables pointing every per-user cache and temp folder into `home` (created),
+    so that IPython, matplotlib, torch and CUDA find writable places under confinement."""
     home = Path(home).resolve()
     env = {"HOME": home, "TMPDIR": home / "tmp", "XDG_CACHE_HOME": home / ".cache",
            "XDG_CONFIG_HOME": home / ".config", "XDG_DATA_HOME": home / ".local" / "share",
@@ -297,11 +296,9 @@ def sandbox_env(home: str | os.PathLike) -> dict[str, str]:
 
 
 def private_shm(size_bytes: int) -> bool:
-    """Give this process (and what it starts later) a fresh, empty /dev/shm of `size_bytes`, in
-    a mount namespace of its own: students graded side by side cannot touch each other's shared
-    memory, and shared memory cannot grow past `size_bytes`. Call before confine() (Landlock
-    forbids mounting) and before any thread starts. False where not permitted (needs root or
-    CAP_SYS_ADMIN)."""
+    """A fresh, empty /dev/shm of `size_bytes` for this process and what it starts, in a mount
+    namespace of its own. Call before confine() (Landlock forbids mounting) and before any
+    thread starts. False where not permitted (needs root or CAP_SYS_ADMIN)."""
     if not sys.platform.startswith("linux"):
         return False
     _require_single_thread("private_shm()")
@@ -334,20 +331,19 @@ def parse(argv: list[str]):
     """(options, command) of ``python -m distlab.runtime.landlock OPTIONS -- COMMAND``."""
     parser = argparse.ArgumentParser(
         prog="python -m distlab.runtime.landlock",
-        usage="%(prog)s --write DIR [--write DIR ...] [--hide DIR] [--read DIR] [--home DIR] "
-              "[--shm-size SIZE] -- COMMAND [ARGS...]",
-        description="Run COMMAND unable to change files outside the --write folders (Landlock), "
-                    "to signal processes outside, or to use capabilities.")
+        usage="%(prog)s --write DIR ... [--read DIR ...] [--hide DIR ...] [--home DIR] "
+              "[--max-file-size SIZE] [--shm-size SIZE] -- COMMAND [ARGS...]",
+        description="Run COMMAND confined (Landlock): see the module's docstring.")
     parser.add_argument("--write", action="append", default=[], metavar="DIR",
                         help="a folder the command may change (repeatable; relative to the cwd)")
+    parser.add_argument("--read", action="append", metavar="DIR",
+                        help="a folder the command may read (repeatable; none: it reads anywhere)")
     parser.add_argument("--hide", action="append", default=[], metavar="DIR",
-                        help="a folder the command may not read (repeatable), except the --write "
-                             "folders inside it")
-    parser.add_argument("--read", action="append", default=[], metavar="DIR",
-                        help="a folder inside a --hide one that the command may read (repeatable)")
+                        help="a folder inside a --read one that the command may not read")
+    parser.add_argument("--max-file-size", type=_size, metavar="SIZE",
+                        help="no file the command writes grows past SIZE (RLIMIT_FSIZE)")
     parser.add_argument("--home", metavar="DIR",
-                        help="writable too; HOME, TMPDIR and the caches of IPython, matplotlib, "
-                             "torch go there")
+                        help="writable too; HOME, TMPDIR and the caches go there")
     parser.add_argument("--shm-size", type=_size, metavar="SIZE",
                         help="a private /dev/shm of SIZE (e.g. 2G) for the command (needs root)")
     split = argv.index("--") if "--" in argv else len(argv)
@@ -357,6 +353,8 @@ def parse(argv: list[str]):
                      "python -m distlab.runtime.landlock --write . -- python script.py")
     if not command:
         parser.error("no command after --")
+    if opts.hide and not opts.read:
+        parser.error("--hide carves folders out of the --read ones: name those too")
     return opts, command
 
 
@@ -371,9 +369,10 @@ def confine_as(opts, single_thread: bool = False) -> bool:
     if opts.shm_size and not _private_shm(opts.shm_size):
         print("distlab.runtime.landlock: warning: no private /dev/shm (needs root or CAP_SYS_ADMIN); "
               "the command shares the machine's.", file=sys.stderr)
-    confined = _confine(writable, drop_capabilities=True, single_thread=single_thread,
+    readable = None if opts.read is None else [os.path.abspath(p) for p in opts.read]
+    confined = _confine(writable, True, single_thread, readable=readable,
                         hidden=[os.path.abspath(p) for p in opts.hide],
-                        readable=[os.path.abspath(p) for p in opts.read])
+                        max_file_bytes=opts.max_file_size)
     if not confined:
         print("distlab.runtime.landlock: warning: this kernel has no Landlock (needs Linux >= 5.13 with "
               "landlock in its LSM list); running the command unconfined.", file=sys.stderr)

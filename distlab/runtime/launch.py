@@ -57,8 +57,9 @@ class LaunchSettings:
     """How a launcher treats its ranks. The defaults trust them (a student's own notebook); the
     grader's judge, whose ranks run a student's code, distrusts them: their messages and results
     are read with ``distlab.runtime.safe_pickle`` only (plain data, never code), they start in
-    ``cwd``, and the zygote and its ranks may write only the ``confine`` folders and read nothing
-    in the ``hide`` ones (``distlab.grading.sandbox``) but the ``readable`` ones inside them.
+    ``cwd``, and the zygote and its ranks may write only the ``confine`` folders, read only those
+    and the ``readable`` ones (an allow-list; None: anywhere) but not the ``hide`` folders inside
+    them (``distlab.runtime.landlock``), and write no file past ``file_limit`` bytes (0: none).
     ``package``: the folder the ranks import distlab from (a student's view of it, without the
     answers of the lab graded: ``distlab.grading.student_package``), in a zygote started afresh,
     never forked from a process that holds the instructor's package."""
@@ -66,7 +67,8 @@ class LaunchSettings:
     cwd: str | None = None
     confine: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()
-    readable: tuple[str, ...] = ()
+    readable: tuple[str, ...] | None = None
+    file_limit: int = 0
     package: str | None = None
     # how another process forks the zygote (ZygoteHandle's ``spawn``): the grader's kernel server
     spawn: object = dataclasses.field(default=None, compare=False, repr=False)
@@ -96,7 +98,9 @@ class LaunchSettings:
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),
                        DISTLAB_HIDE=os.pathsep.join(self.hide),
-                       DISTLAB_READ=os.pathsep.join(self.readable))
+                       DISTLAB_FILE_LIMIT=str(self.file_limit))
+            if self.readable is not None:   # absent: reads anywhere; empty: only `confine`
+                env["DISTLAB_READ"] = os.pathsep.join(self.readable)
         if self.package:
             from distlab.runtime.zygote import PACKAGE_ENV
             env[PACKAGE_ENV] = self.package

@@ -143,14 +143,16 @@ def serve(sock: socket.socket) -> None:
 
 def _confine_if_asked() -> None:
     """The grader's judge starts its zygote with DISTLAB_CONFINE (folders, os.pathsep-separated):
-    every rank forked from here may write only there, cannot read DISTLAB_HIDE's folders (but
-    DISTLAB_READ's inside them), and cannot signal or trace the grader."""
+    every rank forked from here may write only there, read only there and in DISTLAB_READ's
+    folders (when set) but not DISTLAB_HIDE's inside them, write no file past DISTLAB_FILE_LIMIT
+    bytes, and cannot signal or trace the grader."""
     folders = os.environ.get("DISTLAB_CONFINE")
     if folders:
         from distlab.runtime.landlock import confine
         hidden, readable = (os.environ.get(k) for k in ("DISTLAB_HIDE", "DISTLAB_READ"))
         confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [],
-                readable=readable.split(os.pathsep) if readable else [])
+                readable=None if readable is None else [r for r in readable.split(os.pathsep) if r],
+                max_file_bytes=int(os.environ.get("DISTLAB_FILE_LIMIT") or 0))
 
 
 def main(fd: int) -> None:

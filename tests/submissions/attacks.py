@@ -8,9 +8,14 @@ every test must get; tests/test_grader_attacks.py grades them all in one run bes
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import nbformat
 import psutil
+
+from distlab.runtime.landlock import landlock_abi
 
 from . import replace_cell, solved, student
 
@@ -21,6 +26,9 @@ TESTS = ("test_all_reduce_rs_ag", "test_ring_all_reduce", "test_bandwidths", "te
 # not taken for this one's.
 ORPHAN_MARK = f"distlab-test-orphan-{os.getpid()}"
 MEMORY_LIMIT_GB = 3                         # the grading run's --memory-limit
+# A second copy of the course on the grading machine (an instructor's other checkout, a later
+# week's handout unpacked), where any process may read it: planted by the test before grading.
+COURSE_COPY = Path(tempfile.gettempdir()) / f"distlab-test-course-copy-{os.getpid()}"
 
 
 def _append(nb: nbformat.NotebookNode, grade_id: str, code: str) -> nbformat.NotebookNode:
@@ -155,10 +163,10 @@ print("refused:", refused)
 unreadable = []
 for name, path in {"another submission": TARGETS["another submission"],
                    "the grader's template": here.parents[4] / "template"}.items():
-    try:   # a folder's names may be listed; its files' text may not be read
+    try:   # neither its names nor its files' text can be read (rglob skips what it cannot list)
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         open(files[0], "rb").read(1)
-    except OSError:
+    except (OSError, IndexError):
         unreadable.append(name)
 print("unreadable:", unreadable)
 
@@ -206,6 +214,64 @@ for where, read in SOURCES.items():
         pass
 print("copied from:", copied)
 '''
+
+
+# 10. Read the lab's answers from other copies of the course on the grading machine: a second
+# copy in the temporary folder and the instructor's own checkout; from the kernel and a rank.
+READS_COURSE_COPY = '''\
+import ast
+
+def _answer_from(path):
+    tree = ast.parse(open(path).read())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "all_reduce_rs_ag"]
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "copied", "exec"), globals())
+    return bool(keep)
+
+def _read_on_rank(rank, world_size, path):
+    try:
+        open(path).read(1)
+        return "read"
+    except OSError as exc:
+        return type(exc).__name__
+
+copied = []
+for where, path in @COPIES@.items():
+    try:
+        if _answer_from(path):
+            copied.append(where)
+    except OSError as exc:
+        print(f"{where}: {type(exc).__name__}")
+print("copied from other copies:", copied)
+print("other copy from ranks:", list(distlab.run(_read_on_rank, 2, @COPY@)))
+'''
+
+# 11. Fill the disk: 300 MB into the lab's folder, in files of 50 MB (each under the size limit
+# of one file), then wait for the grader to notice.
+FILLS_DISK = '''\
+import time
+for i in range(6):
+    with open(f"filler{i}.bin", "wb") as f:
+        for _ in range(50):
+            f.write(bytes(2**20))
+time.sleep(60)
+'''
+
+
+def plant_course_copy() -> Path:
+    """Put a copy of Lab 1's solution at COURSE_COPY, readable by every process; the folder."""
+    from distlab import paths
+    source = paths.lab_source(LAB)
+    target = COURSE_COPY / "solutions" / LAB / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, target)
+    return COURSE_COPY
+
+
+def _course_copies() -> dict[str, str]:
+    from distlab import paths
+    source = paths.lab_source(LAB)
+    return {"a second copy": str(COURSE_COPY / "solutions" / LAB / source.name),
+            "the instructor's checkout": str(source.resolve())}
 
 
 # Answers in memory: a process that imported the instructor's package (or was forked from one)
@@ -278,7 +344,15 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
             "@ANSWERS@", repr(sorted(_answers_of(LAB))))), ok),
         "copies_solution": (_append(student(LAB), "all_reduce_rs_ag", COPIES_SOLUTION),
                             _statuses("not-done", "not-done", "not-done", "not-done")),
+        # Without Landlock nothing stops the read: the grader warns that it cannot confine.
+        "reads_course_copy": (_append(student(LAB), "all_reduce_rs_ag", READS_COURSE_COPY.replace(
+            "@COPIES@", repr(_course_copies())).replace("@COPY@", repr(_course_copies()[
+                "a second copy"]))), _statuses("pass" if not landlock_abi() else "not-done",
+                                               "not-done", "not-done", "not-done")),
+        "fills_disk": (_append(solved(LAB), "bandwidths", FILLS_DISK),
+                       _statuses("pass", "pass", "not-run", "not-run")),
     }
 
 
-__all__ = ["attack_samples", "orphans", "ORPHAN_MARK", "MEMORY_LIMIT_GB", "LAB", "TESTS"]
+__all__ = ["attack_samples", "orphans", "plant_course_copy", "COURSE_COPY", "ORPHAN_MARK",
+           "MEMORY_LIMIT_GB", "LAB", "TESTS"]
