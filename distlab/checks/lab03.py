@@ -24,7 +24,7 @@ import torch
 
 from distlab.labs import tensor_parallel as tp
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import cut
+from distlab.checks.common import cut, nan_hint
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab03_comms import expect_phase_comms
 from distlab.checks.lab03_ranks import (blinded, blocks, dense_module, linears_on_rank,
@@ -48,7 +48,8 @@ def make_references() -> dict[str, dict]:
 
 
 def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
-    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
+    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL,
+                 hint=nan_hint(got, expected, hint))
 
 
 # Exercise 1: sharding (pure functions, checked in the kernel for every rank)
