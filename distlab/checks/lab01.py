@@ -134,22 +134,18 @@ def make_references() -> dict[str, dict]:
     return refs
 
 
-# What each stored set holds that is an expected result, not an input: marked when loaded, so
-# that none of it can reach a rank (distlab.runtime.per_rank.reference).
 EXPECTED_KEYS = {"all_reduce_ws2": ("expected",), "all_reduce_ws4": ("expected",),
                  "bandwidths": ("expected",), "alpha_beta": ("fit", "predicted"),
                  "ring_model": ("fit",), "bus_factor": ("expected",)}
 
 
+def _marked(name: str, values: dict) -> dict:   # expected results (not inputs): kept off ranks
+    return {k: reference(v) if k in EXPECTED_KEYS[name] else v for k, v in values.items()}
+
+
 def _stored(name: str) -> dict[str, torch.Tensor]:
     from distlab.checks.stored import load
-    stored = load(LAB, name)
-    return {k: reference(v) if k in EXPECTED_KEYS[name] else v for k, v in stored.items()}
-
-
-def _fresh(sample: dict, name: str) -> dict:
-    """A fresh sample with its expected results marked, as ``_stored`` marks the stored ones."""
-    return {k: reference(v) if k in EXPECTED_KEYS[name] else v for k, v in sample.items()}
+    return _marked(name, load(LAB, name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,25 +153,23 @@ def _fresh(sample: dict, name: str) -> dict:
 
 def _apply_on_rank(rank: int, world_size: int, mine: torch.Tensor, fn):
     """Rank body: call the student's in-rank ``fn`` on this rank's row (on its GPU under NCCL).
-    The rank gets its own row only: the other rows are the answer it must communicate for."""
+    It gets its own row only: the other rows are what it must communicate for."""
     mine = mine.clone().to(rank_device())
     result = fn(mine)
     return result if result is not None else mine  # an in-place implementation may return None
 
 
-def _rows(inputs: torch.Tensor) -> list[torch.Tensor]:
-    # Copies, not views: a view pickles its whole storage, i.e. every rank's row.
-    return [row.clone() for row in inputs]
-
-
-def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[torch.Tensor, torch.Tensor, str]:
+def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[PerRank, torch.Tensor, str]:
     if seed is None:
         ref = _stored(f"all_reduce_ws{world_size}")
-        return ref["inputs"], ref["expected"], f"the stored inputs ({world_size} ranks)"
-    numel = numel if numel is not None else int(torch.randint(world_size, 64, (1,),
-                                                generator=torch.Generator().manual_seed(seed)))
-    inputs = all_reduce_inputs(world_size, numel, seed)
-    return inputs, reference(inputs.sum(0)), f"fresh inputs (seed {seed}, {world_size} ranks, {numel} elements)"
+        inputs, expected, case = ref["inputs"], ref["expected"], f"the stored inputs ({world_size} ranks)"
+    else:
+        numel = numel if numel is not None else int(torch.randint(world_size, 64, (1,),
+                                                    generator=torch.Generator().manual_seed(seed)))
+        inputs = all_reduce_inputs(world_size, numel, seed)
+        expected = reference(inputs.sum(0))
+        case = f"fresh inputs (seed {seed}, {world_size} ranks, {numel} elements)"
+    return PerRank([row.clone() for row in inputs]), expected, case   # copies: a view holds all rows
 
 
 def _check_values(out, expected: torch.Tensor, name: str, case: str) -> None:
@@ -192,8 +186,8 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
                            seed: int | None = None) -> None:
     """``fn(tensor)`` on every rank must return the sum over ranks, using exactly one
     reduce-scatter and one all-gather (no all_reduce)."""
-    inputs, expected, case = _case(world_size, numel, seed)
-    for backend, out in run_each_backend(_apply_on_rank, world_size, PerRank(_rows(inputs)), fn):
+    rows, expected, case = _case(world_size, numel, seed)
+    for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
         _check_values(out, expected, "all_reduce_rs_ag", case)
         for rank, comms in enumerate(out.comms):
             ops = [c.op for c in comms]
@@ -218,10 +212,10 @@ def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
                           seed: int | None = None) -> None:
     """``fn(tensor)`` must return the sum over ranks using point-to-point messages only: each rank
     sends 2(n-1) messages to one ring neighbour, 2(n-1)/n of the tensor in all."""
-    inputs, expected, case = _case(world_size, numel, seed)
+    rows, expected, case = _case(world_size, numel, seed)
     n, numel_ = world_size, expected.numel()
     item = expected.element_size()
-    for backend, out in run_each_backend(_apply_on_rank, world_size, PerRank(_rows(inputs)), fn):
+    for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
         _check_values(out, expected, "ring_all_reduce", case)
         sent_total = 0
         for rank, comms in enumerate(out.comms):
@@ -268,7 +262,7 @@ def _as_pair(value, name: str) -> tuple[float, float]:
 
 def check_bandwidths(fn, seed: int | None = None) -> None:
     """``fn(nbytes, seconds, factor)`` must return nccl-tests' (algbw, busbw) in GB/s."""
-    cases = _stored("bandwidths") if seed is None else _fresh(bandwidth_cases(seed), "bandwidths")
+    cases = _stored("bandwidths") if seed is None else _marked("bandwidths", bandwidth_cases(seed))
     for i in range(len(cases["nbytes"])):
         factor = float(cases["factor"][i])
         nbytes, seconds = float(cases["nbytes"][i]), float(cases["seconds"][i])
@@ -354,7 +348,7 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
 def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
     """``fit_fn(sizes, times)`` must return (alpha, bandwidth) of the relative least-squares fit;
     ``predict_fn(alpha, bandwidth, nbytes)`` the model's time for an unseen size."""
-    sample = _stored("alpha_beta") if seed is None else _fresh(sweep_sample(seed), "alpha_beta")
+    sample = _stored("alpha_beta") if seed is None else _marked("alpha_beta", sweep_sample(seed))
     where = "the stored sweep" if seed is None else f"a fresh sweep (seed {seed})"
     sizes, times = sample["sizes"].clone(), sample["times"].clone()
     alpha, bandwidth = _as_pair(fit_fn(sizes, times), "fit_alpha_beta")
@@ -367,8 +361,7 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
                 f"Minimise the relative error sum(((alpha + S/B - t)/t)^2): divide each row of the "
                 f"least-squares system [1, S] @ [alpha, 1/B] = t by t.")
     unseen = float(sample["unseen"])
-    # The fit is an input of predict_time's interface (and fit_fn's answer was judged above):
-    # float() hands it over as a plain number.
+    # The fit is predict_time's input (fit_fn's answer was judged above): a plain float.
     predicted = float(predict_fn(exp_alpha, exp_bw, unseen))
     if not math.isclose(predicted, float(sample["predicted"]), rel_tol=1e-6):
         raise CheckFailed(f"predict_time(alpha={exp_alpha:.4g}, bandwidth={exp_bw:.4g}, "
@@ -379,7 +372,7 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
 def check_ring_model(fn, seed: int | None = None) -> None:
     """``fn(world_sizes, sizes, times)`` must return (alpha, bandwidth) of the relative
     least-squares fit of t = 2(n-1) alpha + 2(n-1)/n S/B over all rows at once."""
-    sample = _stored("ring_model") if seed is None else _fresh(ring_model_sample(seed), "ring_model")
+    sample = _stored("ring_model") if seed is None else _marked("ring_model", ring_model_sample(seed))
     where = "the stored ring sweep (2 and 4 ranks)" if seed is None else f"a fresh ring sweep (seed {seed})"
     args = (sample["world_sizes"].clone(), sample["sizes"].clone(), sample["times"].clone())
     alpha, bandwidth = _as_pair(fn(*args), "fit_ring_model")
