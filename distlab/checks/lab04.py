@@ -31,7 +31,7 @@ from distlab.checks.common import cut, describe_comms, nan_hint, rank_device, sp
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab04_problems import (LAB, MAX_OFFSET, SHAPE, VOCAB_SHAPE,  # noqa: F401 (LAB: read here)
                                           attention_case, attention_problem, blinded_modules,
-                                          decoded, qkv_layout_of)
+                                          decoded, dense_module_of, qkv_layout_of)  # noqa: F401 (dense_module_of: read here)
 from distlab.runtime.per_rank import PerRank
 
 SEED = 4

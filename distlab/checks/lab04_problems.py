@@ -46,9 +46,9 @@ def attention_case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict,
             raise ValueError("stored references are for 2 ranks and the default shapes; "
                              "pass a seed to check other world sizes or shapes")
         from distlab.checks.stored import load
-        return marked(load(LAB, kind)), "the stored inputs (2 ranks)"
+        return marked_attention_problem(load(LAB, kind)), "the stored inputs (2 ranks)"
     sizes = " ".join(f"{k}={v}" for k, v in shape.items() if not (kind == "attention" and k == "ffn"))
-    return marked(attention_problem(kind, seed, **shape)), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
+    return marked_attention_problem(attention_problem(kind, seed, **shape)), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
 
 
 def qkv_layout_of(ref: dict) -> att.QKVLayout:
@@ -64,7 +64,7 @@ def dense_module_of(kind: str, ref: dict):
     return model
 
 
-def marked(problem: dict) -> dict:
+def marked_attention_problem(problem: dict) -> dict:
     """``problem`` with its expected results (the dense y, dx, grad.*; the loss and dlogits)
     marked (``distlab.runtime.per_rank.reference``): they stay in the judge."""
     from distlab.runtime.per_rank import reference
