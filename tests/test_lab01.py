@@ -210,3 +210,17 @@ def test_bus_factor_check_builds_a_ring_record_when_the_ring_does_not_run():
     lab01.check_bus_factor(lab01.reference_bus_factor, unanswered, seed=5)
     record = lab01._ring_records(4, 1030)
     assert lab01.reference_bus_factor(record, 1030 * 4) == pytest.approx(2 * 3 / 4, rel=1e-2)
+
+
+def test_a_frame_walk_to_every_ranks_row_earns_nothing():
+    """Issue 41, route 1: the student's function walks up to the rank body's locals for every
+    rank's row and returns their sum, with a dummy reduce-scatter and all-gather for the record.
+    A rank holds its own row only, so the walk finds nothing and the answer is wrong."""
+    from submissions import frame_walk
+    inputs = torch.randn(2, 10)
+
+    def leaky_body(inputs):          # what the rank body held before: every rank's rows
+        return frame_walk.steal_rows(inputs[0], 2)
+    assert leaky_body(inputs) is inputs   # the walk finds them where they are
+    with pytest.raises(CheckFailed, match=r"all_reduce_rs_ag on fresh inputs.*rank 0.*differ"):
+        lab01.check_all_reduce_rs_ag(frame_walk.all_reduce_rs_ag, world_size=2, numel=10, seed=41)

@@ -250,3 +250,19 @@ def test_ring_bytes_prediction_passes_and_planted_mistakes_fail():
         return f["predict_ring_bytes"](batch, seq, hidden, world_size, "tp")
     with pytest.raises(CheckFailed, match="all-gathers fc1's input once more"):
         lab03.check_predicted_ring_bytes(sp_like_tp)
+
+
+def test_a_frame_walk_or_a_dense_shortcut_earns_nothing():
+    """Issue 41, route 1: the student's module walks up to the rank body's locals for the dense
+    problem (expected output and gradients) and replays it, one all_reduce each way for the
+    record; finding none, it runs the dense MLP it was handed, whole. The rank holds no expected
+    value, and its dense module is NaN outside its shard: the output is NaN, and said so."""
+    from submissions import frame_walk
+    problem = lab03.mlp_problem("mlp", 41, **SMALL)
+
+    def leaky_body(ref):             # what the rank body held before: the whole problem
+        return frame_walk.steal_problem()
+    assert leaky_body(problem) is problem   # the walk finds it where it is
+    with pytest.raises(CheckFailed, match=r"(?s)TensorParallelMLP output on fresh inputs.*"
+                                          r"rank 0.*NaN in your result"):
+        lab03.check_tp_mlp(frame_walk.StealingMLP, 2, seed=41, **SMALL)

@@ -160,23 +160,51 @@ def test_missing_f_fails_the_backward_check_only():
 
 
 class GatheringBlock(att.TensorParallelTransformerBlock):
-    """Right numbers, wrong lesson: gathers the attention heads and projects densely."""
+    """Right numbers, wrong lesson: gathers the attention heads and the output projection's
+    column shards, and projects densely."""
 
     def __init__(self, block, group=None):
         super().__init__(block, group)
-        self.full_proj = block.attn.proj
+        w = self.attn.proj.weight.detach().contiguous()                   # (h, h/p): its columns
+        parts = [torch.empty_like(w) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, w, group=group)
+        self.full_w, self.full_b = torch.cat(parts, 1), self.attn.proj.bias.detach()
 
     def forward(self, x):
         from torch.distributed.nn.functional import all_gather
         a = self.attn
         heads = att.attend(a.qkv(self.norm1(x)), a.n_heads, a.n_kv_heads)   # (b, s, nh hs/p)
-        h = x + self.full_proj(torch.cat(all_gather(heads.contiguous()), -1))  # (b, s, h)
+        h = x + F.linear(torch.cat(all_gather(heads.contiguous()), -1), self.full_w, self.full_b)
         return h + self.mlp(self.norm2(h))
 
 
 def test_gathering_heads_fails_the_collective_count():
     with pytest.raises(CheckFailed, match=r"(?s)forward should issue exactly 2 all_reduce.*all_gather"):
         lab04.check_tp_block(GatheringBlock)
+
+
+class DenseProjectionBlock(att.TensorParallelTransformerBlock):
+    """The local shortcut: each rank's heads go through the dense module's whole output
+    projection, which the rank was handed but whose other ranks' columns it must not read."""
+
+    def __init__(self, block, group=None):
+        super().__init__(block, group)
+        self.dense_proj = block.attn.proj
+
+    def forward(self, x):
+        from torch.distributed.nn.functional import all_gather
+        a = self.attn
+        heads = att.attend(a.qkv(self.norm1(x)), a.n_heads, a.n_kv_heads)   # (b, s, nh hs/p)
+        h = x + self.dense_proj(torch.cat(all_gather(heads.contiguous()), -1))
+        return h + self.mlp(self.norm2(h))
+
+
+def test_a_dense_layer_used_whole_reads_nan_and_is_told_so():
+    """What a rank's shard must not read is NaN: the shortcut's output is NaN, and the message
+    says why (before any comparison of collectives)."""
+    with pytest.raises(CheckFailed, match=r"(?s)TensorParallelTransformerBlock output.*on rank 0.*"
+                                          r"NaN in your result.*weights it does not own"):
+        lab04.check_tp_block(DenseProjectionBlock)
 
 
 def gathered_loss(logits, target, group=None):

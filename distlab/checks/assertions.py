@@ -48,7 +48,8 @@ def assert_close(got, expected, *, what: str, rank: int | None = None,
     err = (got_f - exp_f).abs()
     finite = exp_f[torch.isfinite(exp_f)].abs()
     scale = max(1.0, finite.max().item()) if finite.numel() else 1.0
-    bad = err > atol * scale + rtol * exp_f.abs()
+    # NaN where a number was expected counts as wrong (a comparison with NaN is never "over").
+    bad = (err > atol * scale + rtol * exp_f.abs()) | (torch.isnan(got_f) & ~torch.isnan(exp_f))
     if bool(bad.any()) or bool(torch.isnan(got_f).any() != torch.isnan(exp_f).any()):
         idx = tuple(int(i) for i in torch.nonzero(bad)[0]) if bool(bad.any()) else ()
         scaled = f" x {scale:.3g} (the largest |expected|)" if scale > 1 else ""

@@ -24,6 +24,22 @@ def dense_run(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, prefix: str =
     return out
 
 
+# Where an exercise hands each rank a full-shape object (the dense layer to shard), the check fills
+# what the rank's shard must not read with NaN (distlab.runtime.per_rank.nan_module_outside).
+NAN_SHARD_HINT = ("NaN in your result: each rank receives the dense module with every weight "
+                  "outside its own shard set to NaN, so this rank read weights it does not own "
+                  "(a dense layer used whole, or another rank's rows, columns or heads). Use only "
+                  "this rank's shard and combine the partial results with collectives.")
+
+
+def nan_hint(got, expected, hint: str) -> str:
+    """``hint``, preceded by NAN_SHARD_HINT when ``got`` holds NaN where ``expected`` has none."""
+    if (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
+            and bool(got.detach().isnan().any()) and not bool(expected.detach().isnan().any())):
+        return f"{NAN_SHARD_HINT}\n{hint}" if hint else NAN_SHARD_HINT
+    return hint
+
+
 def cut(t: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.Tensor:
     """The plain slice rank r owns: elements [r*n/p, (r+1)*n/p) along dim."""
     n = t.shape[dim] // world_size

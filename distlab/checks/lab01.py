@@ -34,6 +34,7 @@ from distlab.checks.ranks import rank_timeout, run_each_backend
 from distlab.labs.collectives import reference_fit, reference_ring_fit
 from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
+from distlab.runtime.per_rank import PerRank, reference
 
 LAB = "01_collectives"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -133,30 +134,42 @@ def make_references() -> dict[str, dict]:
     return refs
 
 
+EXPECTED_KEYS = {"all_reduce_ws2": ("expected",), "all_reduce_ws4": ("expected",),
+                 "bandwidths": ("expected",), "alpha_beta": ("fit", "predicted"),
+                 "ring_model": ("fit",), "bus_factor": ("expected",)}
+
+
+def _marked(name: str, values: dict) -> dict:   # expected results (not inputs): kept off ranks
+    return {k: reference(v) if k in EXPECTED_KEYS[name] else v for k, v in values.items()}
+
+
 def _stored(name: str) -> dict[str, torch.Tensor]:
     from distlab.checks.stored import load
-    return load(LAB, name)
+    return _marked(name, load(LAB, name))
 
 
 # ---------------------------------------------------------------------------------------------
 # Exercises 1 and 2: all-reduces on ranks
 
-def _apply_on_rank(rank: int, world_size: int, inputs: torch.Tensor, fn):
-    """Rank body: call the student's in-rank ``fn`` on this rank's row (on its GPU under NCCL)."""
-    import torch.distributed as dist
-    mine = inputs[rank].clone().to(rank_device())
+def _apply_on_rank(rank: int, world_size: int, mine: torch.Tensor, fn):
+    """Rank body: call the student's in-rank ``fn`` on this rank's row (on its GPU under NCCL).
+    It gets its own row only: the other rows are what it must communicate for."""
+    mine = mine.clone().to(rank_device())
     result = fn(mine)
     return result if result is not None else mine  # an in-place implementation may return None
 
 
-def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[torch.Tensor, torch.Tensor, str]:
+def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[PerRank, torch.Tensor, str]:
     if seed is None:
         ref = _stored(f"all_reduce_ws{world_size}")
-        return ref["inputs"], ref["expected"], f"the stored inputs ({world_size} ranks)"
-    numel = numel if numel is not None else int(torch.randint(world_size, 64, (1,),
-                                                generator=torch.Generator().manual_seed(seed)))
-    inputs = all_reduce_inputs(world_size, numel, seed)
-    return inputs, inputs.sum(0), f"fresh inputs (seed {seed}, {world_size} ranks, {numel} elements)"
+        inputs, expected, case = ref["inputs"], ref["expected"], f"the stored inputs ({world_size} ranks)"
+    else:
+        numel = numel if numel is not None else int(torch.randint(world_size, 64, (1,),
+                                                    generator=torch.Generator().manual_seed(seed)))
+        inputs = all_reduce_inputs(world_size, numel, seed)
+        expected = reference(inputs.sum(0))
+        case = f"fresh inputs (seed {seed}, {world_size} ranks, {numel} elements)"
+    return PerRank([row.clone() for row in inputs]), expected, case   # copies: a view holds all rows
 
 
 def _check_values(out, expected: torch.Tensor, name: str, case: str) -> None:
@@ -173,8 +186,8 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
                            seed: int | None = None) -> None:
     """``fn(tensor)`` on every rank must return the sum over ranks, using exactly one
     reduce-scatter and one all-gather (no all_reduce)."""
-    inputs, expected, case = _case(world_size, numel, seed)
-    for backend, out in run_each_backend(_apply_on_rank, world_size, inputs, fn):
+    rows, expected, case = _case(world_size, numel, seed)
+    for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
         _check_values(out, expected, "all_reduce_rs_ag", case)
         for rank, comms in enumerate(out.comms):
             ops = [c.op for c in comms]
@@ -199,10 +212,10 @@ def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
                           seed: int | None = None) -> None:
     """``fn(tensor)`` must return the sum over ranks using point-to-point messages only: each rank
     sends 2(n-1) messages to one ring neighbour, 2(n-1)/n of the tensor in all."""
-    inputs, expected, case = _case(world_size, numel, seed)
+    rows, expected, case = _case(world_size, numel, seed)
     n, numel_ = world_size, expected.numel()
     item = expected.element_size()
-    for backend, out in run_each_backend(_apply_on_rank, world_size, inputs, fn):
+    for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
         _check_values(out, expected, "ring_all_reduce", case)
         sent_total = 0
         for rank, comms in enumerate(out.comms):
@@ -249,7 +262,7 @@ def _as_pair(value, name: str) -> tuple[float, float]:
 
 def check_bandwidths(fn, seed: int | None = None) -> None:
     """``fn(nbytes, seconds, factor)`` must return nccl-tests' (algbw, busbw) in GB/s."""
-    cases = _stored("bandwidths") if seed is None else bandwidth_cases(seed)
+    cases = _stored("bandwidths") if seed is None else _marked("bandwidths", bandwidth_cases(seed))
     for i in range(len(cases["nbytes"])):
         factor = float(cases["factor"][i])
         nbytes, seconds = float(cases["nbytes"][i]), float(cases["seconds"][i])
@@ -316,7 +329,7 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
     else:
         numel = numel if numel is not None else 64 + seed % 997
         cases = bus_factor_cases(world_sizes, numel, ring)
-        expected_factors = [reference_bus_factor(comms, numel * 4) for _, comms in cases]
+        expected_factors = [reference(reference_bus_factor(comms, numel * 4)) for _, comms in cases]
     nbytes = numel * 4
     for (what, comms), expected in zip(cases, expected_factors, strict=True):
         try:
@@ -335,7 +348,7 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
 def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
     """``fit_fn(sizes, times)`` must return (alpha, bandwidth) of the relative least-squares fit;
     ``predict_fn(alpha, bandwidth, nbytes)`` the model's time for an unseen size."""
-    sample = _stored("alpha_beta") if seed is None else sweep_sample(seed)
+    sample = _stored("alpha_beta") if seed is None else _marked("alpha_beta", sweep_sample(seed))
     where = "the stored sweep" if seed is None else f"a fresh sweep (seed {seed})"
     sizes, times = sample["sizes"].clone(), sample["times"].clone()
     alpha, bandwidth = _as_pair(fit_fn(sizes, times), "fit_alpha_beta")
@@ -348,6 +361,7 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
                 f"Minimise the relative error sum(((alpha + S/B - t)/t)^2): divide each row of the "
                 f"least-squares system [1, S] @ [alpha, 1/B] = t by t.")
     unseen = float(sample["unseen"])
+    # The fit is predict_time's input (fit_fn's answer was judged above): a plain float.
     predicted = float(predict_fn(exp_alpha, exp_bw, unseen))
     if not math.isclose(predicted, float(sample["predicted"]), rel_tol=1e-6):
         raise CheckFailed(f"predict_time(alpha={exp_alpha:.4g}, bandwidth={exp_bw:.4g}, "
@@ -358,7 +372,7 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
 def check_ring_model(fn, seed: int | None = None) -> None:
     """``fn(world_sizes, sizes, times)`` must return (alpha, bandwidth) of the relative
     least-squares fit of t = 2(n-1) alpha + 2(n-1)/n S/B over all rows at once."""
-    sample = _stored("ring_model") if seed is None else ring_model_sample(seed)
+    sample = _stored("ring_model") if seed is None else _marked("ring_model", ring_model_sample(seed))
     where = "the stored ring sweep (2 and 4 ranks)" if seed is None else f"a fresh ring sweep (seed {seed})"
     args = (sample["world_sizes"].clone(), sample["sizes"].clone(), sample["times"].clone())
     alpha, bandwidth = _as_pair(fn(*args), "fit_ring_model")

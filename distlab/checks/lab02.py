@@ -32,10 +32,12 @@ from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import (GATHER_OPS, REDUCE_SCATTER_OPS, Collectives,
                                    expect_collectives, op_in)
 from distlab.labs.data_parallel import (Setup, device, final_state, flat, gradient_average,
-                                        optimizer_state_bytes, param_bytes, rank_problem,
+                                        optimizer_state_bytes, param_bytes,
                                         reference_training, shard_bounds, train_steps)
 from distlab.labs.data_parallel.problem import GRADIENT_AVERAGE_CASE
 from distlab.labs.data_parallel.step_times import a100_overlap_set
+from distlab.checks.lab02_ranks import Optimizer as _Optimizer, rank_inputs as _rank_inputs
+from distlab.runtime.per_rank import reference
 
 LAB = "02_data_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -109,8 +111,9 @@ def _stored_reference(d_hidden: int) -> dict:
 
 
 def _reference_for(seed: int | None, d_hidden: int) -> dict:
-    """Stored reference for the visible test (seed None), else computed here and now."""
-    return _stored_reference(d_hidden) if seed is None else _reference(seed, d_hidden)
+    """Stored reference for the visible test (seed None), else computed here and now; marked as
+    expected results, which no rank may receive."""
+    return reference(_stored_reference(d_hidden) if seed is None else _reference(seed, d_hidden))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,11 +169,12 @@ def _run(fn, world_size: int, *args):
 # ---------------------------------------------------------------------------------------------
 # Exercise 1: a data-parallel training step
 
-def _dp_step_rank(rank: int, world_size: int, step_fn, setup: Setup, steps: int) -> dict:
+def _dp_step_rank(rank: int, world_size: int, step_fn, model, opt: _Optimizer, data,
+                  steps: int) -> dict:
     dev = device()
-    model = setup.model().to(dev)
-    optimizer = setup.optimizer(model.parameters())
-    x, y = (t.to(dev) for t in setup.data())
+    model = model.to(dev)
+    optimizer = opt.optimizer(model.parameters())
+    x, y = (t.to(dev) for t in data)   # the full batch's shape, NaN outside this rank's rows
     for _ in range(steps):
         step_fn(model, optimizer, x, y)
     return final_state(model)
@@ -182,7 +186,7 @@ def check_data_parallel_step(step_fn, *, world_size: int = 2, seed: int | None =
     must give the parameters of single-process AdamW on the full batch, with one all-reduce per
     parameter per step."""
     setup = _setup(seed, d_hidden)
-    out = _run(_dp_step_rank, world_size, step_fn, setup, STEPS)
+    out = _run(_dp_step_rank, world_size, step_fn, *_rank_inputs(setup, world_size, True), STEPS)
     n_params = len(list(setup.model().parameters()))
     for rank in range(world_size):
         reduces = _comms(out, rank, {"all_reduce"})
@@ -196,11 +200,13 @@ def check_data_parallel_step(step_fn, *, world_size: int = 2, seed: int | None =
 # ---------------------------------------------------------------------------------------------
 # Exercise 2: bucketed all-reduce
 
-def _sync_rank(rank: int, world_size: int, make_sync, setup: Setup, steps: int) -> dict:
+def _sync_rank(rank: int, world_size: int, make_sync, model, opt: _Optimizer, data,
+               steps: int) -> dict:
     """Train with ``after_backward = make_sync(params)``: the checks' harness for exercises 2, 3."""
-    model, x, y = rank_problem(setup, rank, world_size)
+    dev = device()
+    model, (x, y) = model.to(dev), (t.to(dev) for t in data)
     after_backward = make_sync(list(model.parameters()))
-    record = train_steps(model, setup.optimizer(model.parameters()), x, y, steps, after_backward)
+    record = train_steps(model, opt.optimizer(model.parameters()), x, y, steps, after_backward)
     return {**final_state(model), **record}
 
 
@@ -215,7 +221,8 @@ def check_bucketed_all_reduce(fn, *, bucket_bytes: int = 8192, world_size: int =
     at most ceil(P / bucket_bytes) all-reduces per step for P gradient bytes, none larger than
     bucket_bytes, every gradient byte reduced exactly once, and the values of the reference."""
     setup = _setup(seed, d_hidden)
-    out = _run(_sync_rank, world_size, _bucketed(fn, bucket_bytes), setup, STEPS)
+    out = _run(_sync_rank, world_size, _bucketed(fn, bucket_bytes), *_rank_inputs(setup, world_size),
+               STEPS)
     total = param_bytes(setup.model().parameters())
     most = math.ceil(total / bucket_bytes)
     for rank in range(world_size):
@@ -258,7 +265,7 @@ def check_overlapped_all_reduce(cls, *, world_size: int = 2, seed: int | None = 
     are asynchronous, waited on, and that all but the last of each step were issued before
     backward returned."""
     setup = _setup(seed, d_hidden)
-    out = _run(_sync_rank, world_size, _overlapped(cls), setup, STEPS)
+    out = _run(_sync_rank, world_size, _overlapped(cls), *_rank_inputs(setup, world_size), STEPS)
     total = param_bytes(setup.model().parameters())
     for rank in range(world_size):
         record = out[rank]
@@ -299,9 +306,10 @@ def _check_overlap_step(comms: list, rank: int, step: int, backward_end: float,
 # ---------------------------------------------------------------------------------------------
 # Exercise 4: ZeRO-1
 
-def _zero_rank(rank: int, world_size: int, cls, setup: Setup, steps: int) -> dict:
-    model, x, y = rank_problem(setup, rank, world_size)
-    optimizer = cls(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
+def _zero_rank(rank: int, world_size: int, cls, model, opt: _Optimizer, data, steps: int) -> dict:
+    dev = device()
+    model, (x, y) = model.to(dev), (t.to(dev) for t in data)
+    optimizer = cls(model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
     train_steps(model, optimizer, x, y, steps)
     local = getattr(optimizer, "local_optimizer", None)
     if not isinstance(local, torch.optim.Optimizer):
@@ -342,7 +350,7 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     is elements shard_bounds(P, r, W) of the reference's; its state takes ~1/W of the bytes; each
     step makes one reduce-scatter and one all-gather of the whole flattened vector, no all-reduce."""
     setup = _setup(seed, d_hidden)
-    out = _run(_zero_rank, world_size, cls, setup, STEPS)
+    out = _run(_zero_rank, world_size, cls, *_rank_inputs(setup, world_size), STEPS)
     ref = _reference_for(seed, d_hidden)
     numel = ref["exp_avg"].numel()
     for rank in range(world_size):

@@ -21,13 +21,15 @@ between, with room for GPUs and the larger fan-ins of the hidden tests.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from distlab.labs import tensor_parallel as tp
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import cut, rank_device
+from distlab.checks.common import cut, nan_hint
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab03_comms import expect_phase_comms
+from distlab.checks.lab03_ranks import (blinded, blocks, dense_module, linears_on_rank,
+                                        module_on_rank, op_on_rank, own)
+from distlab.runtime.per_rank import PerRank, reference
 from distlab.checks.lab03_problems import LAB, SHAPE, mlp_case, mlp_problem, mlp_shape  # noqa: F401 (LAB: the lab's name, read from here)
 from distlab.checks import lab03_prediction as prediction
 
@@ -46,7 +48,8 @@ def make_references() -> dict[str, dict]:
 
 
 def _close(got, expected, what: str, rank: int, hint: str = "") -> None:
-    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
+    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL,
+                 hint=nan_hint(got, expected, hint))
 
 
 # Exercise 1: sharding (pure functions, checked in the kernel for every rank)
@@ -93,34 +96,21 @@ def check_shard_row(shard_row, world_size: int = 2, seed: int | None = None,
 
 # Exercise 2: the conjugate operators f and g (and, in exercise 4, their sequence-parallel twins)
 
-def _op_on_rank(rank, world_size, op_cls, x, g):
-    """Rank body: y = op_cls.apply(x, None); barrier; backward with upstream g."""
-    import torch.distributed as dist
-    dev = rank_device()
-    x = x.to(dev).requires_grad_(True)
-    before = x.detach().clone()
-    y = op_cls.apply(x, None)
-    dist.barrier()
-    (y * g.to(dev)).sum().backward()
-    return {"y": y.detach(), "dx": x.grad, "input_changed": not torch.equal(x.detach(), before)}
-
-
-def _op_rank_indexed(rank, world_size, op_cls, xs, gs):
-    return _op_on_rank(rank, world_size, op_cls, xs[rank], gs[rank])
-
-
 def _operator_check(op_cls, name, world_size, seed, shape, xs_of, gs_of, y_of, dx_of,
                     comms_of, hint) -> None:
     ref, case = mlp_case("ops", seed, world_size, shape)
     xs, gs = xs_of(ref), gs_of(ref)
-    for backend, out in run_each_backend(_op_rank_indexed, world_size, op_cls, xs, gs):
+    # Each rank gets its own x and g (copies: a view would carry the others' too); what they
+    # should give is computed here, in the judge, from every rank's inputs.
+    mine = lambda ts: PerRank([t.clone() for t in ts])   # noqa: E731
+    for backend, out in run_each_backend(op_on_rank, world_size, op_cls, mine(xs), mine(gs)):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             if res["input_changed"]:
                 raise CheckFailed(f"{name} on {where}: rank {rank}'s forward changed its input in "
                                   f"place (collectives write into the tensor you pass). Clone first.")
-            _close(res["y"], y_of(xs, rank), f"{name} forward output on {where}", rank, hint)
-            _close(res["dx"], dx_of(gs, rank), f"{name} input gradient on {where}", rank, hint)
+            _close(res["y"], reference(y_of(xs, rank)), f"{name} forward output on {where}", rank, hint)
+            _close(res["dx"], reference(dx_of(gs, rank)), f"{name} input gradient on {where}", rank, hint)
         expect_phase_comms(out, comms_of(xs), name, where)
 
 
@@ -187,58 +177,6 @@ def check_reduce_scatter_to_sp(op_cls, world_size: int = 2, seed: int | None = N
 
 # Exercise 3: parallel linear layers and the tensor-parallel MLPs
 
-def _dense_module(kind: str, ref: dict, prefix: str = "") -> nn.Module:
-    """The dense module of a reference set, weights loaded (identical on every rank)."""
-    w = ref[f"{prefix}param.weight"] if kind == "linear" else None
-    if kind == "linear":
-        layer = nn.Linear(w.shape[1], w.shape[0])
-        layer.load_state_dict({"weight": w, "bias": ref[f"{prefix}param.bias"]})
-        return layer
-    hidden, ffn = ref["x"].shape[-1], _ffn(kind, ref)
-    model = {"mlp": tp.MLP, "swiglu": tp.SwiGLU, "block": tp.Block}[kind](hidden, ffn)
-    model.load_state_dict({k[len("param."):]: v for k, v in ref.items() if k.startswith("param.")})
-    return model
-
-
-def _ffn(kind: str, ref: dict) -> int:
-    key = {"mlp": "param.fc1.weight", "swiglu": "param.w1.weight", "block": "param.mlp.fc1.weight"}[kind]
-    return ref[key].shape[0]
-
-
-def _grads(module: nn.Module, names) -> dict:
-    out = {}
-    for name in names:
-        for path in (name, f"mlp.{name}"):   # a block may keep its layers under .mlp
-            try:
-                p = module.get_parameter(path)
-                break
-            except AttributeError:
-                continue
-        else:
-            raise AttributeError(f"{type(module).__name__} has no parameter {name!r}: the check "
-                                 f"finds the shards by name; keep the layer names of the exercise "
-                                 f"({', '.join(names)}).")
-        out[name] = None if p.grad is None else p.grad.detach()
-    return out
-
-
-def _module_on_rank(rank, world_size, kind, ref, student_cls, names, sequence_parallel):
-    """Rank body: wrap the dense module, forward the (sequence shard of the) input, barrier,
-    backward with the matching slice of dy; return output, input gradient, parameter gradients."""
-    import torch.distributed as dist
-    dev = rank_device()
-    dense = _dense_module(kind, ref).to(dev)
-    model = student_cls(dense, None).to(dev)
-    x, dy = ref["x"].to(dev), ref["dy"].to(dev)
-    if sequence_parallel:
-        x, dy = cut(x, 1, rank, world_size), cut(dy, 1, rank, world_size)   # (b, s/p, h)
-    x = x.clone().requires_grad_(True)
-    y = model(x)
-    dist.barrier()
-    (y * dy).sum().backward()
-    return {"y": y.detach(), "dx": x.grad, "grads": _grads(model, names)}
-
-
 # How each parameter of the tensor-parallel module relates to the dense one: (dense name,
 # dim along which it is sliced, or None when every rank holds it whole).
 _LAYOUT = {
@@ -258,14 +196,19 @@ def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shap
                   sequence_parallel: bool = False) -> None:
     ref, case = mlp_case(kind, seed, world_size, shape)
     layout = _LAYOUT[kind]
-    dense = _dense_module(kind, ref)
+    dense = dense_module(kind, ref)
     weights = {name: tuple(p.shape) for name, p in dense.named_parameters() if p.dim() == 2}
     b, s, h = ref["x"].shape
     act = b * s * h * 4
     comms = ([[("all_gather", act), ("reduce_scatter", act)]] * 2 if sequence_parallel
              else [[("all_reduce", act)], [("all_reduce", act)]])
-    for backend, out in run_each_backend(_module_on_rank, world_size, kind, ref, student_cls,
-                                         list(layout), sequence_parallel):
+    # Each rank: the dense module NaN outside its shard, and its sequence block (sequence
+    # parallel) or the replicated x and dy.
+    shards = blinded(dense, dict(layout.values()), world_size)
+    x, dy = ((blocks(ref["x"], 1, world_size), blocks(ref["dy"], 1, world_size))
+             if sequence_parallel else (ref["x"], ref["dy"]))
+    for backend, out in run_each_backend(module_on_rank, world_size, shards, x, dy, student_cls,
+                                         list(layout)):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             mine = (lambda t: cut(t, 1, rank, world_size)) if sequence_parallel else (lambda t: t)
@@ -302,25 +245,6 @@ def _check_module(student_cls, kind: str, what: str, world_size: int, seed, shap
                        f"its gradient.")
 
 
-def _linears_on_rank(rank, world_size, ref, col_cls, row_cls):
-    """Rank body: column layer on the full x (upstream: this rank's block of dy_col), barrier,
-    backward, barrier; row layer on this rank's block of z, barrier, backward."""
-    import torch.distributed as dist
-    dev = rank_device()
-    res = {}
-    for tag, cls, x, dy in (("col", col_cls, ref["x"], cut(ref["dy_col"], -1, rank, world_size)),
-                            ("row", row_cls, cut(ref["z"], -1, rank, world_size), ref["dy"])):
-        layer = cls(_dense_module("linear", ref, f"{tag}.").to(dev), None).to(dev)
-        x = x.to(dev).clone().requires_grad_(True)
-        y = layer(x)
-        dist.barrier()
-        (y * dy.to(dev)).sum().backward()
-        if tag == "col":
-            dist.barrier()
-        res[tag] = {"y": y.detach(), "dx": x.grad, "grads": _grads(layer, ["weight", "bias"])}
-    return res
-
-
 def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | None = None,
                            batch=2, seq=8, hidden=16, ffn=64) -> None:
     """ColumnParallelLinear(dense h->f, group): output = rank's block of the dense output features,
@@ -331,7 +255,11 @@ def check_parallel_linears(col_cls, row_cls, world_size: int = 2, seed: int | No
     act_in, act_out = _nbytes(ref["x"]), _nbytes(ref["dy"])
     weights = {"the column layer's weight": tuple(ref["col.param.weight"].shape),
                "the row layer's weight": tuple(ref["row.param.weight"].shape)}
-    for backend, out in run_each_backend(_linears_on_rank, world_size, ref, col_cls, row_cls):
+    col = blinded(dense_module("linear", ref, "col."), {"weight": 0, "bias": 0}, p).values
+    row = blinded(dense_module("linear", ref, "row."), {"weight": 1}, p).values
+    layers = PerRank([((col[r], ref["x"], own(ref["dy_col"], -1, r, p)),
+                       (row[r], own(ref["z"], -1, r, p), ref["dy"])) for r in range(p)])
+    for backend, out in run_each_backend(linears_on_rank, world_size, layers, col_cls, row_cls):
         where = f"{case}, {out.backend}"
         for rank, res in enumerate(out):
             c, r = res["col"], res["row"]

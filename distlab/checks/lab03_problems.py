@@ -47,9 +47,9 @@ def mlp_case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
             raise ValueError("stored references are for 2 ranks and the default shapes; "
                              "pass a seed to check other world sizes or shapes")
         from distlab.checks.stored import load
-        return load(LAB, kind), "the stored inputs (2 ranks)"
+        return marked_mlp_problem(load(LAB, kind)), "the stored inputs (2 ranks)"
     s = shape
-    return (mlp_problem(kind, seed, world_size=world_size, **shape),
+    return (marked_mlp_problem(mlp_problem(kind, seed, world_size=world_size, **shape)),
             f"fresh inputs (seed {seed}, {world_size} ranks, b={s['batch']} s={s['seq']} "
             f"h={s['hidden']} f={s['ffn']})")
 
@@ -57,3 +57,17 @@ def mlp_case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict, str]:
 def mlp_shape(batch, seq, hidden, ffn) -> dict:
     return dict(batch=batch, seq=seq, hidden=hidden, ffn=ffn)
 
+
+
+def _is_expected(key: str) -> bool:
+    """Whether a problem's key holds an expected result (the dense outputs and gradients, of the
+    linear pair too: ``col.y``, ``row.grad.weight``), not an input (x, dy, z, param.*, xs, gs)."""
+    base = key.split(".", 1)[1] if key.startswith(("col.", "row.")) else key
+    return base in ("y", "dx") or base.startswith("grad.")
+
+
+def marked_mlp_problem(problem: dict) -> dict:
+    """``problem`` with its expected results marked (``distlab.runtime.per_rank.reference``):
+    they stay in the judge; heading for a rank, they stop the launch."""
+    from distlab.runtime.per_rank import reference
+    return {k: reference(v) if _is_expected(k) else v for k, v in problem.items()}

@@ -27,10 +27,12 @@ import torch
 
 from distlab.labs import attention as att
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import cut, describe_comms, rank_device, split_phases
+from distlab.checks.common import cut, describe_comms, nan_hint, rank_device, split_phases
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab04_problems import (LAB, MAX_OFFSET, SHAPE, VOCAB_SHAPE,  # noqa: F401 (LAB: read here)
-                                          attention_case, attention_problem, dense_module_of, qkv_layout_of)
+                                          attention_case, attention_problem, blinded_modules,
+                                          decoded, dense_module_of, qkv_layout_of)  # noqa: F401 (dense_module_of: read here)
+from distlab.runtime.per_rank import PerRank
 
 SEED = 4
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -50,7 +52,8 @@ def make_references() -> dict[str, dict]:
 
 
 def _close(got, expected, what: str, rank, hint: str = "") -> None:
-    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL, hint=hint)
+    assert_close(got, expected, what=what, rank=rank, atol=ATOL, rtol=RTOL,
+                 hint=nan_hint(got, expected, hint))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -128,16 +131,17 @@ def _grads(module, names) -> dict:
     return out
 
 
-def _module_on_rank(rank, world_size, kind, ref, student_cls, names, qkv_name):
-    """Rank body: wrap the dense module, forward x, barrier, backward with dy."""
+def _module_on_rank(rank, world_size, dense, x, dy, student_cls, names, qkv_name):
+    """Rank body: wrap this rank's dense module (NaN outside its shard), forward x, barrier,
+    backward with dy; return what the student's module produced (the judge compares)."""
     import torch.distributed as dist
 
     dev = rank_device()
-    model = student_cls(dense_module_of(kind, ref).to(dev), None).to(dev)
-    x = ref["x"].to(dev).clone().requires_grad_(True)
+    model = student_cls(dense.to(dev), None).to(dev)
+    x = x.to(dev).clone().requires_grad_(True)
     y = model(x)
     dist.barrier()
-    (y * ref["dy"].to(dev)).sum().backward()
+    (y * dy.to(dev)).sum().backward()
     try:
         qkv = model.get_parameter(qkv_name).detach()
     except AttributeError:
@@ -173,7 +177,9 @@ def _run_module(kind: str, student_cls, world_size: int, seed, shape: dict):
     ref, case = attention_case(kind, seed, world_size, shape)
     qkv_layout_of(ref).check_degree(world_size)
     prefix = "attn." if kind == "block" else ""
-    runs = run_each_backend(_module_on_rank, world_size, kind, ref, student_cls,
+    # Each rank: the dense module with what its shard must not read NaN; x and dy replicated.
+    dense = PerRank(blinded_modules(kind, ref, dict(_LAYOUT[kind].values()), world_size))
+    runs = run_each_backend(_module_on_rank, world_size, dense, ref["x"], ref["dy"], student_cls,
                             list(_LAYOUT[kind]), f"{prefix}qkv.weight")
     return ref, case, runs
 
@@ -198,7 +204,9 @@ def _check_comms(out, n_all_reduce: int, act: int, what: str, where: str, phase:
 def _diagnose_output(res, ref, rank, p, prefix="") -> str:
     """The forward's hint: the heads the rank's qkv holds, when they are the wrong ones."""
     layout, weight = qkv_layout_of(ref), ref[f"param.{prefix}qkv.weight"]
-    message = _heads_message(res["qkv"], weight, layout, rank, p) if res["qkv"] is not None else None
+    # The rank's qkv rows outside its heads were coded NaNs: decoded, they name the heads it took.
+    message = (_heads_message(decoded(res["qkv"], weight), weight, layout, rank, p)
+               if res["qkv"] is not None else None)
     return message or ("The qkv shard holds the right heads; look at the local head counts "
                        "(nh/p and nkv/p) given to the attention, and at the output projection: "
                        "row parallel, partial outputs summed by one all_reduce, bias added once.")
@@ -281,12 +289,13 @@ def check_tp_block(student_cls, world_size: int = 2, seed: int | None = None, ba
 # ---------------------------------------------------------------------------------------------
 # Exercise 5: vocabulary-parallel cross-entropy
 
-def _loss_on_rank(rank, world_size, fn, logits, target):
-    """Rank body: this rank's vocabulary slice of the logits -> fn -> barrier -> backward."""
+def _loss_on_rank(rank, world_size, fn, shard, target):
+    """Rank body: this rank's vocabulary slice of the logits (its only one) -> fn -> barrier ->
+    backward."""
     import torch.distributed as dist
 
     dev = rank_device()
-    shard = cut(logits, -1, rank, world_size).to(dev).clone().requires_grad_(True)  # (b, s, V/p)
+    shard = shard.to(dev).clone().requires_grad_(True)  # (b, s, V/p)
     loss = fn(shard, target.to(dev), None)
     dist.barrier()
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
@@ -324,7 +333,8 @@ def check_vocab_parallel_cross_entropy(fn, world_size: int = 2, seed: int | None
     if vocab % world_size:
         raise ValueError(f"vocab={vocab} is not divisible by {world_size} ranks")
     tokens = ref["target"].numel()
-    for backend, out in run_each_backend(_loss_on_rank, world_size, fn, ref["logits"], ref["target"]):
+    shards = PerRank([cut(ref["logits"], -1, r, world_size).clone() for r in range(world_size)])
+    for backend, out in run_each_backend(_loss_on_rank, world_size, fn, shards, ref["target"]):
         where = f"{case}, {out.backend}"
         # Gathered logits give the right loss the wrong way: say so before comparing values.
         _check_loss_comms(out, tokens, _nbytes(ref["logits"]) // world_size, where)

@@ -46,9 +46,9 @@ def attention_case(kind: str, seed, world_size: int, shape: dict) -> tuple[dict,
             raise ValueError("stored references are for 2 ranks and the default shapes; "
                              "pass a seed to check other world sizes or shapes")
         from distlab.checks.stored import load
-        return load(LAB, kind), "the stored inputs (2 ranks)"
+        return marked_attention_problem(load(LAB, kind)), "the stored inputs (2 ranks)"
     sizes = " ".join(f"{k}={v}" for k, v in shape.items() if not (kind == "attention" and k == "ffn"))
-    return attention_problem(kind, seed, **shape), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
+    return marked_attention_problem(attention_problem(kind, seed, **shape)), f"fresh inputs (seed {seed}, {world_size} ranks, {sizes})"
 
 
 def qkv_layout_of(ref: dict) -> att.QKVLayout:
@@ -62,3 +62,66 @@ def dense_module_of(kind: str, ref: dict):
     model = att.dense_transformer(kind, 0, hidden, layout.n_heads, layout.n_kv_heads, ffn)
     model.load_state_dict({k[len("param."):]: v for k, v in ref.items() if k.startswith("param.")})
     return model
+
+
+def marked_attention_problem(problem: dict) -> dict:
+    """``problem`` with its expected results (the dense y, dx, grad.*; the loss and dlogits)
+    marked (``distlab.runtime.per_rank.reference``): they stay in the judge."""
+    from distlab.runtime.per_rank import reference
+    expected = lambda k: k in ("y", "dx", "loss", "dlogits") or k.startswith("grad.")  # noqa: E731
+    return {k: reference(v) if expected(k) else v for k, v in problem.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a rank may read of the dense module: its own heads, rows and columns; NaN elsewhere
+
+_QUIET_NAN = 0x7FC00000            # float32 bits of a quiet NaN; the low 22 bits are free
+
+
+def coded_nan_outside(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) with the rows ``rows`` kept and every other element a NaN whose payload is
+    its flat index + 1: arithmetic on it gives NaN, and a shard cut from it (a copy) still says
+    which rows it took, so a wrong split of the heads can be named (``decoded``)."""
+    codes = torch.arange(1, t.numel() + 1, dtype=torch.int32) | _QUIET_NAN
+    blind = codes.view(torch.float32).reshape(t.shape).clone()
+    blind[rows] = t.detach()[rows]
+    return blind
+
+
+def decoded(shard: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``shard`` with each coded NaN replaced by the element of ``full`` it stands for."""
+    if shard.dtype != torch.float32:
+        return shard
+    bits = shard.detach().contiguous().view(torch.int32)
+    code = bits & 0x3FFFFF
+    coded = (torch.isnan(shard) & ((bits & _QUIET_NAN) == _QUIET_NAN) & (code > 0)
+             & (code <= full.numel()))
+    out = shard.detach().clone()
+    out[coded] = full.detach().reshape(-1)[(code[coded] - 1).long()]
+    return out
+
+
+def blinded_modules(kind: str, ref: dict, how: dict, world_size: int) -> list:
+    """For each rank, the dense module of ``ref`` with what its shard must not read NaN: ``how``
+    maps a dense parameter's name to "heads" (the rank's head rows of the fused QKV), 0 or 1
+    (its block of rows or columns) or None (replicated, whole)."""
+    from distlab.runtime.per_rank import nan_module_outside
+    dense, layout = dense_module_of(kind, ref), qkv_layout_of(ref)
+    params = dict(dense.named_parameters())
+    out = []
+    for r in range(world_size):
+        rows = layout.rank_rows(r, world_size)
+        keep = {}
+        for name, h in how.items():
+            if h in (0, 1):
+                n = params[name].shape[h] // world_size
+                keep[name] = (slice(None),) * h + (slice(r * n, (r + 1) * n),)
+            elif h == "heads" and name.endswith("bias"):
+                keep[name] = rows
+        module = nan_module_outside(dense, keep)
+        with torch.no_grad():
+            for name, h in how.items():
+                if h == "heads" and name.endswith("weight"):
+                    module.get_parameter(name).copy_(coded_nan_outside(params[name], rows))
+        out.append(module)
+    return out

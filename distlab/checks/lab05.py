@@ -22,6 +22,7 @@ from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, partition_layers,
                                    reference_step, run_schedules)
+from distlab.runtime.per_rank import reference
 
 LAB = "05_pipeline_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -125,8 +126,9 @@ def stored_library_runs() -> dict[str, ScheduleRun]:
 
 
 def _reference(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
-    """The single-process step of a hidden test's ``spec``, computed in the judge."""
-    return reference_step(spec)
+    """The single-process step of a hidden test's ``spec``, computed in the judge (and marked:
+    no rank may receive it)."""
+    return reference(reference_step(spec))
 
 
 def _expected(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
@@ -136,11 +138,11 @@ def _expected(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
         return _reference(spec)
     stored = load_stored(LAB, "visible")
     x, target = spec.data()
-    # The stored inputs must be the ones the ranks draw, or the comparison means nothing.
+    # The stored inputs must be the ones the ranks get, or the comparison means nothing.
     assert_close(x, stored["x"], what="the visible test's input batch (stored vs drawn)")
     assert_close(target, stored["target"], what="the visible test's target (stored vs drawn)")
-    return stored["loss"].item(), {k.removeprefix("grad."): v for k, v in stored.items()
-                                   if k.startswith("grad.")}
+    return reference((stored["loss"].item(), {k.removeprefix("grad."): v for k, v in stored.items()
+                                              if k.startswith("grad.")}))
 
 
 def _spec(seed, num_layers, batch) -> PipeSpec:

@@ -80,13 +80,14 @@ def _call(fn, rank, world_size, stage, x, target, m):
         fn(rank, world_size, stage, x, target, m)
 
 
-def _rank_schedules(rank, world_size, spec, schedules, warmup, bounds):
-    """On each rank: build this rank's stage of ``spec``'s model (its layers ``bounds[rank]``)
-    once per schedule, run ``warmup`` untimed steps and one timed step, and return what
-    ``ScheduleRun`` needs."""
+def _rank_schedules(rank, world_size, inputs, schedules, warmup):
+    """On each rank: copy this rank's stage (``inputs``: its layers, and the batch with what the
+    stage must not read NaN) once per schedule, run ``warmup`` untimed steps and one timed
+    step, and return what ``ScheduleRun`` needs."""
     device = rank_device()
-    layers = stage_layers(spec.model(), rank, world_size, bounds).to(device)
-    x, target = (t.to(device) for t in spec.data())
+    layers, x, target = inputs
+    layers = layers.to(device)
+    x, target = x.to(device), target.to(device)
     results = {}
     for name, (fn, m) in schedules.items():
         stage = TimedStage(copy.deepcopy(layers), rank)
@@ -112,8 +113,9 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     ``schedules`` maps a name to ``(step_fn, num_microbatches)``; ``step_fn(rank, world_size,
     stage, x, target[, num_microbatches])`` runs one training step on its rank (the
     ``num_microbatches`` argument is left out when it is None) and returns the loss on the last
-    rank. ``stage`` is this rank's ``TimedStage``; ``x`` and ``target`` are the whole batch on
-    every rank (stage 0 reads ``x``, the last stage ``target``).
+    rank. ``stage`` is this rank's ``TimedStage``; ``x`` and ``target`` have the whole batch's
+    shape on every rank, but only stage 0 gets ``x``'s values and only the last stage
+    ``target``'s (elsewhere they are NaN: a stage reads only what its position gives it).
 
     ``bounds``: the ``(start, stop)`` layers of every stage, e.g. your ``partition(L, p)``;
     computed here, never on the ranks, which receive them as data. Without them,
@@ -123,8 +125,8 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     bounds = _checked_bounds(bounds if bounds is not None else
                              partition_layers(spec.num_layers, world_size),
                              spec.num_layers, world_size)
-    out = distlab.run(_rank_schedules, world_size, spec, schedules, warmup, bounds,
-                      timeout=timeout)
+    out = distlab.run(_rank_schedules, world_size, _stage_inputs(spec, world_size, bounds),
+                      schedules, warmup, timeout=timeout)
     runs = {}
     for name, (_, m) in schedules.items():
         per_rank = [out[r][name] for r in range(world_size)]
@@ -138,6 +140,18 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
             step_time=max(r["end"] for r in per_rank) - min(r["start"] for r in per_rank),
             activation_bytes=[r["act"] for r in per_rank], sent_bytes=sent)
     return runs
+
+
+def _stage_inputs(spec: PipeSpec, world_size: int, bounds: list[tuple[int, int]]):
+    """What each rank gets, made here (never from the seed on the ranks): its stage's layers,
+    and the batch's shape with only what its stage reads: ``x`` on the first stage, ``target``
+    on the last, NaN elsewhere. A rank cannot run the whole model, nor see the other end."""
+    from distlab.runtime.per_rank import PerRank
+    model, (x, target) = spec.model(), spec.data()
+    blind = torch.full_like(x, float("nan"))
+    return PerRank([(stage_layers(model, r, world_size, bounds),
+                     x if r == 0 else blind, target if r == world_size - 1 else blind)
+                    for r in range(world_size)])
 
 
 def _checked_bounds(bounds, num_layers: int, world_size: int) -> list[tuple[int, int]]:
