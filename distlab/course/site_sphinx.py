@@ -17,11 +17,22 @@ from distlab.course.site_settings import SiteSettings
 OWN_STATIC = Path(__file__).with_name("site_static")   # the shared stylesheet and the JS twins
 
 
+# The hosts whose repositories the theme's header button can draw (sphinx-book-theme stops the
+# build on any other: "Provider not recognized"); elsewhere the pages' own boxes link the URL.
+THEME_HOSTS = ("github.com", "gitlab.com", "bitbucket.org")
+
+
+def header_repository(url: str) -> str:
+    """``url`` for the header's repository button, "" (no button) for a host the theme lacks."""
+    host = url.split("://", 1)[-1].split("/", 1)[0].lower()
+    return url if host in THEME_HOSTS or host.endswith(tuple("." + h for h in THEME_HOSTS)) else ""
+
+
 def sphinx_config(title: str, settings: SiteSettings) -> dict:
     """Sphinx's settings (written to the scratch ``conf.py`` as JSON). The footer's "By ..." is
     the course's author; Sphinx's default, "Author name not set", would print where none is set,
     so an empty author is passed as "" and the theme leaves the line out."""
-    repository = settings.repository
+    repository = header_repository(settings.repository)
     return {
         "project": "distlab",
         "author": settings.author,
