@@ -46,6 +46,7 @@ def test_lab_pages_have_outputs_figures_and_links(course_site):
     for i, page in enumerate(pages):
         html = text[page.lab]
         assert "BEGIN SOLUTION" not in html and "HIDDEN TESTS" not in html
+        assert "Author name not set" not in html                  # Sphinx's placeholder
         for other in pages:                                        # the sidebar of labs
             assert f'href="{other.file}"' in html or other is page
         if i > 0:                                                  # previous / next
