@@ -19,12 +19,17 @@ $(STAMP): pyproject.toml
 # Jupyter refuses to run as root (containers often are) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: setup
-	$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT)
+# nbgrader's formgrader is the instructor's (`make formgrader`, started where its config is): left
+# out of the labs' JupyterLab, where it finds no config and would only warn about it.
+NO_FORMGRADER := --ServerApp.jpserver_extensions nbgrader.server_extensions.formgrader=False
 
-# pyproject.toml's addopts spread the tests over two pytest-xdist workers.
+lab: setup
+	$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT) $(NO_FORMGRADER)
+
+# pyproject.toml's addopts spread the tests over two pytest-xdist workers. Not -q: with it,
+# pytest-xdist's status lines ("2 workers [N items]") degrade to "bringing up nodes..." twice.
 test: setup
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -rs
 
 doctor: setup
 	$(BIN)/distlab doctor

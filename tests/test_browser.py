@@ -431,6 +431,59 @@ def test_site_dark_mode_follows_the_system(browser, site_url):
     context.close()
 
 
+# Boxes wider than the content column (tests/test_site.py's issue 40): Lab 10's memory table (a
+# printed table) and Lab 8's import cell (code), each found by a line of its text.
+WIDE_BOXES = {"10_context_parallel": "peak KiB", "08_sharded_data_parallel": "import itertools"}
+
+
+def edge_shading(box) -> dict:
+    """How far the pixels along the left and the right edge of ``box`` (a ``pre``) are from its
+    background colour, in 8-bit levels, and the contrast of its text with that background: the
+    distlab.css shadow that says "more this way". Sampled in the top padding, where no text is."""
+    import io
+
+    from PIL import Image
+
+    style = box.evaluate("""e => { const s = getComputedStyle(e), body = getComputedStyle(document.body);
+      return {back: s.backgroundColor, text: s.color, left: parseFloat(s.borderLeftWidth),
+              right: parseFloat(s.borderRightWidth), pad: parseFloat(s.paddingTop)}; }""")
+    image = Image.open(io.BytesIO(box.screenshot())).convert("RGB")
+    back, text = (tuple(map(float, c[c.index("(") + 1:-1].split(",")[:3]))
+                  for c in (style["back"], style["text"]))
+    y = int(style["pad"] / 2)   # halfway down the top padding
+
+    def off(x: int) -> float:
+        return max(abs(a - b) for a, b in zip(image.getpixel((x, y)), back))
+
+    return {"left": off(int(style["left"]) + 2), "right": off(image.width - int(style["right"]) - 3),
+            "contrast": max(abs(a - b) for a, b in zip(text, back))}
+
+
+def test_site_wide_tables_and_code_scroll_in_their_box_with_a_cue(offline_tab, site_url):
+    tab = offline_tab
+    for lab, line in WIDE_BOXES.items():
+        tab.goto(site_url + f"{lab}.html")
+        box = tab.locator("article pre", has_text=line).first
+        box.evaluate("e => e.scrollIntoView({block: 'center'})")
+        seen = box.evaluate("""e => ({wide: e.scrollWidth - e.clientWidth, scroll: getComputedStyle(e).overflowX,
+                                      page: document.documentElement.scrollWidth - window.innerWidth})""")
+        assert seen["wide"] > 0 and seen["scroll"] == "auto", f"{lab}: {seen}"   # it scrolls...
+        assert seen["page"] <= 1, f"{lab} scrolls the page sideways at {tab.width} px"  # ...alone
+        # A shadow on the side with more to see, none on the side at its end. The shade drawn is
+        # a fraction (35 %, distlab.css) of the text's contrast, fading out from the edge; a plain
+        # edge is the background colour give or take one level of antialiasing.
+        start = edge_shading(box)
+        screenshot(tab, f"site-{lab}-wide-start-{tab.width}")
+        box.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        tab.wait_for_function("e => e.scrollLeft > 0", arg=box.element_handle())
+        end = edge_shading(box)
+        screenshot(tab, f"site-{lab}-wide-end-{tab.width}")
+        shaded = start["contrast"] * 0.35 / 4
+        assert start["right"] >= shaded and start["left"] <= 1, f"{lab} at its start: {start}"
+        assert end["left"] >= shaded and end["right"] <= 1, f"{lab} scrolled to its end: {end}"
+    assert tab.problems == []
+
+
 def python_schedule(kind: str, p: int, m: int, ratio: float) -> dict:
     """What Lab 5's schedule explorer prints for these inputs, from the Python functions."""
     from distlab.labs.pipeline.schedules import simulate

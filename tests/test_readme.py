@@ -221,8 +221,14 @@ def test_setup_commands(course):
     try:
         assert '"started"' in jupyter_answers(server, "/api/status")
         assert jupyter_answers(server, "/api/contents/01_collectives")  # the labs are its root
+        printed = server.output()
     finally:
         server.stop()
+    # the formgrader (the instructor's, `make formgrader`) is not loaded, so no warning that it
+    # finds no nbgrader_config.py: nothing a student could act on (issue 40)
+    assert "No nbgrader_config.py" not in printed, printed[-3000:]
+    assert "formgrader | extension was successfully loaded" not in printed, printed[-3000:]
+    assert "assignment_list | extension was successfully loaded" in printed   # (what it said)
     out = sh(doctor, course, timeout=300).stdout
     assert re.search(r"2-rank gloo all-reduce\s+ok", out) and "OK: ready for the labs." in out, out
     (course / "demo.py").write_text(readme_python_example())

@@ -16,7 +16,7 @@ import pytest
 
 from distlab.course import notebooks
 
-from distlab.course import site, site_assets, site_pages, site_sphinx
+from distlab.course import site, site_assets, site_pages, site_settings, site_sphinx
 from distlab.grading import folders
 
 from conftest import INSTALL_HELP
@@ -49,6 +49,7 @@ def test_lab_pages_have_outputs_figures_and_links(course_site):
     for i, page in enumerate(pages):
         html = text[page.lab]
         assert "BEGIN SOLUTION" not in html and "HIDDEN TESTS" not in html
+        assert "Author name not set" not in html                  # Sphinx's placeholder
         for other in pages:                                        # the sidebar of labs
             assert f'href="{other.file}"' in html or other is page
         if i > 0:                                                  # previous / next
@@ -176,6 +177,74 @@ def test_a_failing_lab_names_lab_and_cell_and_keeps_the_old_site(tmp_path, monke
     assert "distlab site 01_collectives" in message          # what to do
     assert (out / "index.html").read_text() == "the previous site"
     assert [p.name for p in tmp_path.iterdir()] == ["site"]   # no partial site beside it
+
+
+AUTHOR, URL = "Ada Example and the distlab course", "https://git.example.org/course/distlab"
+# Output of `distlab site` a reader cannot act on (issue 40): Sphinx's placeholder author, and
+# the warning every kernel printed when it ran over TCP without encryption.
+NOISE = ("not set", "without encryption")
+
+
+def _settings_file(tmp_path, author: str, repository: str):
+    path = tmp_path / "course.cfg"
+    path.write_text(f"# the instructor's\n[course]\nauthor = {author}\nrepository = {repository}\n")
+    return path
+
+
+def test_course_settings_come_from_one_file_and_the_command_line_overrides_its_url(tmp_path):
+    path = _settings_file(tmp_path, AUTHOR, URL)
+    assert site_settings.read_settings(path) == site_settings.SiteSettings(AUTHOR, URL)
+    assert site_settings.site_settings(path=path).repository == URL
+    assert site_settings.site_settings("https://other.example/x", path).repository == \
+        "https://other.example/x"
+    assert site_settings.read_settings(tmp_path / "none.cfg") == site_settings.SiteSettings()
+    shipped = site_settings.read_settings(notebooks.REPO / "grader" / "course.cfg")
+    assert isinstance(shipped, site_settings.SiteSettings)          # the course's own file parses
+    (tmp_path / "bad.cfg").write_text("author: x\n")                # no [course] section header
+    with pytest.raises(site.SiteError, match="bad.cfg is not a course settings file"):
+        site_settings.read_settings(tmp_path / "bad.cfg")
+
+
+def test_an_empty_setting_leaves_its_line_out_rather_than_a_placeholder():
+    empty = site_settings.SiteSettings()
+    assert site_sphinx.sphinx_config("distlab", empty)["author"] == ""   # the theme omits "By"
+    assert site_sphinx.sphinx_config("distlab", empty)["html_theme_options"]["use_repository_button"] is False
+    # the header's button only where the theme knows the host (it stops the build on any other)
+    theme = {url: site_sphinx.sphinx_config("distlab", site_settings.SiteSettings("", url))
+             ["html_theme_options"]["repository_url"] for url in (URL, "https://github.com/o/r")}
+    assert theme == {URL: "", "https://github.com/o/r": "https://github.com/o/r"}
+    nb = _notebook(("ranks", "out = run(fn, world_size=4)"))
+    for text in (site_pages.run_box("01_x", nb, None), site_pages.index_md([], "solutions", "x", "")):
+        assert "http" not in text and "clone" not in text.lower()
+        assert "in your copy of the course's folder, run:" in text.lower()
+    for text in (site_pages.run_box("01_x", nb, URL), site_pages.index_md([], "solutions", "x", "", URL)):
+        assert f"clone the course's repository, [{URL}]({URL}), then, in its folder:" in text.lower()
+
+
+@pytest.mark.slow
+def test_one_lab_site_shows_the_configured_author_and_url_and_prints_no_noise(
+        tmp_path, monkeypatch, capfd):
+    """`distlab site 01_collectives` (the cheapest lab) with the course's settings file naming an
+    author and a URL: every page shows both, none a placeholder, and what the command printed (the
+    kernels' output included: they write to the same terminal) has no line a reader cannot act on."""
+    if not site_assets.can_vendor():
+        pytest.skip("the site fetches its scripts with npm, which is not installed")
+    path = _settings_file(tmp_path, AUTHOR, URL)
+    monkeypatch.setattr(site_settings, "settings_file", lambda: path)
+    out = tmp_path / "site"
+    assert site.main(["01_collectives", "--out", str(out)]) == 0
+    printed = capfd.readouterr()
+    lines = (printed.out + printed.err).splitlines()
+    assert [line for line in lines if any(n in line for n in NOISE)] == []
+    assert any(line.startswith("01_collectives: ran in") for line in lines)   # it did print
+    lab, index = ((out / name).read_text() for name in ("01_collectives.html", "index.html"))
+    for html in (lab, index):
+        assert "not set" not in html
+        footer = re.search(r'<p class="component-author">\s*(.*?)\s*</p>', html, re.S).group(1)
+        assert footer == f"By {AUTHOR}"
+        assert f'<a class="reference external" href="{URL}">{URL}</a>' in html   # Clone <URL>
+    box = re.search(r'<div class="distlab-run[^"]*">(.*?)</div>', lab, re.S).group(1)
+    assert f'href="{URL}"' in box
 
 
 def test_lab_mentions_become_links_to_other_labs_on_the_site():

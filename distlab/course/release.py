@@ -61,8 +61,12 @@ $(STAMP): pyproject.toml
 # Jupyter refuses to run as root (containers often are) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# nbgrader's formgrader is the instructor's: left out here, where it finds no course config and
+# would only warn about it.
+NO_FORMGRADER := --ServerApp.jpserver_extensions nbgrader.server_extensions.formgrader=False
+
 lab: setup
-\t$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT)
+\t$(BIN)/jupyter lab notebooks/ $(ALLOW_ROOT) $(NO_FORMGRADER)
 
 doctor: setup
 \t$(BIN)/distlab doctor
@@ -187,7 +191,7 @@ def release(out: Path, log=print, labs: list[str] | None = None, force: bool = F
         stage = Path(tmp) / "handout"
         for lab, files in notebooks.build_student_notebooks(labs).items():
             notebooks.write_student_notebooks(lab, files, out=stage / "notebooks")
-            log(f"  notebooks/{lab}/ ({len(files)} files)")
+            log(f"  notebooks/{lab}/ ({', '.join(sorted(files))})")
         shutil.copytree(paths.data(), stage / "data", ignore=_other_labs(every, labs))
         student_package.write_package(stage, labs)
         log(f"  distlab/ (without the answers of {labs[0]} and every later lab)")

@@ -39,6 +39,7 @@ import nbformat
 from distlab.course import notebooks, site_pages, site_sphinx
 from distlab.course.site_assets import VENDOR, SiteError, copy_static
 from distlab.course.site_pages import Page, link_lab_mentions, title_of  # noqa: F401 (the API)
+from distlab.course.site_settings import SiteSettings, site_settings
 from distlab.grading.folders import FolderInUse, claim, mark
 
 REPO = notebooks.REPO
@@ -66,6 +67,17 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
 
 
+def kernel_config():
+    """The kernel manager's settings for a lab's run: its messages encrypted (CurveZMQ) where
+    pyzmq and the kernel support it. Over plain TCP every kernel prints "Kernel is running over
+    TCP without encryption", once per lab, a warning the reader of `make site` cannot act on."""
+    import zmq
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport_encryption": "auto" if zmq.has("curve")
+                                     else "disabled"}})
+
+
 def execute(nb: nbformat.NotebookNode, lab: str, cwd: Path) -> float:
     """Run ``nb`` top to bottom in a fresh kernel in ``cwd``, keeping the widgets' state for the
     page; the seconds it took. A failing cell raises ``SiteError`` naming the lab and the cell."""
@@ -79,7 +91,7 @@ def execute(nb: nbformat.NotebookNode, lab: str, cwd: Path) -> float:
 
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, startup_timeout=120, kernel_name="python3",
                             store_widget_state=True, on_cell_start=started,
-                            resources={"metadata": {"path": str(cwd)}})
+                            resources={"metadata": {"path": str(cwd)}}, config=kernel_config())
     start = time.perf_counter()
     try:
         client.execute()
@@ -140,26 +152,12 @@ def run_lab(lab: str, nb: nbformat.NotebookNode, log) -> float:
     return seconds
 
 
-def repository_url() -> str | None:
-    """Where the course lives, for the pages' repository link: the checkout's ``origin``."""
-    import subprocess
-
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), "remote", "get-url", "origin"],
-                              capture_output=True, text=True, timeout=10)
-    except OSError:
-        return None
-    url = done.stdout.strip()
-    if url.startswith("git@github.com:"):
-        url = "https://github.com/" + url.split(":", 1)[1]
-    return url.removesuffix(".git") if done.returncode == 0 and url.startswith("http") else None
-
-
 def build_site(labs: list[str] | None = None, version: str = "solutions", out: Path = SITE,
-               vendor: Path = VENDOR, log=print, repository: str | None = None,
-               force: bool = False) -> list[Page]:
-    """Execute (solutions) ``labs`` (default: all) and render them with Sphinx into ``out``;
-    the pages built."""
+               vendor: Path = VENDOR, log=print,
+               settings: SiteSettings = SiteSettings(), force: bool = False) -> list[Page]:
+    """Execute (solutions) ``labs`` (default: all) and render them with Sphinx into ``out``,
+    with the course's ``settings`` (author, repository; ``site_settings``); the pages built.
+    ``out`` is replaced only when it is a previous site, or with ``force``."""
     labs = sorted(labs or notebooks.labs())  # in course order, whatever order they were named
     start = time.perf_counter()
     nbs = {lab: lab_notebook(lab, version) for lab in labs}
@@ -171,7 +169,7 @@ def build_site(labs: list[str] | None = None, version: str = "solutions", out: P
         for i, page in enumerate(pages):
             if version == "solutions":
                 page.seconds = run_lab(page.lab, nbs[page.lab], log)
-            nbformat.write(site_pages.lab_page(nbs[page.lab], pages, i, repository,
+            nbformat.write(site_pages.lab_page(nbs[page.lab], pages, i, settings.repository,
                                                 solutions=version == "solutions"),
                            src / f"{page.lab}.ipynb")
             shutil.copy2(notebooks.NOTEBOOKS / page.lab / f"{page.lab}.ipynb",
@@ -179,9 +177,10 @@ def build_site(labs: list[str] | None = None, version: str = "solutions", out: P
         cores = os.cpu_count()
         machine = f" on {cores} CPU cores" if version == "solutions" and cores else ""
         built = f"{time.strftime('%Y-%m-%d %H:%M')} in {time.perf_counter() - start:.0f} s"
-        (src / "index.md").write_text(site_pages.index_md(pages, version, built, machine))
+        (src / "index.md").write_text(site_pages.index_md(pages, version, built, machine,
+                                                              settings.repository))
         log("rendering with Sphinx")
-        site_sphinx.render(src, scratch, "distlab", repository, log)
+        site_sphinx.render(src, scratch, "distlab", settings, log)
     return pages
 
 
@@ -200,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace --out even if it is not a previous site (everything in it "
                              "is deleted)")
     parser.add_argument("--repository", default=None,
-                        help="the course's repository URL for the pages' links (default: the "
-                             "checkout's git origin, if any)")
+                        help="the course's repository URL for the pages' links (default: "
+                             "`repository` in grader/course.cfg, else the checkout's git origin "
+                             "if it is a web URL, else none)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.labs) - set(notebooks.labs()))
     if unknown:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         pages = build_site(args.labs, args.version, args.out.resolve(),
-                           repository=args.repository or repository_url(), force=args.force)
+                           settings=site_settings(args.repository), force=args.force)
     except (SiteError, FolderInUse) as e:
         print(f"distlab site: {e}", file=sys.stderr)
         return 1

@@ -85,11 +85,22 @@ def starts_processes(nb: nbformat.NotebookNode) -> bool:
     return any(c.cell_type == "code" and LAUNCHES_RANKS.search(c.source) for c in nb.cells)
 
 
+def where_to_run(repository: str | None) -> str:
+    """Where the set-up commands run: a clone of the course's repository, named by its URL; with
+    no URL set (grader/course.cfg), the sentence names none rather than a placeholder."""
+    if repository:
+        return f"clone the course's repository, [{repository}]({repository}), then, in its folder"
+    return "in your copy of the course's folder, run"
+
+
+def _capitalized(sentence: str) -> str:
+    return sentence[:1].upper() + sentence[1:]
+
+
 def run_box(lab: str, nb: nbformat.NotebookNode, repository: str | None,
             executed: bool = True) -> str:
     """The "run it yourself" box under the title: downloads, repository, set-up, Colab."""
     commands = "\n".join(setup_commands())
-    repo = f"[the repository]({repository})" if repository else "the course repository"
     if starts_processes(nb):
         colab = ("Not on Colab: this lab starts several processes (one per rank) and needs the "
                  "`distlab` package, so run it on your machine.")
@@ -103,7 +114,7 @@ def run_box(lab: str, nb: nbformat.NotebookNode, repository: str | None,
             f"Download the {{download}}`{'executed' if executed else 'page'} notebook <{lab}.ipynb>` "
             f"(what this page shows) "
             f"or the {{download}}`student notebook <{STUDENT_DIR}/{lab}.ipynb>` (exercises as "
-            f"stubs, to do yourself). Clone {repo}, then, in its folder:\n\n"
+            f"stubs, to do yourself). {_capitalized(where_to_run(repository))}:\n\n"
             f"```bash\n{commands}\n```\n\n{colab}\n:::\n")
 
 
@@ -185,7 +196,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def index_md(pages: list[Page], version: str, built: str, machine: str) -> str:
+def index_md(pages: list[Page], version: str, built: str, machine: str,
+             repository: str | None = None) -> str:
     """The home page: what the course is, the labs (also the sidebar's table of contents)."""
     rows = "\n".join(
         f"| [{_cell(p.title)}]({p.lab}.ipynb) | {_cell(p.summary)} | "
@@ -196,6 +208,6 @@ def index_md(pages: list[Page], version: str, built: str, machine: str) -> str:
             f"Labs that run real `torch.distributed` code on several processes of one machine, "
             f"and unchanged on GPUs. {VERSION_NOTES[version]}\n\n"
             f"| lab | what you build | ran in |\n| --- | --- | --- |\n{rows}\n\n"
-            f"Built {built}{machine}. To run the labs yourself, clone the repository and, in its "
-            f"folder:\n\n```bash\n{commands}\n```\n\n"
+            f"Built {built}{machine}. To run the labs yourself, {where_to_run(repository)}:"
+            f"\n\n```bash\n{commands}\n```\n\n"
             f"```{{toctree}}\n:hidden:\n:caption: Labs\n\n{toc}\n```\n")

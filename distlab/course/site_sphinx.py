@@ -12,14 +12,30 @@ import shutil
 from pathlib import Path
 
 from distlab.course.site_assets import ASSETS, SiteError
+from distlab.course.site_settings import SiteSettings
 
 OWN_STATIC = Path(__file__).with_name("site_static")   # the shared stylesheet and the JS twins
 
 
-def sphinx_config(title: str, repository: str | None) -> dict:
-    """Sphinx's settings (written to the scratch ``conf.py`` as JSON)."""
+# The hosts whose repositories the theme's header button can draw (sphinx-book-theme stops the
+# build on any other: "Provider not recognized"); elsewhere the pages' own boxes link the URL.
+THEME_HOSTS = ("github.com", "gitlab.com", "bitbucket.org")
+
+
+def header_repository(url: str) -> str:
+    """``url`` for the header's repository button, "" (no button) for a host the theme lacks."""
+    host = url.split("://", 1)[-1].split("/", 1)[0].lower()
+    return url if host in THEME_HOSTS or host.endswith(tuple("." + h for h in THEME_HOSTS)) else ""
+
+
+def sphinx_config(title: str, settings: SiteSettings) -> dict:
+    """Sphinx's settings (written to the scratch ``conf.py`` as JSON). The footer's "By ..." is
+    the course's author; Sphinx's default, "Author name not set", would print where none is set,
+    so an empty author is passed as "" and the theme leaves the line out."""
+    repository = header_repository(settings.repository)
     return {
         "project": "distlab",
+        "author": settings.author,
         "html_title": title,
         "extensions": ["myst_nb"],
         "exclude_patterns": ["_build", "_student", "_static", "**.ipynb_checkpoints"],
@@ -56,13 +72,13 @@ def sphinx_config(title: str, repository: str | None) -> dict:
     }
 
 
-def render(src: Path, out: Path, title: str, repository: str | None, log=print) -> None:
+def render(src: Path, out: Path, title: str, settings: SiteSettings, log=print) -> None:
     """Render the sources in ``src`` into ``out`` (HTML), with ``src/_static`` (the vendored
     scripts) and the course's stylesheet and twins served from ``_static/``."""
     from sphinx.application import Sphinx
 
     shutil.copytree(OWN_STATIC, src / "_static", dirs_exist_ok=True)
-    config = json.dumps(sphinx_config(title, repository))
+    config = json.dumps(sphinx_config(title, settings))
     (src / "conf.py").write_text(f"import json\nglobals().update(json.loads({config!r}))\n")
     warnings = io.StringIO()
     try:
