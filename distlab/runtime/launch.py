@@ -147,6 +147,8 @@ class Launcher:
         path = os.path.join(folder, f".distlab-rendezvous-{os.getpid()}-{id(self):x}-{run_id}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)   # one a killed process left: its keys would mislead this run
+        # Made here, empty: a rank confined to its own folder may write this file, not make it.
+        open(path, "x").close()
         return path
 
     def warm_up(self) -> ZygoteHandle:

@@ -67,10 +67,32 @@ def _close_output() -> None:
     os.close(devnull)
 
 
-def _setup(rank: int, task: Task) -> None:
-    os.chdir(task.cwd)
+def _isolate(rank: int, task: Task) -> str | None:
+    """A rank of a confined zygote (one that runs a student's code) gets a Landlock domain of
+    its own, nested in the zygote's: it writes only a folder of its own and the run's
+    rendezvous store, and reads what the zygote's allow-list names but no other rank's folder.
+    Its own domain also keeps it from other ranks' /proc entries (their memory, descriptors) and
+    signals. So ranks have no channel between them but the network, where the kernel counts
+    every byte (``distlab.runtime.wire``), and the store, whose growth is counted. Returns the
+    rank's folder (None: not confined)."""
+    if not os.environ.get("DISTLAB_CONFINE"):
+        return None
+    import tempfile
+    from distlab.runtime.landlock import confine
+    own = tempfile.mkdtemp(prefix=f"rank{rank}-", dir=task.cwd)
+    readable, hidden = (os.environ.get(k) for k in ("DISTLAB_READ", "DISTLAB_HIDE"))
+    confine([own, task.store_path],
+            readable=readable.split(os.pathsep) if readable is not None else None,
+            hidden=hidden.split(os.pathsep) if hidden else [])
+    return own
+
+
+def _setup(rank: int, task: Task, own: str | None = None) -> None:
+    os.chdir(own or task.cwd)
     sys.path[:] = task.path
     os.environ.update(task.env)
+    if own:   # caches and temporary files in the rank's own folder, the one it may write
+        os.environ.update(HOME=own, TMPDIR=own, MPLCONFIGDIR=own, XDG_CACHE_HOME=own)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(task.world_size),
                       LOCAL_WORLD_SIZE=str(task.world_size), DISTLAB_RANK="1")
     import torch
@@ -143,7 +165,7 @@ def _run_task(rank: int, task: Task, report) -> int:
     """Set up, join the group, call the function; report its result or its exception."""
     from distlab.runtime.comms import Recorder
     try:
-        _setup(rank, task)
+        _setup(rank, task, _isolate(rank, task))
         Recorder(rank, lambda kind, comm, index: report(kind, comm) if kind == "enter"
                  else report(kind, index, comm.end)).install()
         value = _call_guarded(rank, task, report)
