@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import xdist_order
+
 # The site's pages the browser reads one by one at two widths: Lab 1 (rank output, figures, links),
 # Lab 2 (formulas), Lab 5 (the schedule widget) and Lab 7 (the planner) cover every kind of
 # content a page has (tests/test_site.py reads every page's HTML).
@@ -251,12 +253,20 @@ def pytest_collection_modifyitems(config, items):
             own = item.get_closest_marker("timeout")
             if own is None or own.args[0] < SITE_TIMEOUT:
                 item.add_marker(pytest.mark.timeout(SITE_TIMEOUT), append=False)
-    for item, shared in shared_of.items():
-        if shared:
-            group = find(shared[0])
-            item.add_marker(pytest.mark.xdist_group(group))
-            if grouping:
-                _join_group(item, group)
+    group_of = {item: find(shared[0]) for item, shared in shared_of.items() if shared}
+    for item, group in group_of.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+        if grouping:
+            _join_group(item, group)
+    if grouping:   # the workers' collection is the scheduler's queue: longest units first
+        items[:] = xdist_order.longest_first(items, group_of, xdist_order.stored_seconds(config))
+
+
+def pytest_configure(config):
+    """Each test's seconds are kept for the next run's order (tests/xdist_order.py), by the one
+    process that sees every test's report: xdist's controller, or pytest itself under -n 0."""
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(xdist_order.Recorder(config), "distlab-durations")
 
 
 def _join_group(item, group: str) -> None:
