@@ -1,4 +1,4 @@
-"""The workers' queue (tests/xdist_order.py): units longest first, groups whole, times kept."""
+"""The workers' queue (tests/suite_times.py): units longest first, groups whole, times kept."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import xdist_order
+import suite_times
 
 
 class Item:
@@ -30,15 +30,15 @@ def test_units_go_longest_first_and_a_group_stays_whole_in_its_order():
     a1, a2, b, c, d = (Item(f"t.py::{n}") for n in ("a1", "a2", "b", "c", "d"))
     seconds = {"t.py::a1": 3.0, "t.py::a2": 4.0, "t.py::b": 5.0, "t.py::c": 10.0, "t.py::d": 0.1}
     # the group a (7 s) before b (5 s), after c (10 s); a1 stays before a2
-    assert xdist_order.longest_first([a1, b, c, a2, d], {a1: "g", a2: "g"}, seconds) == \
+    assert suite_times.longest_first([a1, b, c, a2, d], {a1: "g", a2: "g"}, seconds) == \
         [c, a1, a2, b, d]
 
 
 def test_a_test_never_timed_is_estimated_by_its_slow_mark_and_ties_keep_their_order():
     quick, slow, other = Item("t.py::q"), Item("t.py::s", slow=True), Item("t.py::o")
-    assert xdist_order.longest_first([quick, other, slow], {}, {}) == [slow, quick, other]
+    assert suite_times.longest_first([quick, other, slow], {}, {}) == [slow, quick, other]
     # a slow mark is only an estimate: a time of its own wins
-    assert xdist_order.longest_first([slow, quick], {}, {"t.py::s": 0.01}) == [quick, slow]
+    assert suite_times.longest_first([slow, quick], {}, {"t.py::s": 0.01}) == [quick, slow]
 
 
 @pytest.mark.parametrize("nodeid,plain", [
@@ -47,7 +47,7 @@ def test_a_test_never_timed_is_estimated_by_its_slow_mark_and_ties_keep_their_or
     ("tests/test_a.py::test_x[a@b]", "tests/test_a.py::test_x[a@b]"),
 ])
 def test_times_are_kept_under_the_id_without_its_group(nodeid, plain):
-    assert xdist_order.plain_id(nodeid) == plain
+    assert suite_times.plain_id(nodeid) == plain
 
 
 @pytest.mark.slow   # two pytest runs with a worker each
@@ -55,7 +55,8 @@ def test_a_run_keeps_every_tests_seconds_and_next_time_hands_out_the_longest_fir
     """A small suite under this conftest's scheduling, run twice on one xdist worker (which runs
     the queue in its order): a group of three quick tests, then a group that takes 1.5 s. The
     first run, with nothing timed, estimates the three first; it stores every test's seconds,
-    and the second run hands out the group that took longest first."""
+    and the second run hands out the group that took longest first. Each run ends with the
+    shared fixture's cost."""
     conftest = Path(__file__).resolve().parent / "conftest.py"
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util, sys
@@ -81,9 +82,12 @@ def test_a_run_keeps_every_tests_seconds_and_next_time_hands_out_the_longest_fir
         import time
         import pytest
 
+        import suite_times
+
         @pytest.fixture(scope="module")
-        def shared():
-            time.sleep(1.5)
+        def shared(request):
+            with suite_times.note_cost(request, "shared: slept"):
+                time.sleep(1.5)
 
         def test_one(shared):
             pass
@@ -98,6 +102,9 @@ def test_a_run_keeps_every_tests_seconds_and_next_time_hands_out_the_longest_fir
     def order() -> list[str]:
         run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
+        # the fixture's cost, noted in a worker, printed by the controller at the end (once)
+        assert len(re.findall(r"^shared: slept: \d+ s, \d+ CPU-s \(in the set-up of "
+                              r"test_b_long.py::test_one\)$", run.stdout, re.M)) == 1, run.stdout
         return [re.search(r"PASSED (\S+?)(@|$| )", line).group(1)
                 for line in run.stdout.splitlines() if " PASSED " in line]
 
