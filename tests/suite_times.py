@@ -18,12 +18,16 @@ each, under xdist too (the note travels in the test's report).
 """
 from __future__ import annotations
 
+import re
 import resource
 import time
 from contextlib import contextmanager
 
 CACHE_KEY = "distlab/durations"
-COST = "distlab_fixture_cost"   # the user property a shared fixture's cost travels in
+COST = "distlab_fixture_cost"
+# "@" and a group's name, "<folder or module>::<fixture>", at the end of a node id: a test's own
+# id ends with its name or, parametrized, with "]"
+GROUP_SUFFIX = r"@[^@\[\]]+::\w+$"   # the user property a shared fixture's cost travels in
 # Estimates for a test with no time of its own in the cache: a test marked slow executes notebooks
 # or grading runs (tens of seconds to minutes); the others mostly take well under a second.
 SLOW_ESTIMATE, QUICK_ESTIMATE = 60.0, 0.5
@@ -32,8 +36,7 @@ SLOW_ESTIMATE, QUICK_ESTIMATE = 60.0, 0.5
 def plain_id(nodeid: str) -> str:
     """The node id without the ``@group`` xdist's loadgroup appends (conftest._join_group): the
     key a test's seconds are kept under, grouped or not."""
-    base, at, group = nodeid.rpartition("@")
-    return base if at and "::" in group else nodeid
+    return re.sub(GROUP_SUFFIX, "", nodeid)
 
 
 def estimate(item, seconds: dict[str, float]) -> float:

@@ -45,6 +45,7 @@ def test_a_test_never_timed_is_estimated_by_its_slow_mark_and_ties_keep_their_or
     ("tests/test_a.py::test_x[1]@tests::graded_samples", "tests/test_a.py::test_x[1]"),
     ("tests/test_a.py::test_x@tests/test_a.py::sol", "tests/test_a.py::test_x"),
     ("tests/test_a.py::test_x[a@b]", "tests/test_a.py::test_x[a@b]"),
+    ("tests/test_a.py::test_x[a@tests::b]", "tests/test_a.py::test_x[a@tests::b]"),
 ])
 def test_times_are_kept_under_the_id_without_its_group(nodeid, plain):
     assert suite_times.plain_id(nodeid) == plain
