@@ -7,8 +7,8 @@ ends with short units: a long test handed out last keeps one worker busy while t
 nothing left to do. The queue is the collection order (``--no-loadscope-reorder`` in
 pyproject.toml; xdist's own reorder sorts by the number of tests, which says nothing of their
 time), and this module sorts it by what each unit took last time: every test's seconds (set-up,
-call and tear-down) are kept in pytest's cache (``.pytest_cache``) at the end of each run. A test
-never run here (a fresh clone, a new test) is estimated from its ``slow`` mark. Within a unit the
+call and tear-down) are kept in pytest's cache (``.pytest_cache``) at the end of each run, and
+read once by xdist's controller, which hands them to both workers. A test never run here (a fresh clone, a new test) is estimated from its ``slow`` mark. Within a unit the
 tests keep their order.
 
 The shared fixtures: the test that first asks for one (the shared grading run, the site) makes
@@ -23,7 +23,10 @@ import resource
 import time
 from contextlib import contextmanager
 
+import pytest
+
 CACHE_KEY = "distlab/durations"
+WORKER_INPUT = "distlab_seconds"   # what the controller hands each worker at its start
 COST = "distlab_fixture_cost"
 # "@" and a group's name, "<folder or module>::<fixture>", at the end of a node id: a test's own
 # id ends with its name or, parametrized, with "]"
@@ -63,6 +66,13 @@ def stored_seconds(config) -> dict[str, float]:
     return dict(cache.get(CACHE_KEY, {})) if cache is not None else {}
 
 
+def workers_seconds(config) -> dict[str, float]:
+    """In an xdist worker: the seconds the controller read for every worker (Recorder). Both
+    workers must order their collection alike (xdist stops a run whose workers collected
+    differently), and another run in the same checkout may rewrite the cache in between."""
+    return config.workerinput.get(WORKER_INPUT, {})
+
+
 def cpu_seconds() -> float:
     """User and system CPU seconds of this process and of its children that have been waited for
     (a grading run's workers, `make site`'s kernels: every process it started is waited for)."""
@@ -95,6 +105,11 @@ class Recorder:
 
     def __init__(self, config):
         self.config, self.seconds, self.costs = config, {}, []
+        self.stored = stored_seconds(config)   # read once, for both workers
+
+    @pytest.hookimpl(optionalhook=True)   # xdist's hook: each worker's input, before it starts
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput[WORKER_INPUT] = self.stored
 
     def pytest_runtest_logreport(self, report) -> None:
         key = plain_id(report.nodeid)
@@ -112,5 +127,5 @@ class Recorder:
         cache = getattr(self.config, "cache", None)
         if cache is None or not self.seconds:
             return
-        cache.set(CACHE_KEY, {**stored_seconds(self.config),
+        cache.set(CACHE_KEY, {**stored_seconds(self.config),   # another run's, since the start
                               **{k: round(v, 2) for k, v in self.seconds.items()}})
