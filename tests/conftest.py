@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import suite_times
+
 # The site's pages the browser reads one by one at two widths: Lab 1 (rank output, figures, links),
 # Lab 2 (formulas), Lab 5 (the schedule widget) and Lab 7 (the planner) cover every kind of
 # content a page has (tests/test_site.py reads every page's HTML).
@@ -47,7 +49,7 @@ def course(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def course_site(course, tmp_path_factory):
+def course_site(course, tmp_path_factory, request):
     """The site README.md's `make site` builds in the course copy, every lab run once for
     tests/test_readme.py, tests/test_site.py and tests/test_browser.py, moved aside (the README's
     later commands build other sites there): (folder, pages, seconds `make site` took); each
@@ -63,7 +65,8 @@ def course_site(course, tmp_path_factory):
             pytest.fail(message)
         pytest.skip(f"site tests skipped: {message}")
     start = time.perf_counter()
-    done = sh(MAKE_SITE, course, timeout=SITE_TIMEOUT - 100)
+    with suite_times.note_cost(request, f"course_site: `{MAKE_SITE}`, every lab run"):
+        done = sh(MAKE_SITE, course, timeout=SITE_TIMEOUT - 100)
     seconds = time.perf_counter() - start
     ran = dict(re.findall(r"^(\S+): ran in (\S+) s$", done.stdout, re.M))
     pages = [site.Page(lab, site.title_of(site.lab_notebook(lab, "solutions"), lab),
@@ -80,7 +83,10 @@ def course_site(course, tmp_path_factory):
 GRADE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
                 "--notebook-timeout", "400"]
 # pytest-timeout's limit for the test that makes graded_samples (it counts the fixture's set-up):
-# the run takes about 10 minutes on an idle 2-core machine and 35 on one loaded 15 deep.
+# the run takes about 10 minutes on an idle 2-core machine, 35 on one loaded 15 deep and 40 at
+# load 20 (146 notebooks, 1,100 CPU-seconds by the workers' records: the labs' planted mistakes
+# 430, Lab 8's eight 230 of them; the delegations 250, the solutions 165, the attacks 145, the
+# special cases 70, the untouched labs 35).
 GRADED_SAMPLES_TIMEOUT = 5400
 
 
@@ -191,8 +197,12 @@ def graded_samples(request, tmp_path_factory):
     from submissions import attacks
 
     kinds, own = _samples_read(request.session)
-    samples = write_samples(tmp_path_factory.mktemp("graded"), kinds, own)
+    with suite_times.note_cost(request, "graded_samples: the samples written"):
+        samples = write_samples(tmp_path_factory.mktemp("graded"), kinds, own)
     subs, folders = samples["submitted"], samples["folders"]
+    read = [*kinds, *(["the lab modules' own"] if own else [])]
+    graded = (f"graded_samples: {len(list(subs.glob('*/*/*.ipynb')))} notebooks of "
+              f"{len(list(subs.iterdir()))} students graded ({', '.join(read)})")
     root, lab1 = subs.parent, attacks.LAB
     protected = sorted(subs.glob(f"bystander/{lab1}/*.ipynb")) + sorted((DATA / lab1).iterdir())
     before = {p: _digest(p) for p in protected}
@@ -200,8 +210,10 @@ def graded_samples(request, tmp_path_factory):
     if "attacks" in kinds:
         attacks.plant_course_copy()   # another copy of the course, for reads_course_copy
     try:
-        status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir", str(work),
-                             *GRADE_LIMITS, "--memory-limit", str(attacks.MEMORY_LIMIT_GB)])
+        with suite_times.note_cost(request, graded):
+            status = grade.main([str(subs), "--out", str(out), "--jobs", "2", "--workdir",
+                                 str(work), *GRADE_LIMITS, "--memory-limit",
+                                 str(attacks.MEMORY_LIMIT_GB)])
         assert status == 0
         with open(out) as f:
             by_folder = {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
@@ -262,12 +274,20 @@ def pytest_collection_modifyitems(config, items):
             own = item.get_closest_marker("timeout")
             if own is None or own.args[0] < SITE_TIMEOUT:
                 item.add_marker(pytest.mark.timeout(SITE_TIMEOUT), append=False)
-    for item, shared in shared_of.items():
-        if shared:
-            group = find(shared[0])
-            item.add_marker(pytest.mark.xdist_group(group))
-            if grouping:
-                _join_group(item, group)
+    group_of = {item: find(shared[0]) for item, shared in shared_of.items() if shared}
+    for item, group in group_of.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+        if grouping:
+            _join_group(item, group)
+    if grouping:   # the workers' collection is the scheduler's queue: longest units first
+        items[:] = suite_times.longest_first(items, group_of, suite_times.workers_seconds(config))
+
+
+def pytest_configure(config):
+    """Each test's seconds are kept for the next run's order (tests/suite_times.py), by the one
+    process that sees every test's report: xdist's controller, or pytest itself under -n 0."""
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(suite_times.Recorder(config), "distlab-durations")
 
 
 def _join_group(item, group: str) -> None:
