@@ -37,11 +37,13 @@ JUDGE = textwrap.dedent('''
     from distlab.grading.judge import ENV, Judge
     from distlab.runtime.launch import LaunchSettings
     folder = tempfile.mkdtemp()
-    j = Judge(folder, LaunchSettings(distrust=True, cwd=folder))
+    j = Judge(LaunchSettings(distrust=True, cwd=folder))
+    channel = j.channel()   # the kernel's way to the judge: a descriptor it inherits
     j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
                                     "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
                                     "check_bandwidths(bandwidths)"]))
-    kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], env=dict(os.environ, **{ENV: j.address}),
+    kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], pass_fds=[channel.fileno()],
+                            env=dict(os.environ, **{ENV: str(channel.fileno())}),
                             capture_output=True, text=True, timeout=240)
     print(kernel.stdout, kernel.stderr[-2000:])
     for v in j.verdicts["test_cell"]:
