@@ -147,24 +147,24 @@ class WarmProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs):
         from distlab.checks.messenger import ENV
         judge = self.parent.judge
-        env = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k != ENV}
+        kwargs["env"] = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k != ENV}
         channel = judge.channel() if judge is not None else None
         try:
-            return await self._launch(cmd, env, channel, **kwargs)
+            return await self._launch(cmd, channel, **kwargs)
         finally:
             if channel is not None:
                 channel.close()   # the kernel has its copy: this process keeps the judge's end
 
-    async def _launch(self, cmd: list[str], env: dict, channel, **kwargs):
+    async def _launch(self, cmd: list[str], channel, **kwargs):
         server = self.parent.kernels
         cwd = str(kwargs.get("cwd") or os.getcwd())
-        pid = server.fork(cmd, env, cwd, channel) if server else None
+        pid = server.fork(cmd, kwargs["env"], cwd, channel) if server else None
         if pid is None:   # started cold: the channel is the one descriptor it inherits
             if channel is not None:
                 from distlab.checks.messenger import ENV
-                env[ENV] = str(channel.fileno())
+                kwargs["env"][ENV] = str(channel.fileno())
                 kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), channel.fileno())
-            return await super().launch_kernel(cmd, **{**kwargs, "env": env})
+            return await super().launch_kernel(cmd, **kwargs)
         self.process = ForkedProcess(pid)   # reparented here: reaped by this process
         self.pid = self.pgid = pid   # the kernel leads its own session and group
         self.cwd = cwd
