@@ -236,8 +236,8 @@ def test_runs_that_carry_student_code_go_to_the_student_s_ranks_and_the_rest_to_
 
 # Short limits: the attacker's cell tries for as long as a classmate is being graded (at most
 # 200 s, tests/submissions/classmate.py), within the cell's --timeout.
-CLASSMATE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "300",
-                    "--notebook-timeout", "500"]
+CLASSMATE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "450",
+                    "--notebook-timeout", "700"]
 
 
 def _grade(samples: dict, students: list[str], jobs: int, folder) -> dict:

@@ -251,16 +251,15 @@ class Judge:
     def _connections(self, channel: socket.socket) -> list[socket.socket]:
         """The connection a kernel passed over ``channel`` (one per check); none when the kernel
         is gone (the channel is then dropped) or sent something else."""
-        try:
-            data, fds, _, _ = socket.recv_fds(channel, 16, 4)
+        try:   # closed on exec from the start: nothing this process starts may hold them
+            data, fds, _, _ = socket.recv_fds(channel, 16, 4, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             data, fds = b"", []
         if not data:
             self.selector.unregister(channel)
             channel.close()
         conns = []
-        for fd in fds:   # close-on-exec, like every descriptor of this process's own making
-            os.set_inheritable(fd, False)
+        for fd in fds:
             try:
                 conn = socket.socket(fileno=fd)
             except OSError:   # not a socket
