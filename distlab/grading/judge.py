@@ -7,7 +7,8 @@ the kernel computes or prints. During grading (``distlab grade``) every ``check_
 student's functions and classes as cloudpickle bytes, data as ``torch.save`` bytes) to the judge, a
 server thread in the grader's worker process, and shows the judge's verdict. A kernel reaches
 its judge through a socketpair the worker made for that kernel (``Judge.channel``), handed to it
-as it starts: no path, no name, nothing another student's process can connect to.
+as it starts: no path, no name, nothing another student's process can connect to
+(``distlab.grading.judge_channels``).
 
 The judge
 
@@ -41,14 +42,14 @@ import io
 import os
 import pickle
 import re
-import selectors
 import socket
 import threading
 
 from distlab.checks.course_code import guard_of
-from distlab.checks.messenger import DOORBELL, ENV, _recv, _send
+from distlab.checks.messenger import ENV, _recv, _send
 from distlab.runtime import call_guard
 from distlab.runtime.launch import Launcher
+from distlab.grading.judge_channels import Channels
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
@@ -186,15 +187,13 @@ class Judge:
         # Its zygote imports torch and the checks while nbgrader starts and the first cells run;
         # started before this judge's thread, so that it can be forked (LaunchSettings.fork_zygote).
         self.launcher.warm_up()
-        # The judge's ends of its kernels' channels; a new one wakes the thread through `wake`.
-        self.selector = selectors.DefaultSelector()
-        self.wake, self._wake_up = socket.socketpair()
-        self.selector.register(self.wake, selectors.EVENT_READ)
+        self.channels = Channels()
         self.cell: str | None = None
         self.calls: dict[str, list[ast.Call]] = {}
         self.verdicts: dict[str, list[Verdict]] = collections.defaultdict(list)
         self.lock = threading.Lock()
-        threading.Thread(target=self._serve, name="judge", daemon=True).start()
+        threading.Thread(target=self.channels.serve, args=(self._answer,), name="judge",
+                         daemon=True).start()
 
     def __deepcopy__(self, memo):
         return self   # traitlets deep-copies config values (WarmKernelManager.judge): one judge
@@ -203,10 +202,7 @@ class Judge:
         """A new kernel's way to this judge: the kernel's end of a socketpair whose other end
         this judge serves. The caller hands it to the kernel as it starts (``pass_fds``, or
         SCM_RIGHTS to the warm kernels' server) and then closes its own copy."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.selector.register(mine, selectors.EVENT_READ)
-        self._wake_up.send(b"+")
-        return theirs
+        return self.channels.new()
 
     def _ranks(self, student) -> Ranks:
         return Ranks(Launcher(student), self.reference_settings)
@@ -232,45 +228,6 @@ class Judge:
             self.verdicts = collections.defaultdict(list)
 
     # -- requests
-    def _serve(self) -> None:
-        """One check at a time, from whichever kernel channel has one, until ``close``."""
-        while True:
-            try:
-                ready = self.selector.select()
-            except (OSError, ValueError):   # closed
-                return
-            for key, _ in ready:
-                if key.fileobj is self.wake:
-                    if not self.wake.recv(64):
-                        return
-                    continue
-                for conn in self._connections(key.fileobj):
-                    with conn:
-                        self._answer(conn)
-
-    def _connections(self, channel: socket.socket) -> list[socket.socket]:
-        """The connection a kernel passed over ``channel`` (one per check); none when the kernel
-        is gone (the channel is then dropped) or sent something else."""
-        try:   # closed on exec from the start: nothing this process starts may hold them
-            data, fds, _, _ = socket.recv_fds(channel, 16, 4, socket.MSG_CMSG_CLOEXEC)
-        except OSError:
-            data, fds = b"", []
-        if not data:
-            self.selector.unregister(channel)
-            channel.close()
-        conns = []
-        for fd in fds:
-            try:
-                conn = socket.socket(fileno=fd)
-            except OSError:   # not a socket
-                os.close(fd)
-                continue
-            if data != DOORBELL or conns or conn.type != socket.SOCK_STREAM:
-                conn.close()
-            else:
-                conns.append(conn)
-        return conns
-
     def _answer(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(READ_TIMEOUT)  # a peer that connects and stalls must not
@@ -330,7 +287,7 @@ class Judge:
 
     def close(self) -> None:
         self.launcher.close()
-        self._wake_up.close()   # the thread sees end of file and stops serving
+        self.channels.close()
 
 
 def _course_code_used(exc: BaseException) -> str | None:
