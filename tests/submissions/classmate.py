@@ -62,7 +62,10 @@ def _classmates():
 
 def _socket(fd):
     """A socket object on a duplicate of descriptor ``fd``, or None (not a socket)."""
-    copy = os.dup(fd)
+    try:
+        copy = os.dup(fd)
+    except OSError:   # closed since it was listed (the listing's own descriptor)
+        return None
     try:
         return socket.socket(fileno=copy)
     except OSError:
