@@ -135,9 +135,9 @@ def _try_paths(workers, statuses):
         if sock is None:
             continue
         with sock:
-            if _peer(sock) not in workers:     # not a classmate's worker: leave it alone
+            if _peer(sock) not in workers:     # not a classmate's grading process: leave it alone
                 continue
-        _note("paths", "a classmate's worker listens")
+        _note("paths", "a classmate's process listens")
         for check in CHECKS:                   # a connection per request, as a kernel's
             sock = _connect(address)
             if sock is not None:
