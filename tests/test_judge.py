@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from distlab.grading import judge
 
 from distlab.runtime import safe_pickle
@@ -37,11 +39,13 @@ JUDGE = textwrap.dedent('''
     from distlab.grading.judge import ENV, Judge
     from distlab.runtime.launch import LaunchSettings
     folder = tempfile.mkdtemp()
-    j = Judge(folder, LaunchSettings(distrust=True, cwd=folder))
+    j = Judge(LaunchSettings(distrust=True, cwd=folder))
+    channel = j.channel()   # the kernel's way to the judge: a descriptor it inherits
     j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
                                     "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
                                     "check_bandwidths(bandwidths)"]))
-    kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], env=dict(os.environ, **{ENV: j.address}),
+    kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], pass_fds=[channel.fileno()],
+                            env=dict(os.environ, **{ENV: str(channel.fileno())}),
                             capture_output=True, text=True, timeout=240)
     print(kernel.stdout, kernel.stderr[-2000:])
     for v in j.verdicts["test_cell"]:
@@ -229,3 +233,70 @@ def test_runs_that_carry_student_code_go_to_the_student_s_ranks_and_the_rest_to_
         distlab.run(_double, 1, 3)
     assert [len(student.runs), len(reference.runs)] == [1, 1]
     assert reference.runs == [(3,)] and student.runs[0][0] is submitted
+
+
+# ---------------------------------------------------------------------------------------------
+# A student's judge answers that student's processes alone
+
+# Short limits: the attacker's cell tries for as long as a classmate is being graded (at most
+# 200 s, tests/submissions/classmate.py), within the cell's --timeout.
+CLASSMATE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "450",
+                    "--notebook-timeout", "700"]
+
+
+def _grade(samples: dict, students: list[str], jobs: int, folder) -> dict:
+    """``distlab grade --jobs JOBS`` of ``students``' Lab 1: their scores.csv rows."""
+    import csv
+    from distlab.grading import grade
+    from submissions import write
+    from submissions.classmate import LAB
+    for name in students:
+        write(samples[name], folder / "submitted", name, LAB)
+    out = folder / "scores.csv"
+    assert grade.main([str(folder / "submitted"), "--out", str(out), "--jobs", str(jobs),
+                       "--workdir", str(folder / "work"), *CLASSMATE_LIMITS]) == 0
+    with open(out) as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def _printed(row: dict, label: str) -> str:
+    """What the graded notebook printed after ``label`` (its feedback page)."""
+    import html
+    import re
+    from pathlib import Path
+    text = html.unescape(re.sub(r"<[^>]+>", "", Path(row["feedback"]).read_text()))
+    found = re.search(re.escape(label) + r" (.*)", text)
+    assert found, f"{label!r} not in the attacker's feedback"
+    return found.group(1).strip()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_classmate_graded_alongside_cannot_reach_a_student_s_judge(tmp_path):
+    # Graded side by side (--jobs 2), the attacker looks for the victim's judge every way a
+    # kernel and its ranks can (paths, abstract names, inherited and stolen descriptors) and
+    # asks what it reaches to fail the victim's checks; the victim's grade must be the one it
+    # gets graded alone. With judges on path sockets this failed: a check of the victim's
+    # scored the attacker's request.
+    import submissions
+    from distlab.course import notebooks
+    from submissions.attacks import TESTS
+    from submissions.classmate import LAB, classmate_samples
+    released = tmp_path / "released"   # what the sources give today, as the shared run grades
+    for lab, files in notebooks.build_student_notebooks([LAB]).items():
+        notebooks.write_student_notebooks(lab, files, out=released)
+    with submissions.released_from(released):
+        samples = classmate_samples()
+    together = _grade(samples, ["attacker", "victim"], 2, tmp_path / "together")
+    alone = _grade(samples, ["victim"], 1, tmp_path / "alone")["victim"]
+    attacker = together["attacker"]
+    assert _printed(attacker, "classmates seen:") == "['victim']", "the runs did not overlap"
+    assert _printed(attacker, "my worker found:") == "True"
+    reached = (_printed(attacker, "classmate judges reached:"),
+               _printed(attacker, "verdicts filed:"), _printed(attacker, "ways tried:"))
+    victim = together["victim"]
+    assert {t: victim[t] for t in TESTS} == {t: alone[t] for t in TESTS}, reached
+    assert victim["score"] == alone["score"], reached
+    assert reached[:2] == ("[]", "[]"), reached
+    # Not the kernel's own channel either: the ranks it starts hold no socket of the worker's.
+    assert _printed(attacker, "ranks hold a judge channel:") == "[[], []]"

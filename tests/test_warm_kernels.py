@@ -4,7 +4,8 @@ The server is itself forked from the worker (distlab.runtime.forked). A forked k
 what the kernel spec's command would have started: confined by the same
 Landlock options, in the lab's folder with the environment jupyter_client built, in a session of
 its own, with random numbers of its own, and a child of the worker (a subreaper) that reads its
-exit code and interrupts it. Every kernel of the suite's shared grading run (tests/conftest.py)
+exit code and interrupts it, and holding one descriptor of the worker's: its judge channel
+(closed on exec; a kernel started cold inherits it with ``pass_fds``). Every kernel of the suite's shared grading run (tests/conftest.py)
 is forked this way, so the attacks of tests/test_grader_attacks.py are graded through it too.
 
 Each test drives a small worker in a fresh interpreter: becoming a subreaper cannot be undone.
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 # A worker in miniature: a subreaper with a WarmKernels and a kernel spec shaped like the
 # grading worker's (distlab.grading.worker._write_kernelspec).
 WORKER = """\
-import asyncio, json, os, sys
+import asyncio, json, os, socket, sys
 from pathlib import Path
 from distlab.grading import sandbox
 from distlab.grading.warm_kernels import WarmKernelManager, WarmKernels
@@ -54,10 +55,35 @@ from traitlets.config import Config
 config = Config()
 config.WarmKernelManager.kernels = WarmKernels({**os.environ, **env}, cwd=str(root / "jupyter"))
 
+class Judge:   # what a kernel manager asks of the judge: a channel for each kernel it starts
+    def __init__(self):
+        self.ends = []
+    def __deepcopy__(self, memo):
+        return self
+    def channel(self):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ends.append(mine)
+        return theirs
+    def heard(self):   # what the last kernel sent on a connection it passed over its channel
+        try:
+            self.ends[-1].settimeout(30)
+            _, fds, _, _ = socket.recv_fds(self.ends[-1], 16, 1)
+            with socket.socket(fileno=fds[0]) as conn:
+                conn.settimeout(30)
+                return conn.recv(64).decode()
+        except (OSError, IndexError) as exc:
+            return repr(exc)
+judge = config.WarmKernelManager.judge = Judge()
+
 PROBE = '''
 import errno, json, os, sys
 warm = "torch" in sys.modules and "matplotlib.pyplot" in sys.modules
 import numpy
+channel = int(os.environ["DISTLAB_JUDGE"])
+inheritable = os.get_inheritable(channel)
+from distlab.checks import messenger
+with messenger.connect(messenger._channel(str(channel))) as conn:
+    conn.sendall(b"hello from the kernel")
 def attempt(fn):
     try:
         fn()
@@ -67,7 +93,8 @@ def attempt(fn):
 print(json.dumps({"warm": warm, "cwd": os.getcwd(), "path0": sys.path[0],
     "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
     "random": numpy.random.rand(), "write outside": attempt(lambda: open(%r, "w")),
-    "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w"))}))
+    "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w")),
+    "channel inheritable": inheritable, "channel closed on exec": os.system(f"true <&{channel}") != 0}))
 ''' % (str(outside / "x"), str(secret / "answers"))
 
 async def run(code, interrupt=False):
@@ -101,13 +128,14 @@ async def run(code, interrupt=False):
 async def main():
     server = config.WarmKernelManager.kernels.process
     results = {"server forked": type(server).__name__ == "ForkedProcess" and server.pid != os.getpid(),
-               "first": await run(PROBE), "second": await run(PROBE),
+               "first": await run(PROBE), "heard": judge.heard(), "second": await run(PROBE),
                "exit": await run("import os; os._exit(3)"),
                "interrupt": await run("import time; print('sleeping', flush=True); time.sleep(60)",
                                         interrupt=True)}
     config.WarmKernelManager.kernels.process.kill()
     config.WarmKernelManager.kernels.process.wait()
     results["after the server died"] = await run(PROBE)
+    results["heard cold"] = judge.heard()
     results["worker"] = os.getpid()
     print(json.dumps(results))
 
@@ -165,3 +193,14 @@ def test_without_its_server_a_kernel_starts_cold_and_says_so(kernels):
                                             results["second"]["probe"]["random"])
     assert stderr.count("the warm kernel server failed") == 1, stderr
     assert "start cold" in stderr
+
+
+def test_each_kernel_reaches_the_judge_on_a_channel_of_its_own(kernels):
+    # The channel is a descriptor, passed to the warm server with the request (SCM_RIGHTS) or
+    # inherited by a cold kernel (pass_fds); what the kernel starts does not inherit it.
+    results = kernels[0]
+    assert results["heard"] == results["heard cold"] == "hello from the kernel", results
+    warm, cold = results["first"]["probe"], results["after the server died"]["probe"]
+    assert warm["channel inheritable"] is False, warm
+    assert cold["channel inheritable"] is True, cold   # until the messenger first uses it
+    assert warm["channel closed on exec"] and cold["channel closed on exec"], (warm, cold)

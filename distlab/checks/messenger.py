@@ -2,6 +2,15 @@
 ``distlab.checks`` is a messenger that sends the objects the test cell passes to the grader's judge
 (``distlab.grading.judge``) and shows its verdict. Outside grading a check is a plain call.
 
+The way to the judge is a file descriptor, not an address: one end of a socketpair the grading
+worker made for this kernel alone and handed to it when the kernel started (its number is in
+``DISTLAB_JUDGE``; the number is no secret, the descriptor is). No other process can connect to
+it: there is no path or name to connect to, and a descriptor cannot be opened through
+``/proc/PID/fd``. For each check the messenger makes a fresh socketpair, passes one end to the
+judge over the kernel's channel (SCM_RIGHTS) and asks on the other: one connection per check, as
+with a listening socket, so a check interrupted halfway (the grader's interrupt, a timeout)
+abandons its own connection and never leaves half a message in the way of the next one.
+
 A checks module ends with ``judge_module(globals())``, which wraps its checks.
 """
 from __future__ import annotations
@@ -12,12 +21,13 @@ import pickle
 import socket
 import struct
 
-ENV = "DISTLAB_JUDGE"         # the judge's socket path, in the environment of graded kernels
+ENV = "DISTLAB_JUDGE"         # the number of the kernel's descriptor of its judge channel
 MAX_REQUEST = 1 << 28         # bytes: a request carries the student's code and data
+DOORBELL = b"c"               # what goes with each connection passed over the channel
 
 
 # ---------------------------------------------------------------------------------------------
-# Framing: length-prefixed messages on a Unix socket
+# Framing: length-prefixed messages on a check's connection
 
 def _send(sock: socket.socket, data: bytes) -> None:
     sock.sendall(struct.pack("!Q", len(data)) + data)
@@ -46,10 +56,10 @@ def judged(check):
     @functools.wraps(check)
     def messenger(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841 (IPython and pytest leave this frame out)
-        address = os.environ.get(ENV)
-        if not address:
+        channel = os.environ.get(ENV)
+        if not channel:
             return check(*args, **kwargs)
-        return _ask(address, f"{check.__module__}:{check.__name__}", args, kwargs)
+        return _ask(channel, f"{check.__module__}:{check.__name__}", args, kwargs)
     messenger.__judged__ = check
     return messenger
 
@@ -71,11 +81,36 @@ def _pack(value) -> tuple[str, bytes, str]:
     return ("code", cloudpickle.dumps(value), name)
 
 
-def _ask(address: str, check: str, args: tuple, kwargs: dict):
+def connect(channel: socket.socket) -> socket.socket:
+    """A fresh connection to the judge at the other end of ``channel``: one end of a new
+    socketpair, whose other end went to the judge over ``channel``."""
+    mine, theirs = socket.socketpair()
+    with theirs:
+        socket.send_fds(channel, [DOORBELL], [theirs.fileno()])
+    return mine
+
+
+_CHANNELS: dict[int, socket.socket] = {}
+
+
+def _channel(number: str) -> socket.socket:
+    """The kernel's channel to its judge, descriptor ``number`` (``DISTLAB_JUDGE``)."""
+    try:
+        fd = int(number)
+    except ValueError:
+        raise ConnectionError(f"{ENV}={number!r} is not the descriptor of a judge channel: "
+                              f"the grader sets it, do not change it") from None
+    if fd not in _CHANNELS:
+        # Not inherited by what the kernel starts (ranks, shells): the channel is the kernel's.
+        os.set_inheritable(fd, False)
+        _CHANNELS[fd] = socket.socket(fileno=fd)
+    return _CHANNELS[fd]
+
+
+def _ask(channel: str, check: str, args: tuple, kwargs: dict):
     request = pickle.dumps((check, [_pack(a) for a in args],
                             {k: _pack(v) for k, v in kwargs.items()}))
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(address)
+    with connect(_channel(channel)) as sock:
         _send(sock, request)
         reply = pickle.loads(_recv(sock))  # from the grader: trusted
     if reply.get("output"):

@@ -30,7 +30,9 @@ A student's code is not trusted (the threat model, each part tested in tests/tes
   kernel only sends the student's objects. The judge draws hidden tests' seeds itself, runs the
   student's code on ranks of its own zygote and reads what they return without unpickling code.
   A test cell passes only if the judge passed every check the cell calls; one whose checks never
-  arrived scores zero as ``tampered``.
+  arrived scores zero as ``tampered``. A kernel reaches its own judge only, through one end of a
+  socketpair handed to it as it starts: there is no path or name another student's process
+  could connect to (tests/test_judge.py grades a classmate trying, side by side).
 - The kernel and the judge's ranks are confined with Landlock (``distlab.runtime.landlock``): they
   may write only the lab's own folder and a scratch folder, read only those, their lab's student
   package, the Python installation and what the system needs (``GradingSettings.system_reads``),

@@ -5,7 +5,10 @@ functions, ``torch.allclose``, the seed a hidden test draws. Grades therefore ne
 the kernel computes or prints. During grading (``distlab grade``) every ``check_*`` function of
 ``distlab.checks`` is a thin messenger in the kernel: it sends the objects the test names (the
 student's functions and classes as cloudpickle bytes, data as ``torch.save`` bytes) to the judge, a
-server thread in the grader's worker process, and shows the judge's verdict.
+server thread in the grader's worker process, and shows the judge's verdict. A kernel reaches
+its judge through a socketpair the worker made for that kernel (``Judge.channel``), handed to it
+as it starts: no path, no name, nothing another student's process can connect to
+(``distlab.grading.judge_channels``).
 
 The judge
 
@@ -46,6 +49,7 @@ from distlab.checks.course_code import guard_of
 from distlab.checks.messenger import ENV, _recv, _send
 from distlab.runtime import call_guard
 from distlab.runtime.launch import Launcher
+from distlab.grading.judge_channels import Channels
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
@@ -174,18 +178,13 @@ class Verdict:
     seed: int | None
 
 
-def socket_path(folder) -> str:
-    """Where the judge of ``folder`` listens."""
-    return os.path.join(str(folder), "judge.sock")
-
-
 class Judge:
-    """Serves check requests on a Unix socket in ``folder`` (which graded kernels may not write)
-    and records a verdict for each, under the test cell set with ``enter``. The checks run their
-    ranks on the judge's own launcher, made with ``ranks`` (a ``LaunchSettings`` that distrusts
-    them: see ``GradingSettings.launch_settings``)."""
+    """Serves check requests on the channels it made for kernels (``channel``) and records a
+    verdict for each, under the test cell set with ``enter``. The checks run their ranks on the
+    judge's own launcher, made with ``ranks`` (a ``LaunchSettings`` that distrusts them: see
+    ``GradingSettings.launch_settings``)."""
 
-    def __init__(self, folder, ranks, student=None):
+    def __init__(self, ranks, student=None):
         """``ranks``: the settings of ranks that run references; ``student``: of ranks that run
         the student's code (None: the same)."""
         # Checks run here as plain calls: never as messages to this very judge.
@@ -195,17 +194,22 @@ class Judge:
         # Its zygote imports torch and the checks while nbgrader starts and the first cells run;
         # started before this judge's thread, so that it can be forked (LaunchSettings.fork_zygote).
         self.launcher.warm_up()
-        self.address = socket_path(folder)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.address)
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(self.address)
-        self.server.listen(4)
+        self.channels = Channels()
         self.cell: str | None = None
         self.calls: dict[str, list[ast.Call]] = {}
         self.verdicts: dict[str, list[Verdict]] = collections.defaultdict(list)
         self.lock = threading.Lock()
-        threading.Thread(target=self._serve, name="judge", daemon=True).start()
+        threading.Thread(target=self.channels.serve, args=(self._answer,), name="judge",
+                         daemon=True).start()
+
+    def __deepcopy__(self, memo):
+        return self   # traitlets deep-copies config values (WarmKernelManager.judge): one judge
+
+    def channel(self) -> socket.socket:
+        """A new kernel's way to this judge: the kernel's end of a socketpair whose other end
+        this judge serves. The caller hands it to the kernel as it starts (``pass_fds``, or
+        SCM_RIGHTS to the warm kernels' server) and then closes its own copy."""
+        return self.channels.new()
 
     def _ranks(self, student) -> Ranks:
         return Ranks(Launcher(student), self.reference_settings)
@@ -231,21 +235,15 @@ class Judge:
             self.verdicts = collections.defaultdict(list)
 
     # -- requests
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    conn.settimeout(READ_TIMEOUT)  # a peer that connects and stalls must not
-                    request = _recv(conn)          # block every later check
-                    conn.settimeout(None)
-                    reply = self._handle(request)
-                    _send(conn, pickle.dumps(reply))
-                except (ConnectionError, OSError):
-                    pass
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(READ_TIMEOUT)  # a peer that connects and stalls must not
+            request = _recv(conn)          # block every later check
+            conn.settimeout(None)
+            reply = self._handle(request)
+            _send(conn, pickle.dumps(reply))
+        except (ConnectionError, OSError):
+            pass
 
     def _handle(self, data: bytes) -> dict:
         try:
@@ -296,9 +294,7 @@ class Judge:
 
     def close(self) -> None:
         self.launcher.close()
-        self.server.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.address)
+        self.channels.close()
 
 
 def _course_code_used(exc: BaseException) -> str | None:

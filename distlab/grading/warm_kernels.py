@@ -13,7 +13,9 @@ command would have become:
   has a single thread, before any of the student's code runs;
 - in a session of its own, as jupyter_client starts kernels (an interrupt reaches its group);
 - its working folder the lab's, which is first on ``sys.path``; its environment exactly the one
-  jupyter_client built; random numbers of its own (Python's ``random`` reseeds itself at every
+  jupyter_client built, but ``DISTLAB_JUDGE``, the number of the one descriptor it keeps of the
+  server's: its end of the channel to its judge (``Judge.channel``), which came with the request
+  (SCM_RIGHTS) and is closed on exec, so that nothing the kernel starts holds it; random numbers of its own (Python's ``random`` reseeds itself at every
   fork, numpy's global generator is reseeded if the server had imported it);
 - a child of the worker: the fork is double and the worker is a child subreaper, so the kernel
   is reparented to it. The worker reaps it (a ``ForkedProcess`` is its Popen), its memory counts
@@ -78,10 +80,13 @@ class WarmKernels:
     def pid(self) -> int:
         return self.process.pid
 
-    def fork(self, cmd: list[str], env: dict[str, str], cwd: str) -> int | None:
+    def fork(self, cmd: list[str], env: dict[str, str], cwd: str,
+             judge: socket.socket | None = None) -> int | None:
+        """``judge``: the kernel's end of its judge channel, which the kernel keeps."""
         if self.socket is None or kernel_args(cmd) is None:
             return None
-        reply = self._ask({"cmd": cmd, "env": env, "cwd": str(cwd)})
+        reply = self._ask({"cmd": cmd, "env": env, "cwd": str(cwd), "judge": judge is not None},
+                          fds=[judge.fileno()] if judge is not None else [])
         if "pid" in reply:
             return reply["pid"]
         print(f"distlab grading worker: the warm kernel server failed ({reply['error']}); this "
@@ -136,13 +141,29 @@ def kernel_args(cmd: list[str]) -> tuple[list[str], list[str]] | None:
 
 
 class WarmProvisioner(LocalProvisioner):
-    """jupyter_client's local provisioner, but the kernel is forked warm when it can be."""
+    """jupyter_client's local provisioner, but the kernel is forked warm when it can be, and it
+    gets a channel of its own to the judge (a descriptor, never an address)."""
 
     async def launch_kernel(self, cmd: list[str], **kwargs):
+        from distlab.checks.messenger import ENV
+        judge = self.parent.judge
+        kwargs["env"] = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k != ENV}
+        channel = judge.channel() if judge is not None else None
+        try:
+            return await self._launch(cmd, channel, **kwargs)
+        finally:
+            if channel is not None:
+                channel.close()   # the kernel has its copy: this process keeps the judge's end
+
+    async def _launch(self, cmd: list[str], channel, **kwargs):
         server = self.parent.kernels
         cwd = str(kwargs.get("cwd") or os.getcwd())
-        pid = server.fork(cmd, kwargs.get("env") or dict(os.environ), cwd) if server else None
-        if pid is None:
+        pid = server.fork(cmd, kwargs["env"], cwd, channel) if server else None
+        if pid is None:   # started cold: the channel is the one descriptor it inherits
+            if channel is not None:
+                from distlab.checks.messenger import ENV
+                kwargs["env"][ENV] = str(channel.fileno())
+                kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), channel.fileno())
             return await super().launch_kernel(cmd, **kwargs)
         self.process = ForkedProcess(pid)   # reparented here: reaped by this process
         self.pid = self.pgid = pid   # the kernel leads its own session and group
@@ -154,6 +175,8 @@ class WarmKernelManager(AsyncKernelManager):
     """The kernel manager of graded notebooks (``GradedExecute``): a WarmProvisioner's kernels."""
     kernels = Any(None, allow_none=True, help="the worker's WarmKernels (None: start kernels "
                                               "cold)").tag(config=True)
+    judge = Any(None, allow_none=True, help="the worker's Judge, which makes each kernel its "
+                                            "channel (None: checks run in the kernel)").tag(config=True)
 
     async def _async_pre_start_kernel(self, **kw):
         if self.provisioner is None:
@@ -194,7 +217,8 @@ def serve_kernels(fd: int, cwd: str) -> int:
     with socket.socket(fileno=fd) as sock:
         for request, fds in _requests(sock):
             try:
-                pid = _fork_zygote(request, fds) if request.get("zygote") else _fork_kernel(request)
+                pid = _fork_zygote(request, fds) if request.get("zygote") else \
+                    _fork_kernel(request, fds)
                 reply = {"pid": pid}
             except Exception as exc:   # noqa: BLE001 - the worker starts that one cold
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
@@ -237,12 +261,14 @@ def _fork_zygote(request: dict, fds: list[int]) -> int:
     return _fork_twice(start, "zygote")
 
 
-def _fork_kernel(request: dict) -> int:
-    """The kernel the request describes, forked from here."""
+def _fork_kernel(request: dict, fds: list[int]) -> int:
+    """The kernel the request describes, forked from here; ``fds``: its judge channel's end."""
+    judge = fds[0] if request.get("judge") and fds else None
+
     def start() -> int:
         kernel = os.fork()
         if kernel == 0:
-            _become_kernel(request)
+            _become_kernel(request, judge)
         return kernel
     return _fork_twice(start, "kernel")
 
@@ -270,18 +296,26 @@ def _fork_twice(start, what: str) -> int:
     return int(text)
 
 
-def _become_kernel(request: dict):
-    """Turn this fork into the kernel the request's command describes; never returns."""
+def _become_kernel(request: dict, judge: int | None):
+    """Turn this fork into the kernel the request's command describes, keeping descriptor
+    ``judge`` (its judge channel, or None); never returns."""
     code = 1
     try:
+        from distlab.checks.messenger import ENV
         landlock_opts, kernel_argv = kernel_args(request["cmd"])
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.closerange(3, 1 << 16)   # the server's socket above all: a kernel cannot ask for forks
+        # The server's socket above all: a kernel cannot ask for forks.
+        from distlab.runtime.forked import close_all_but
+        close_all_but({0, 1, 2} | ({judge} if judge is not None else set()))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ.pop(ENV, None)
+        if judge is not None:
+            os.set_inheritable(judge, False)
+            os.environ[ENV] = str(judge)
         package = os.environ.get("DISTLAB_PACKAGE")
         if package:   # the lab's student package: what this server imported of distlab is dropped
             from distlab.runtime.forked import import_package_from

@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     from distlab.grading import disk, sandbox
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
-    from distlab.grading.judge import Judge, socket_path
+    from distlab.grading.judge import Judge
     from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
@@ -42,14 +42,14 @@ def main(argv: list[str]) -> int:
     # The server of this student's kernels is forked from this process, which has imported
     # torch, before any thread starts (distlab.runtime.forked), and before it imports a single
     # answer (the checks' references): the kernels run the student's code.
-    kernels = WarmKernels({**os.environ, **_kernel_env(folders, socket_path(folders["judge"]))},
+    kernels = WarmKernels({**os.environ, **_kernel_env(folders)},
                           cwd=str(folders["jupyter"])) if reaper else None
     confine = landlock.landlock_abi() > 0
     scratch = str(folders["judge_scratch"])
     # The ranks of references a check computes on ranks (forked from here, with the instructor's
     # package), and the ranks of the student's code (the first lab's student package).
     spawn = kernels.spawn_zygote if kernels else None
-    judge = Judge(folders["judge"], settings.launch_settings(scratch, confine, labs=tuple(labs),
+    judge = Judge(settings.launch_settings(scratch, confine, labs=tuple(labs),
                                                              spawn=spawn),
                   student=settings.launch_settings(scratch, confine, (labs[0],), student=True,
                                                    spawn=spawn))
@@ -87,6 +87,8 @@ def main(argv: list[str]) -> int:
     config.KernelManager.ip = str(folders["kernel_sockets"] / "kernel")
     config.GradedExecute.guards = guards
     config.WarmKernelManager.kernels = kernels
+    # Each kernel's own channel to the judge, handed over as it starts (no address to connect to).
+    config.WarmKernelManager.judge = judge
     api = nbgrader_api(root, config=config)
     with watch, disk_watch, os.fdopen(int(rows_fd), "w") as rows_out:
         for lab in labs:
@@ -97,7 +99,7 @@ def main(argv: list[str]) -> int:
                 judge.use(settings.launch_settings(scratch, confine, (lab,), student=True,
                                                    spawn=spawn))
             lab_dir = root / "autograded" / student / lab
-            _write_kernelspec(folders, lab_dir, judge.address, settings, lab)
+            _write_kernelspec(folders, lab_dir, settings, lab)
             row = _grade_lab(api, root, student, lab, judge, settings)
             _kill_leftovers(keep=keep())
             # What this notebook cost since the last one (the first: since the worker started).
@@ -109,8 +111,7 @@ def main(argv: list[str]) -> int:
             rows_out.flush()
         # Before the last row's pipe closes: the grader kills this worker as soon as it has
         # every row, which left a folder in /tmp for every student graded.
-        for name in ("judge", "kernel_sockets"):
-            shutil.rmtree(folders[name], ignore_errors=True)
+        shutil.rmtree(folders["kernel_sockets"], ignore_errors=True)
     if kernels is not None:
         kernels.close()
     judge.close()   # its zygote's exit: the grader does not wait for it
@@ -171,14 +172,13 @@ def _kill_leftovers(keep: set) -> None:
 
 
 def _private_folders(root: Path) -> dict[str, Path]:
-    """Folders of the worker: the judge's socket and the kernel spec (the student's code may not
-    write there), the kernel's sockets, and the scratch folders the kernel and the judge's ranks
-    may write."""
-    # The judge's and the kernel's sockets: short paths of their own (a Unix socket path holds at
-    # most 107 bytes, which a deep work directory or a long student name would pass).
+    """Folders of the worker: the kernel spec (the student's code may not write there), the
+    kernel's sockets, and the scratch folders the kernel and the judge's ranks may write. (The
+    judge has no folder: kernels reach it through descriptors, ``Judge.channel``.)"""
+    # The kernel's sockets: a short path of their own (a Unix socket path holds at most 107
+    # bytes, which a deep work directory or a long student name would pass).
     short = "/tmp" if os.path.isdir("/tmp") else None
-    folders = {"judge": Path(tempfile.mkdtemp(prefix="distlab-judge-", dir=short)),
-               "kernel_sockets": Path(tempfile.mkdtemp(prefix="distlab-kernel-", dir=short)),
+    folders = {"kernel_sockets": Path(tempfile.mkdtemp(prefix="distlab-kernel-", dir=short)),
                "jupyter": root / "jupyter", "kernel_scratch": root / "scratch" / "kernel",
                "judge_scratch": root / "scratch" / "judge"}
     for folder in folders.values():
@@ -191,13 +191,13 @@ def _private_folders(root: Path) -> dict[str, Path]:
     return folders
 
 
-def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: str,
-                      settings: GradingSettings, lab: str) -> None:
+def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, settings: GradingSettings,
+                      lab: str) -> None:
     """The kernel nbgrader starts ("python3", found first on JUPYTER_PATH): it may write only the
     lab's folder, its scratch folder and its sockets' folder, no file past the disk limit, read
     only those and what ``settings.readable_to_students`` names (the system's folders, the
-    Python installation, the lab's student package, which it imports distlab from), and is told
-    where the judge listens."""
+    Python installation, the lab's student package, which it imports distlab from). (Its judge
+    channel comes with each start: ``WarmProvisioner``.)"""
     from distlab.runtime.zygote import PACKAGE_ENV
     scratch = folders["kernel_scratch"]
     writable = (lab_dir, scratch, folders["kernel_sockets"])
@@ -208,7 +208,7 @@ def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: st
             *[arg for folder in settings.hidden_from_students() for arg in ("--hide", folder)],
             *[arg for folder in settings.readable_to_students(lab) for arg in ("--read", folder)],
             "--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    env = _kernel_env(folders, judge_address)
+    env = _kernel_env(folders)
     if view:   # a cold kernel finds it on PYTHONPATH, a warm one switches to it (warm_kernels)
         env.update({PACKAGE_ENV: view, "PYTHONPATH": os.pathsep.join(
             filter(None, [view, os.environ.get("PYTHONPATH")]))})
@@ -219,12 +219,11 @@ def _write_kernelspec(folders: dict[str, Path], lab_dir: Path, judge_address: st
         "interrupt_mode": "signal"}))
 
 
-def _kernel_env(folders: dict[str, Path], judge_address: str) -> dict[str, str]:
-    """What the kernel spec adds to the worker's environment: the judge's address, and every
-    cache and temporary folder in the kernel's scratch folder."""
-    from distlab.checks.messenger import ENV
+def _kernel_env(folders: dict[str, Path]) -> dict[str, str]:
+    """What the kernel spec adds to the worker's environment: every cache and temporary folder
+    in the kernel's scratch folder."""
     scratch = folders["kernel_scratch"]
-    return {ENV: judge_address, "HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
+    return {"HOME": str(scratch), "TMPDIR": str(scratch), "JUPYTER_PATH": "",
             "MPLCONFIGDIR": str(scratch / "matplotlib"), "IPYTHONDIR": str(scratch / "ipython"),
             "XDG_CACHE_HOME": str(scratch / "cache")}
 

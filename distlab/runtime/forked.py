@@ -51,7 +51,7 @@ def fork_helper(main, *, keep: tuple[int, ...] = (), env: dict[str, str] | None 
         if output is not None:
             os.dup2(output, 1)
             os.dup2(output, 2)
-        _close_all_but(set(keep) | {0, 1, 2})
+        close_all_but(set(keep) | {0, 1, 2})
         if cwd is not None:
             os.chdir(cwd)
         if env is not None:
@@ -79,7 +79,8 @@ def fork_helper(main, *, keep: tuple[int, ...] = (), env: dict[str, str] | None 
         os._exit(code)   # never the parent's atexit handlers, nor its cleanup
 
 
-def _close_all_but(keep: set[int]) -> None:
+def close_all_but(keep: set[int]) -> None:
+    """Close every descriptor of this process but ``keep``."""
     low = 0
     for fd in sorted(keep):
         if fd > low:

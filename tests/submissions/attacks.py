@@ -144,7 +144,7 @@ TARGETS = {
     "scores": course / "scores.csv",
     "another submission": course / "submitted" / "bystander" / "01_collectives" / "01_collectives.ipynb",
     "references": Path(distlab.__file__).resolve().parents[1] / "data" / "01_collectives" / "manifest.json",
-    "grader folder": Path(os.environ.get("DISTLAB_JUDGE", "/nonexistent/x")).parent / "planted.txt",
+    "grader folder": here.parents[2] / "jupyter" / "planted.txt",   # the kernel spec's
 }
 refused = []
 for name, path in TARGETS.items():
