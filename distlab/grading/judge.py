@@ -26,9 +26,11 @@ The grader then scores a test cell from the judge's record: a cell whose checks 
 judge (replaced or skipped in the kernel), or whose kernel showed success while the judge failed
 it, scores zero with a message that says so.
 
-What the judge cannot vouch for: the collective record (``Results.comms``) is kept by the rank
-process that runs the student's code, so a student who deliberately forges it inside their own
-function can fool the checks on *how* they communicate (not on the values they compute).
+The collective record (``Results.comms``) is kept by the rank process that runs the student's
+code, so a student could skip or forge it; a check that grades it first compares it with the
+bytes the kernel counted leaving each rank (``Results.wire``, ``distlab.checks.crossed``). Where
+a check's ranks legitimately use collectives the record never sees (DDP, DTensor, FSDP2), the
+record alone is graded: that much of *how* the judge cannot vouch for (never the values).
 """
 from __future__ import annotations
 
