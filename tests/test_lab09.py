@@ -310,7 +310,8 @@ def test_traffic_table_and_closing_note_come_from_the_records(capsys):
     # the combines return exactly what was dispatched: over the ranks, 4 T k h b per rank on average
     assert summary["EP"]["bytes_per_rank"] == 4 * 16 * 2 * 8 * 4
     assert summary["TP"]["bytes_per_rank"] == 2 * 2 * 16 * 8 * 4
-    note = experts.moe_closing_note(summary, 2, 16, 8, 2, "< 1e-05", {"without": 0.75, "with": 0.05})
+    note = experts.moe_closing_note(summary, 2, 16, 8, 2, "< 1e-05",
+                                    {"without": 0.75, "with": 0.05})
     assert "matched one plain step (largest difference < 1e-05)" in note
     assert "EP sent 4096 token bytes" in note and "T·k·h·4 = 1024 bytes (as the formula says)" in note
     assert "2048 bytes per rank" in note and "75% of tokens dropped" in note

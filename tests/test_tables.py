@@ -41,12 +41,12 @@ def test_largest_residue_is_bounded_in_the_computations_own_precision():
     by_rows = torch.cat([a[:32] @ b, a[32:] @ b])                 # same products, other kernels
     by_k = a[:, :32] @ b[:32] + a[:, 32:] @ b[32:]               # sums in another order
     diff, shown = largest_residue([(by_rows, ref), (by_k, ref)])
-    assert 0 < diff and diff == max((by_k - ref).abs().max().item(), (by_rows - ref).abs().max().item())
+    assert 0 < diff == max((by_k - ref).abs().max().item(), (by_rows - ref).abs().max().item())
     eps32 = torch.finfo(torch.float32).eps
     scale = ref.abs().max().item()
     assert shown == residue(0.0, scale, eps=eps32) and shown.startswith("< 1e-")
     diff64, shown64 = largest_residue([(by_k.double(), ref.double())])
-    assert diff64 == diff and shown64 == f"{diff:.2e}"           # float32's rounding in float64: real
+    assert diff64 == diff and shown64 == f"{diff:.2e}"      # float32 rounding, seen in float64
     exact = a.double()[:, :32] @ b.double()[:32] + a.double()[:, 32:] @ b.double()[32:]
     assert largest_residue([(exact, a.double() @ b.double())])[1] == residue(0.0, scale)
     wrong = ref.clone()
