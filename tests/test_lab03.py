@@ -1,5 +1,7 @@
 """Lab 3 (tensor-parallel MLP): the reference layers pass the graded checks on 2 and 4 ranks,
 and typical wrong submissions fail them with a message that names the mistake."""
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -196,12 +198,16 @@ def test_sequence_parallel_backward_counts_the_second_all_gather():
         assert ring["tp"]["backward"] == pytest.approx(2 * (p - 1) / p * n)
 
 
+@pytest.mark.stored_data     # the lab's case: DTensor's side is the course's stored run
 @pytest.mark.parametrize("kind", ["mlp", "block_sp"])
 def test_dtensor_matches_hand_written_and_formula(kind, capsys):
     rows = tp.compare_with_dtensor(None, kind, world_size=2)
     printed = capsys.readouterr().out
-    diffs = [float(v) for v in printed.split("output ")[1].split(", input gradient ")[:1]]
-    assert diffs[0] < 1e-5
+    # float32 rounding shows as its bound (< 32 float32 ulps of the outputs' largest |value|,
+    # rounded up to a power of ten), never as digits, which differ from CPU to CPU
+    assert re.search(r"max \|hand - DTensor\| output < 1e-0[4-6], input gradient < 1e-0[4-6]",
+                     printed), printed
+    assert not re.search(r"\d\.\d+e-\d", printed), printed
     nbytes = tp.megatron_comm_bytes(2, 8, 16)["tp" if kind == "mlp" else "sp"]
     for row in rows:
         for side in ("hand-written (out.comms)", "DTensor (CommDebugMode)"):
@@ -219,7 +225,7 @@ def test_dtensor_comparison_reads_the_stored_run_of_the_labs_case_and_runs_any_o
     assert "the course's stored run" in capsys.readouterr().out
     rows = tp.compare_with_dtensor(tp.TensorParallelMLP, "mlp", world_size=2, batch=1, seq=4)
     printed = capsys.readouterr().out
-    assert "stored" not in printed and float(printed.split("output ")[1].split(",")[0]) < 1e-5
+    assert "stored" not in printed and re.search(r"output < 1e-0[4-6],", printed), printed
     assert rows[0]["DTensor (CommDebugMode)"] == "all_reduce [1, 4, 16] 256 B"
 
 

@@ -43,3 +43,17 @@ def residue(value: float, scale: float, eps: float = sys.float_info.epsilon, ulp
     table that printed them would differ from machine to machine."""
     bound = 10.0 ** math.ceil(math.log10(ulps * eps * max(abs(scale), sys.float_info.min)))
     return f"< {bound:.0e}" if abs(value) < bound else f"{value:.2e}"
+
+
+def largest_residue(pairs) -> tuple[float, str]:
+    """The largest ``|got - expected|`` over ``pairs`` of tensors of one floating dtype, and how
+    a table shows it: ``residue`` against the expected tensors' largest |value|, in units of
+    their dtype's rounding (float32's for a float32 computation: 2**-23, not float64's 2**-52)."""
+    import torch
+    diff, scale, eps = 0.0, 0.0, 0.0
+    for got, expected in pairs:
+        expected = expected.detach()
+        diff = max(diff, float((got.detach().to(expected.device) - expected).abs().max()))
+        scale = max(scale, float(expected.abs().max()))
+        eps = max(eps, torch.finfo(expected.dtype).eps)
+    return diff, residue(diff, scale, eps=eps or sys.float_info.epsilon)

@@ -560,7 +560,9 @@ plot_runs(runs);
 # rank 0 (measured by counting the tensors saved for backward); the bytes rank 0 sent; and the
 # largest difference of any gradient from the single-process step: for your schedules, from your
 # naive schedule's gradients (the whole batch, layer after layer: the single-process arithmetic,
-# which its check compared with the single-process step), for the library's, as recorded.
+# which its check compared with the single-process step), for the library's, as recorded. A
+# difference that is float32 rounding (under 32 ulps of the largest gradient) shows as its bound,
+# "< 1e-04": its own digits depend on the CPU's kernels; a mistake shows its digits.
 
 # %% nbgrader={"grade": false, "grade_id": "table", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(schedule_table(runs, baseline="naive"))
@@ -617,11 +619,12 @@ print(boundary_traffic(batch=1, seq=2048, hidden=12288, layers_per_stage=12, tp=
 # | 4 | 8 | GPipe | 204 | 0.75 | 0.27 | 8/8/8/8 | 2048 |
 # | 4 | 8 | 1F1B | 215 | 0.70 | 0.27 | 4/3/2/1 | 1280 |
 #
-# What held: gradients equal to the single-process step to ~1e-6 for every schedule, the library's
-# included; 1F1B's microbatches in flight are exactly p - s and its activation memory falls with
-# them, while GPipe's grows with m; every schedule sends the same 512 KiB per step. What did not:
-# the bubble is far above theory and microbatching made the step *slower* than the naive one. On
-# this machine a microbatch's forward is a few milliseconds, so per-message latency and Python
-# overhead are a large share of it, smaller matrix products run less efficiently, and with p = 4
-# four ranks share two cores, so "idle" ranks are really waiting for a core. The formula holds
-# when a microbatch's compute dwarfs a message's latency: on GPUs, with real layer sizes.
+# What held: gradients equal to the single-process step up to float32 rounding (the table's bound,
+# < 1e-04) for every schedule, the library's included; 1F1B's microbatches in flight are exactly
+# p - s and its activation memory falls with them, while GPipe's grows with m; every schedule sends
+# the same 512 KiB per step. What did not: the bubble is far above theory and microbatching made
+# the step *slower* than the naive one. On this machine a microbatch's forward is a few
+# milliseconds, so per-message latency and Python overhead are a large share of it, smaller matrix
+# products run less efficiently, and with p = 4 four ranks share two cores, so "idle" ranks are
+# really waiting for a core. The formula holds when a microbatch's compute dwarfs a message's
+# latency: on GPUs, with real layer sizes.

@@ -675,5 +675,5 @@ phase_times(profile.timeline)
 
 # %% nbgrader={"grade": false, "grade_id": "moe_closing_note", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 print(moe_closing_note(traffic, TRAFFIC["world_size"], TRAFFIC["tokens"], TRAFFIC["hidden"], TRAFFIC["k"],
-                   mesh_run["max_diff"], {name: float(run["dropped"][-10:].mean())
-                                          for name, run in runs.items()}))
+                   mesh_run["shown"], {name: float(run["dropped"][-10:].mean())
+                                       for name, run in runs.items()}))

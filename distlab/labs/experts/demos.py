@@ -6,7 +6,7 @@ import torch
 
 from distlab.labs.experts.moe import make_moe
 from distlab.labs.experts.stored import stored_output
-from distlab.labs.tables import format_table
+from distlab.labs.tables import format_table, largest_residue
 
 ROUTING = dict(tokens=6, hidden=8, ffn=16, experts=4, k=2, seed=0)   # the lab's case (stored)
 
@@ -42,13 +42,14 @@ def show_routing(tokens: int = 6, hidden: int = 8, ffn: int = 16, experts: int =
                          "sum of gates": f"{gates[t].sum():.3f}"} for t in range(tokens)]))
     load = torch.bincount(idx.reshape(-1), minlength=experts)
     print(f"\nassignments per expert: {load.tolist()} (T·k = {tokens * k})")
-    print(f"max |layer - token-by-token sum| = {(y - by_token).abs().max():.1e}")
+    print(f"max |layer - token-by-token sum|: {largest_residue([(by_token, y)])[1]}")
     return {"idx": idx, "gates": gates, "load": load, "y": y}
 
 
 def moe_closing_note(summary: dict, world_size: int, tokens: int, hidden: int, k: int,
-                 mesh_diff: float, dropped: dict) -> str:
-    """The summary's numbers, each from the measurement that produced it."""
+                 mesh_diff: str, dropped: dict) -> str:
+    """The summary's numbers, each from the measurement that produced it (``mesh_diff``: the
+    EP × DP step's largest difference as ``ep_dp_step`` shows it, a bound when it is rounding)."""
     ep, tp = summary["EP"], summary["TP"]
     return (
         f"Measured here (gloo, {world_size} ranks, T={tokens} tokens per rank, h={hidden}, k={k}, "
@@ -62,6 +63,6 @@ def moe_closing_note(summary: dict, world_size: int, tokens: int, hidden: int, k
         f"EP {ep['bytes_per_rank'] * (world_size - 1) / world_size:.0f} and TP "
         f"{tp['bytes_per_rank'] * 2 * (world_size - 1) / world_size:.0f} bytes, k/p = "
         f"{k / world_size:g}. "
-        f"EP × DP on the 2 × 2 mesh matched one plain step within {mesh_diff:.1e}. "
+        f"EP × DP on the 2 × 2 mesh matched one plain step (largest difference {mesh_diff}). "
         f"Toy training, last 10 steps: {dropped['without']:.0%} of tokens dropped without the "
         f"auxiliary loss, {dropped['with']:.0%} with it.")

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import PipeSpec, partition_layers, reference_step, stage_layers
 from distlab.labs.pipeline.stages import Event, TimedStage, measured_bubble, peak_in_flight, theoretical_bubble
+from distlab.labs.tables import residue
 from distlab.runtime.devices import device as rank_device
 
 def library_step(schedule: str):
@@ -191,7 +192,14 @@ def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None, *
     reference = None
     if baseline is not None:
         reference = {n: g for grads in runs[baseline].grads for n, g in grads.items()}
-    errors = spec is not None or baseline is not None
+    elif spec is not None:
+        reference = reference_step(spec)[1]
+    errors = reference is not None
+    if errors:
+        # A difference that is rounding shows as its bound (in the gradients' own precision,
+        # against their largest |value|): its digits would differ from CPU to CPU.
+        scale = max(g.abs().max().item() for g in reference.values())
+        eps = max(torch.finfo(g.dtype).eps for g in reference.values())
     head = (f"{'schedule':<14}{'p':>3}{'m':>4}{'step ms':>10}{'bubble':>9}{'theory':>9}"
             f"{'in flight':>11}{'act KiB r0':>12}{'sent KiB r0':>13}"
             + (f"{'max |dgrad|':>13}" if errors else ""))
@@ -202,6 +210,7 @@ def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None, *
                     f"{run.step_time * 1e3:>10.1f}{run.bubble:>9.2f}{run.theory:>9.2f}"
                     f"{'/'.join(str(flight[r]) for r in sorted(flight)):>11}"
                     f"{run.activation_bytes[0] / 1024:>12.0f}{run.sent_bytes[0] / 1024:>13.0f}"
-                    + (f"{grad_error(run, spec, reference):>13.1e}" if errors else ""))
+                    + (f"{residue(grad_error(run, spec, reference), scale, eps):>13}"
+                       if errors else ""))
     return "\n".join(rows)
 
