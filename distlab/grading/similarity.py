@@ -59,6 +59,8 @@ from distlab.grading.similarity_code import MIN_INSTRUCTIONS, code_keys, definit
 from distlab.grading.similarity_course import (REFERENCE_FLOORS, course_cells,  # noqa: F401
                                                course_code, course_implementations, sources_code)
 from distlab.grading.similarity_dynamic import describe_uses, dynamic_uses
+from distlab.grading.similarity_solution import SOLUTION_FLOOR, SolutionCopies  # noqa: F401
+from distlab.grading.similarity_solution import KIND as SOLUTION_KIND
 from distlab.grading.similarity_text import (K, MIN_TOKENS, code_fingerprints,  # noqa: F401
                                              containment, definition_fingerprints, fingerprints,
                                              normalise, threshold)
@@ -80,9 +82,10 @@ class Flag:
     lab: str
     cell: str
     student: str
-    other: str          # another student, "course: <module:qualname>", or "" (dynamic)
-    kind: str           # one of COPY_KINDS, or "dynamic"
-    similarity: float   # 1.0 for bytecode, 0.0 for dynamic
+    other: str          # another student, "course: <module:qualname>", "course: solution",
+    #                     or "" (dynamic)
+    kind: str           # one of COPY_KINDS, "course solution" or "dynamic"
+    similarity: float   # 1.0 for bytecode and the course solution, 0.0 for dynamic
     tokens: int         # length of the compared part (beyond the common ground), in tokens;
     #                     instructions for bytecode, 0 for dynamic
     detail: str = ""    # where: "line 3: fit_alpha_beta", "line 3: exec(...); line 5: ..."
@@ -94,6 +97,7 @@ class References:
     their code objects by key (``code``; compiled from ``sources`` when not given)."""
 
     def __init__(self, sources: dict[str, str], code: dict[str, list[str]] | None = None):
+        self.sources = sources
         self.prints = {name: fingerprints(src)[1] for name, src in sources.items()}
         self.index = collections.defaultdict(list)
         for name, prints in self.prints.items():
@@ -112,6 +116,14 @@ class References:
                 found.append((name, score, size))
         return sorted(found, key=lambda f: -f[1])
 
+    def contained(self, solution: str, handed_out: str) -> dict[str, str]:
+        """{name: source} of the implementations that ``solution`` contains, beyond
+        ``handed_out``: those that the comparison above takes for common ground."""
+        ground = fingerprints(handed_out)[1] | definition_fingerprints(handed_out)
+        own = (fingerprints(solution)[1] | definition_fingerprints(solution)) - ground
+        return {name: self.sources[name] for name, *_ in self.copied(own, ground)
+                if name in self.sources}
+
 
 def compare_cell(lab: str, cell: str, answers: dict[str, str], base: list[str],
                  references: dict[str, str] | References) -> list[Flag]:
@@ -124,6 +136,11 @@ def compare_cell(lab: str, cell: str, answers: dict[str, str], base: list[str],
     texts = {student: code for student, code in answers.items()
              if fingerprints(code)[0] >= MIN_TOKENS and not fingerprints(code)[1] <= handed_out}
     flags = _text_flags(lab, cell, texts, base, references)
+    if len(base) > 1:           # the course's solution is known: a copy of it is flagged
+        solution = SolutionCopies(base[0], base[1], references.contained(base[1], base[0]))
+        flags += [_flag(lab, cell, student, other, SOLUTION_KIND, 1.0, size, detail)
+                  for student, code in sorted(texts.items())
+                  for other, size, detail in solution.found(code)]
     # what the common ground compiles to or uses is everyone's (an untouched cell, for one)
     keys = set().union(*(_code_keys(b) for b in base))
     uses = {what for b in base for _, what in _dynamic_uses(b)}
@@ -226,14 +243,16 @@ def write_report(flags: list[Flag], path: Path) -> None:
 
 def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
     """The lines the run ends with: how many answers look copied (an answer flagged as a copy of
-    one source by several kinds counts once), how many use dynamic code, the first few."""
+    one source by several kinds counts once), how many are the course's own solution, how many
+    use dynamic code, the first few."""
     if not flags:
         return f"similarity: no answers flagged (report: {path})"
     copies = {}                 # (lab, cell, student, other): its most similar flag
     for f in sorted(flags, key=lambda f: -f.similarity):
         if f.kind in COPY_KINDS:
             copies.setdefault((f.lab, f.cell, f.student, f.other), f)
-    dynamic = [f for f in flags if f.kind not in COPY_KINDS]
+    solution = {(f.lab, f.cell, f.student): f for f in flags if f.kind == SOLUTION_KIND}
+    dynamic = [f for f in flags if f.kind == "dynamic"]
     parts = []
     if copies:
         students = {f.student for f in copies.values()} | {
@@ -241,12 +260,16 @@ def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
         course = sum(other.startswith("course: ") for *_, other in copies)
         parts.append(f"{len(copies)} answers look copied ({course} from the course's "
                      f"implementations), involving {len(students)} students")
+    if solution:
+        n, students = len(solution), len({f.student for f in solution.values()})
+        parts.append(f"{n} answer{'s' * (n != 1)} {'are' if n != 1 else 'is'} the course's own "
+                     f"solution ({students} student{'s' * (students != 1)})")
     if dynamic:
         n, students = len(dynamic), len({f.student for f in dynamic})
         parts.append(f"dynamic code or introspection in {n} answer{'s' * (n != 1)} "
                      f"({students} student{'s' * (students != 1)})")
     lines = [f"similarity: {'; '.join(parts)}: review {path} (scores are unchanged)"]
-    listed = list(copies.values()) + dynamic
+    listed = list(copies.values()) + list(solution.values()) + dynamic
     lines += [f"  {f.lab}/{f.cell}: {_line(f)}" for f in listed[:shown]]
     if len(listed) > shown:
         lines.append(f"  ... and {len(listed) - shown} more in {path}")
@@ -256,6 +279,9 @@ def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
 def _line(f: Flag) -> str:
     if f.kind == "dynamic":
         return f"{f.student} uses {f.detail if len(f.detail) < 80 else f.detail[:77] + '...'}"
+    if f.kind == SOLUTION_KIND:
+        return f"{f.student} hands in {f.other.removeprefix('course: ')} ({f.detail}, " \
+               f"{f.tokens} tokens)"
     if f.kind == "bytecode":
         return f"{f.student} ~ {f.other} (the same bytecode, {f.detail})"
     return f"{f.student} ~ {f.other} ({f.similarity:.0%} of {f.tokens} tokens)"
