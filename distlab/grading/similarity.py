@@ -269,7 +269,7 @@ def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
         parts.append(f"dynamic code or introspection in {n} answer{'s' * (n != 1)} "
                      f"({students} student{'s' * (students != 1)})")
     lines = [f"similarity: {'; '.join(parts)}: review {path} (scores are unchanged)"]
-    listed = list(copies.values()) + list(solution.values()) + dynamic
+    listed = list(copies.values()) + dynamic + list(solution.values())   # the rare first
     lines += [f"  {f.lab}/{f.cell}: {_line(f)}" for f in listed[:shown]]
     if len(listed) > shown:
         lines.append(f"  ... and {len(listed) - shown} more in {path}")

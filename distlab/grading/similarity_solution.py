@@ -45,7 +45,8 @@ class SolutionCopies:
         self.texts: dict[tuple[str, ...], tuple[str, int]] = {}    # tokens: (other, size)
         for other, text in ([(SOLUTION, solution)]
                             + [(SOLUTION, text) for *_, text in definitions(solution)]
-                            + sorted(implementations.items())):
+                            + [(f"course: {name}", text)
+                               for name, text in sorted(implementations.items())]):
             size = len(fingerprints(text)[1] - ground) + K - 1
             if size >= SOLUTION_FLOOR:
                 self.texts.setdefault(_tokens(text), (other, size))
