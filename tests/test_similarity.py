@@ -167,8 +167,8 @@ def test_the_course_solution_handed_in_is_flagged_however_disguised():
 def test_a_copy_of_an_implementation_that_the_solution_contains_is_flagged():
     # The course ships a ring much like its solution's (one line differs): the solution holds
     # nearly all of it, so the comparison with the package takes it for common ground.
-    shipped = RING.replace("dist.recv(incoming, left)\n        work.wait()\n        chunks[recv_c] +=",
-                           "dist.irecv(incoming, left).wait()\n        work.wait()\n"
+    line = "dist.recv(incoming, left)\n        work.wait()\n        chunks[recv_c] +="
+    shipped = RING.replace(line, "dist.irecv(incoming, left).wait()\n        work.wait()\n"
                            "        chunks[recv_c] +=")
     assert shipped != RING
     references = {"distlab.labs.collectives:ring": shipped}
@@ -304,7 +304,8 @@ ROUTES = {
                                 "line 1: 'exec'; line 1: __builtins__; "
                                 "line 1: exec(...) via __builtins__"),
     "__builtins__[...]": ("__builtins__['eval'](text)\n",
-                          "line 1: 'eval'; line 1: __builtins__; line 1: eval(...) via __builtins__"),
+                          "line 1: 'eval'; line 1: __builtins__; "
+                          "line 1: eval(...) via __builtins__"),
     "exec bound elsewhere in the cell": ("exec = print\nexec(text)\n", "line 2: exec(...)"),
     "exec under another name": ("run = exec\nrun(text)\n",
                                 "line 1: exec; line 2: run (bound to exec)"),
@@ -315,9 +316,11 @@ ROUTES = {
     # frames, unpickling, other processes, functions made by hand
     "a frame walk": ("try:\n    raise ValueError\nexcept ValueError as e:\n"
                      "    up = e.__traceback__.tb_frame.f_back.f_locals\n",
-                     "line 4: .__traceback__; line 4: .f_back; line 4: .f_locals; line 4: .tb_frame"),
+                     "line 4: .__traceback__; line 4: .f_back; line 4: .f_locals; "
+                     "line 4: .tb_frame"),
     "a frame by name": ("frame = getattr(tb, 'tb_frame')\nx = frame.f_globals\n",
-                        "line 1: 'tb_frame'; line 2: .f_globals; line 2: frame (bound to 'tb_frame')"),
+                        "line 1: 'tb_frame'; line 2: .f_globals; "
+                        "line 2: frame (bound to 'tb_frame')"),
     "a generator's frame": ("g = (i for i in [1])\nup = g.gi_frame.f_back\nup.f_locals\n",
                             "line 2: .f_back; line 2: .gi_frame; line 3: .f_locals; "
                             "line 3: up (bound to .f_back)"),
@@ -521,6 +524,24 @@ def test_the_report_reads_a_submissions_folder_and_writes_the_csv(tmp_path, caps
            f"{len(answers)} answers are the course's own solution ({students} students); " \
            "dynamic code or introspection in 2 answers (2 students)" in out, out
     assert "scores are unchanged" in out and "source_runner uses line 1: import inspect" in out
+
+
+def test_the_end_of_grading_names_the_course_solution_and_not_the_rewrite(tmp_path, capsys):
+    # What `distlab grade` prints and writes after grading: the course's solution handed in is
+    # flagged, the honest rewrite of Lab 1 is not.
+    folder, lab = tmp_path / "submitted", "01_collectives"
+    submissions.write(submissions.solved(lab), folder, "alice", lab)
+    submissions.write(copies.rewritten(), folder, "rewriter", lab)
+    found = {"alice": [lab], "rewriter": [lab]}
+    assert similarity.after_grading(folder, found, tmp_path, 0) == 0
+    with open(tmp_path / "similarity.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["student"] for r in rows} == {"alice"} and \
+        {r["kind"] for r in rows} == {"course solution"}
+    assert {"ring_all_reduce", "all_reduce_rs_ag"} <= {r["cell"] for r in rows}
+    out = capsys.readouterr().out
+    assert f"{len(rows)} answers are the course's own solution (1 student)" in out, out
+    assert "alice hands in solution (the whole cell" in out, out
 
 
 def test_after_grading_keeps_the_exit_code_and_survives_its_own_failure(tmp_path, capsys):

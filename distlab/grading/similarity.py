@@ -23,21 +23,36 @@ honest answer to these labs never needs. The ``detail`` column says where: the l
 of the answer, or each use with its line.
 
 Fingerprints of the handed-out cell and of the course's own solution (``solutions/``) are common
-ground, as MOSS's base files are: the labs walk students towards that solution, so matching it is
-what honest work looks like, and only what two answers share *beyond* it counts, against another
-student or against a shipped implementation (its code objects and dynamic uses likewise). (An
-exercise whose solution is also shipped, line for line, cannot tell a copy from honest work: the
-report stays silent there rather than accuse.)
+ground, as MOSS's base files are: the labs walk students towards that solution, so sharing parts of
+it is what honest work looks like, and only what two answers share *beyond* it counts, against
+another student or against a shipped implementation (its code objects and dynamic uses likewise).
+Handing in that solution itself is another matter (a solution leaked from last year arrives so):
+an answer, or a definition in it, that is after normalisation the course's solution cell, one of
+its definitions or a shipped implementation the solution contains, or that compiles to one of its
+functions, is flagged as ``course solution`` (similarity_solution.py), above a floor that leaves
+out the formulas honest students write alike.
 
 Short answers that honest students write alike (a one-line formula) are not compared at all
 (fewer than ``MIN_TOKENS`` tokens beyond the common ground, or ``MIN_INSTRUCTIONS`` for a code
 object), and a shorter comparison needs a higher share to be flagged (``threshold``).
 
 Why not copydetect (MOSS's winnowing on files, with boilerplate sets and an HTML report): it
-tokenises with pygments and writes every name and attribute as one letter, so ``dist.send`` and
-``dist.recv`` read alike and the short answers of these labs would match each other; its files,
-numpy and HTML buy little over the hundred lines of similarity_text.py, which keep the called
-names, the common ground and a CSV.
+fingerprints characters after pygments has written every name and attribute as one letter, so
+``dist.send`` and ``dist.recv`` read alike and a layout change breaks its 25-character runs.
+Measured with copydetect 0.5.0 at its defaults (flagged from 0.33, the handed-out cell as
+boilerplate) on the suite's samples: of the 37 solution cells above the floor, disguised as a
+copier would (names changed, comments dropped, layout redone), it scores 7 under 0.33 (the class
+cells: Lab 2's sharded AdamW, Lab 3's parallel layers, Lab 4's attention and block (0.0), Lab 8's
+ZeRO-2, ZeRO-3 and prefetching), which this report flags all; a copy with a no-op line between
+each two scores 0.0 (flagged here by bytecode); with the solution as boilerplate, as here, the copy
+of ``AllToAll`` that the solution contains scores 0.0. It finds nothing that this report misses
+(the other student's ring and the three copies of shipped implementations are found by both). It
+flags what this report does not: two honest rings written differently (0.72), 11 of 1653 pairs of
+different exercises' solutions (up to 0.99), and copies of 19 of the 21 solution cells under the
+floor (formulas that honest students write alike). So it is not a dependency: its files, numpy and
+HTML would buy less than the few hundred lines here, which keep the called names, the common
+ground, the code objects and a CSV. (Dolos, not measured, would bring Node into grading for
+tree-sitter token fingerprints of the same kind as these.)
 
 ``distlab grade`` writes the report to ``<workdir>/similarity.csv`` after grading and prints a
 summary; ``python -m distlab.grading.similarity SUBMISSIONS_DIR`` writes it on its own (after a

@@ -104,7 +104,8 @@ class _Scan:
     def __init__(self, tree: ast.AST):
         nodes = list(ast.walk(tree))
         self.aliases: dict[str, str] = {}
-        self.imports = [(n.lineno, what) for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
+        self.imports = [(n.lineno, what) for n in nodes
+                        if isinstance(n, (ast.Import, ast.ImportFrom))
                         for what in _import_uses(n, self.aliases)]
         self.calls = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
         self.keys = set()           # the nodes used as keys: getattr(x, KEY), x[KEY]
@@ -241,6 +242,8 @@ class _Scan:
                         self.tainted[name], changed = origin, True
 
     def _origin(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name) and node.id in self.tainted:
+            return self.tainted[node.id]            # what it was bound to, not its name
         ref = self.builtins_ref(node)
         if ref:
             return f"the builtins, via {ref}"
