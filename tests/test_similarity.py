@@ -332,6 +332,9 @@ ROUTES = {
               "line 1: import runpy; line 2: runpy.run_path"),
     "a function's type": ("make = type(lambda: 0)\nf = make(code, {})\n",
                           "line 1: type(a function); line 2: make (bound to type(a function))"),
+    "a def's type": ("def g():\n    pass\n\nh = type(g)(g.__code__, {})\n",
+                     "line 4: .__code__; line 4: type(a function)"),
+    "os.system by getattr": ("import os\ngetattr(os, 'system')('ls')\n", "line 2: 'system'"),
     "object.__getattribute__": ("object.__getattribute__(module, 'ref')\n",
                                 "line 1: .__getattribute__"),
     "object.__setattr__": ("object.__setattr__(module, 'check', None)\n",
@@ -365,6 +368,7 @@ def test_what_the_handed_out_cell_uses_is_not_listed():
               "def exec(x):\n    return x\nexec(1)\n"
               "def train(model, eval=False):\n    return model if eval else None\n"
               "code = 3\nbits = code.bit_length()\nimport os\nos.path.join('a', 'b')\n"
+              "kinds = {'system': 1, 'exception': 2}\nkinds['system'] += kinds['exception']\n"
               "class M(torch.nn.Module):\n    def __init__(self):\n"
               "        super().__setattr__('x', 1)\n        os._exit(3)\n")
     assert compare_cell("01_collectives", "x", {"eve": honest}, [FIT_HANDED_OUT], {}) == []

@@ -63,7 +63,11 @@ ATTRIBUTES = {
     "type": {"__setattr__", "__delattr__"},
 }
 _PREFIXES = {"os": ("exec", "spawn")}               # os.execv, os.spawnlp, ...
-_NAMED = BUILTINS | FRAMES | set().union(*ATTRIBUTES.values())   # listed as a lookup's key
+_NAMED = BUILTINS | FRAMES | set().union(*ATTRIBUTES.values())   # listed as getattr's key
+# listed as a subscript's key: not the words a dict of one's own may use ("system", "exception")
+_INDEXED = (BUILTINS | FRAMES | set().union(*(ATTRIBUTES[m] for m in ("sys", "threading",
+                                                                      "types", "gc")))) \
+    - {"exception"}
 _LOOKUPS = {"getattr", "setattr", "hasattr", "delattr"}
 _BUILTIN_FUNCTIONS = {name for name, value in vars(builtins).items()
                       if isinstance(value, types.BuiltinFunctionType)}
@@ -108,12 +112,12 @@ class _Scan:
                         if isinstance(n, (ast.Import, ast.ImportFrom))
                         for what in _import_uses(n, self.aliases)]
         self.calls = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
-        self.keys = set()           # the nodes used as keys: getattr(x, KEY), x[KEY]
+        self.keys, self.indices = set(), set()    # the nodes of getattr(x, KEY) and x[KEY]
         for n in nodes:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _LOOKUPS:
                 self.keys.update(id(a) for a in n.args)
             elif isinstance(n, ast.Subscript):
-                self.keys.add(id(n.slice))
+                self.indices.add(id(n.slice))
         defined = {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                            ast.ClassDef))}
         self.bound = {n.id for n in nodes if isinstance(n, ast.Name)
@@ -219,7 +223,8 @@ class _Scan:
             return "type(a function)"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value.strip()
-            if text in DUNDERS or (text in _NAMED and id(node) in self.keys):
+            if text in DUNDERS or (text in _NAMED and id(node) in self.keys) \
+                    or (text in _INDEXED and id(node) in self.indices):
                 return repr(text)
             if text.endswith((".py", ".pyc")):
                 return "a .py path"

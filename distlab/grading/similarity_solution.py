@@ -13,12 +13,12 @@ Short answers are left out: the solution's part must hold at least ``SOLUTION_FL
 the handed-out cell (the measure of the report's ``tokens`` column). The labs' 58 solution cells
 measure 30 to 485 such tokens, with no gap between short and long; the floor sits where the kind of
 code changes. The 21 cells under 100 are a few lines that the lab's text all but dictates: the
-short ``predict_*`` byte counts and other formulas (30 to 71), Lab 3's shard slices and its conjugate
-operators' one-line bodies (85, 80), Lab 6's dict of answers (94), short loops such as Lab 5's
-partition (59); the longest, Lab 2's overlapped all-reduce (91), is a hook and a wait loop. The 37
-cells from 102 on are algorithms that two honest hands do not write token for token alike (Lab 6's
-classifier at 102, Lab 1's reduce-scatter + all-gather at 103, the ring all-reduce at 174, up to
-Lab 3's sequence-parallel block at 485).
+short ``predict_*`` byte counts and other formulas (30 to 71), Lab 3's shard slices and its
+conjugate operators' one-line bodies (85, 80), Lab 6's dict of answers (94), short loops such as
+Lab 5's partition (59); the longest, Lab 2's overlapped all-reduce (91), is a hook and a wait loop.
+The 37 cells from 102 on are algorithms that two honest hands do not write token for token alike
+(Lab 6's classifier at 102, Lab 1's reduce-scatter + all-gather at 103, the ring all-reduce at 174,
+up to Lab 3's sequence-parallel block at 485).
 """
 from __future__ import annotations
 
