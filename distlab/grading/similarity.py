@@ -23,21 +23,36 @@ honest answer to these labs never needs. The ``detail`` column says where: the l
 of the answer, or each use with its line.
 
 Fingerprints of the handed-out cell and of the course's own solution (``solutions/``) are common
-ground, as MOSS's base files are: the labs walk students towards that solution, so matching it is
-what honest work looks like, and only what two answers share *beyond* it counts, against another
-student or against a shipped implementation (its code objects and dynamic uses likewise). (An
-exercise whose solution is also shipped, line for line, cannot tell a copy from honest work: the
-report stays silent there rather than accuse.)
+ground, as MOSS's base files are: the labs walk students towards that solution, so sharing parts of
+it is what honest work looks like, and only what two answers share *beyond* it counts, against
+another student or against a shipped implementation (its code objects and dynamic uses likewise).
+Handing in that solution itself is another matter (a solution leaked from last year arrives so):
+an answer, or a definition in it, that is after normalisation the course's solution cell, one of
+its definitions or a shipped implementation the solution contains, or that compiles to one of its
+functions, is flagged as ``course solution`` (similarity_solution.py), above a floor that leaves
+out the formulas honest students write alike.
 
 Short answers that honest students write alike (a one-line formula) are not compared at all
 (fewer than ``MIN_TOKENS`` tokens beyond the common ground, or ``MIN_INSTRUCTIONS`` for a code
 object), and a shorter comparison needs a higher share to be flagged (``threshold``).
 
 Why not copydetect (MOSS's winnowing on files, with boilerplate sets and an HTML report): it
-tokenises with pygments and writes every name and attribute as one letter, so ``dist.send`` and
-``dist.recv`` read alike and the short answers of these labs would match each other; its files,
-numpy and HTML buy little over the hundred lines of similarity_text.py, which keep the called
-names, the common ground and a CSV.
+fingerprints characters after pygments has written every name and attribute as one letter, so
+``dist.send`` and ``dist.recv`` read alike and a layout change breaks its 25-character runs.
+Measured with copydetect 0.5.0 at its defaults (flagged from 0.33, the handed-out cell as
+boilerplate) on the suite's samples: of the 37 solution cells above the floor, disguised as a
+copier would (names changed, comments dropped, layout redone), it scores 7 under 0.33 (the class
+cells: Lab 2's sharded AdamW, Lab 3's parallel layers, Lab 4's attention and block (0.0), Lab 8's
+ZeRO-2, ZeRO-3 and prefetching), which this report flags all; a copy with a no-op line between
+each two scores 0.0 (flagged here by bytecode); with the solution as boilerplate, as here, the copy
+of ``AllToAll`` that the solution contains scores 0.0. It finds nothing that this report misses
+(the other student's ring and the three copies of shipped implementations are found by both). It
+flags what this report does not: two honest rings written differently (0.72), 11 of 1653 pairs of
+different exercises' solutions (up to 0.99), and copies of 19 of the 21 solution cells under the
+floor (formulas that honest students write alike). So it is not a dependency: its files, numpy and
+HTML would buy less than the few hundred lines here, which keep the called names, the common
+ground, the code objects and a CSV. (Dolos, not measured, would bring Node into grading for
+tree-sitter token fingerprints of the same kind as these.)
 
 ``distlab grade`` writes the report to ``<workdir>/similarity.csv`` after grading and prints a
 summary; ``python -m distlab.grading.similarity SUBMISSIONS_DIR`` writes it on its own (after a
@@ -59,6 +74,8 @@ from distlab.grading.similarity_code import MIN_INSTRUCTIONS, code_keys, definit
 from distlab.grading.similarity_course import (REFERENCE_FLOORS, course_cells,  # noqa: F401
                                                course_code, course_implementations, sources_code)
 from distlab.grading.similarity_dynamic import describe_uses, dynamic_uses
+from distlab.grading.similarity_solution import SOLUTION_FLOOR, SolutionCopies  # noqa: F401
+from distlab.grading.similarity_solution import KIND as SOLUTION_KIND
 from distlab.grading.similarity_text import (K, MIN_TOKENS, code_fingerprints,  # noqa: F401
                                              containment, definition_fingerprints, fingerprints,
                                              normalise, threshold)
@@ -80,9 +97,10 @@ class Flag:
     lab: str
     cell: str
     student: str
-    other: str          # another student, "course: <module:qualname>", or "" (dynamic)
-    kind: str           # one of COPY_KINDS, or "dynamic"
-    similarity: float   # 1.0 for bytecode, 0.0 for dynamic
+    other: str          # another student, "course: <module:qualname>", "course: solution",
+    #                     or "" (dynamic)
+    kind: str           # one of COPY_KINDS, "course solution" or "dynamic"
+    similarity: float   # 1.0 for bytecode and the course solution, 0.0 for dynamic
     tokens: int         # length of the compared part (beyond the common ground), in tokens;
     #                     instructions for bytecode, 0 for dynamic
     detail: str = ""    # where: "line 3: fit_alpha_beta", "line 3: exec(...); line 5: ..."
@@ -94,6 +112,7 @@ class References:
     their code objects by key (``code``; compiled from ``sources`` when not given)."""
 
     def __init__(self, sources: dict[str, str], code: dict[str, list[str]] | None = None):
+        self.sources = sources
         self.prints = {name: fingerprints(src)[1] for name, src in sources.items()}
         self.index = collections.defaultdict(list)
         for name, prints in self.prints.items():
@@ -112,6 +131,14 @@ class References:
                 found.append((name, score, size))
         return sorted(found, key=lambda f: -f[1])
 
+    def contained(self, solution: str, handed_out: str) -> dict[str, str]:
+        """{name: source} of the implementations that ``solution`` contains, beyond
+        ``handed_out``: those that the comparison above takes for common ground."""
+        ground = fingerprints(handed_out)[1] | definition_fingerprints(handed_out)
+        own = (fingerprints(solution)[1] | definition_fingerprints(solution)) - ground
+        return {name: self.sources[name] for name, *_ in self.copied(own, ground)
+                if name in self.sources}
+
 
 def compare_cell(lab: str, cell: str, answers: dict[str, str], base: list[str],
                  references: dict[str, str] | References) -> list[Flag]:
@@ -124,6 +151,11 @@ def compare_cell(lab: str, cell: str, answers: dict[str, str], base: list[str],
     texts = {student: code for student, code in answers.items()
              if fingerprints(code)[0] >= MIN_TOKENS and not fingerprints(code)[1] <= handed_out}
     flags = _text_flags(lab, cell, texts, base, references)
+    if len(base) > 1:           # the course's solution is known: a copy of it is flagged
+        solution = SolutionCopies(base[0], base[1], references.contained(base[1], base[0]))
+        flags += [_flag(lab, cell, student, other, SOLUTION_KIND, 1.0, size, detail)
+                  for student, code in sorted(texts.items())
+                  for other, size, detail in solution.found(code)]
     # what the common ground compiles to or uses is everyone's (an untouched cell, for one)
     keys = set().union(*(_code_keys(b) for b in base))
     uses = {what for b in base for _, what in _dynamic_uses(b)}
@@ -226,14 +258,16 @@ def write_report(flags: list[Flag], path: Path) -> None:
 
 def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
     """The lines the run ends with: how many answers look copied (an answer flagged as a copy of
-    one source by several kinds counts once), how many use dynamic code, the first few."""
+    one source by several kinds counts once), how many are the course's own solution, how many
+    use dynamic code, the first few."""
     if not flags:
         return f"similarity: no answers flagged (report: {path})"
     copies = {}                 # (lab, cell, student, other): its most similar flag
     for f in sorted(flags, key=lambda f: -f.similarity):
         if f.kind in COPY_KINDS:
             copies.setdefault((f.lab, f.cell, f.student, f.other), f)
-    dynamic = [f for f in flags if f.kind not in COPY_KINDS]
+    solution = {(f.lab, f.cell, f.student): f for f in flags if f.kind == SOLUTION_KIND}
+    dynamic = [f for f in flags if f.kind == "dynamic"]
     parts = []
     if copies:
         students = {f.student for f in copies.values()} | {
@@ -241,12 +275,16 @@ def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
         course = sum(other.startswith("course: ") for *_, other in copies)
         parts.append(f"{len(copies)} answers look copied ({course} from the course's "
                      f"implementations), involving {len(students)} students")
+    if solution:
+        n, students = len(solution), len({f.student for f in solution.values()})
+        parts.append(f"{n} answer{'s' * (n != 1)} {'are' if n != 1 else 'is'} the course's own "
+                     f"solution ({students} student{'s' * (students != 1)})")
     if dynamic:
         n, students = len(dynamic), len({f.student for f in dynamic})
         parts.append(f"dynamic code or introspection in {n} answer{'s' * (n != 1)} "
                      f"({students} student{'s' * (students != 1)})")
     lines = [f"similarity: {'; '.join(parts)}: review {path} (scores are unchanged)"]
-    listed = list(copies.values()) + dynamic
+    listed = list(copies.values()) + dynamic + list(solution.values())   # the rare first
     lines += [f"  {f.lab}/{f.cell}: {_line(f)}" for f in listed[:shown]]
     if len(listed) > shown:
         lines.append(f"  ... and {len(listed) - shown} more in {path}")
@@ -256,6 +294,9 @@ def summary(flags: list[Flag], path: Path, shown: int = 5) -> str:
 def _line(f: Flag) -> str:
     if f.kind == "dynamic":
         return f"{f.student} uses {f.detail if len(f.detail) < 80 else f.detail[:77] + '...'}"
+    if f.kind == SOLUTION_KIND:
+        return f"{f.student} hands in {f.other.removeprefix('course: ')} ({f.detail}, " \
+               f"{f.tokens} tokens)"
     if f.kind == "bytecode":
         return f"{f.student} ~ {f.other} (the same bytecode, {f.detail})"
     return f"{f.student} ~ {f.other} ({f.similarity:.0%} of {f.tokens} tokens)"

@@ -7,12 +7,21 @@
 - ``moe_copier``: Lab 9's dispatch cell with the course's ``plan_dispatch`` copied, disguised,
   after the cell's other definition (so the cell's numbering of names is shifted);
 - ``source_runner``: Lab 9's dispatch cell running the course's ``plan_dispatch`` from its source
-  text, fetched at run time (no copy in the cell: only the dynamic code tells).
+  text, fetched at run time (no copy in the cell: only the dynamic code tells);
+- ``leaker``: Lab 1 with last year's solution disguised (the ring all-reduce and the alpha-beta
+  cell), every other cell as handed out;
+- ``impl_copier``: Lab 9's MoE cell with the package's ``AllToAll`` disguised, a course
+  implementation that the course's solution also contains;
+- ``alias_runner``: Lab 1's ring cell reaching ``exec`` through ``print.__self__`` and walking
+  the stack from a traceback (the route of issue 41);
+- ``rewriter``: Lab 1's two all-reduce exercises written another way than the course's (whole
+  tensors passed around the ring; list collectives), every other cell as handed out: honest work
+  that must raise no flag at all.
 
-Every other answer in them is the course's solution, which the report treats as common ground, so
-exactly these answers must be flagged. The disguise is done by code (``disguise``), as a
-student would do it by hand: every name the code binds renamed, docstrings and comments dropped,
-the layout redone.
+Every other answer in them is the course's solution, so those answers are flagged as the
+``course solution`` (above its size floor) and nothing else; the copies above are flagged as
+``expected_flags`` says. The disguise is done by code (``disguise``), as a student would do it by
+hand: every name the code binds renamed, docstrings and comments dropped, the layout redone.
 """
 from __future__ import annotations
 
@@ -23,7 +32,7 @@ import textwrap
 
 import nbformat
 
-from . import replace_cell, solved
+from . import replace_cell, solved, student
 
 LAB = "01_collectives"
 LAB9 = "09_expert_parallel"
@@ -61,6 +70,56 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         piece(me - i).copy_(buffer)
     return flat.view_as(tensor)
 '''
+
+# Lab 1's two all-reduce exercises written unlike the course's solution (which slices one flat
+# buffer with tensor_split and overlaps isend with recv): the whole tensor passed around the ring,
+# blocking send/recv ordered by rank parity; and list collectives on padded equal chunks.
+OTHER_RING = '''\
+def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Pass the whole tensor n-1 times around the ring, adding what arrives."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    total = tensor.clone()
+    message = tensor.clone()
+    for _ in range(world - 1):
+        received = torch.zeros_like(message)
+        if rank % 2 == 0:                      # even ranks send first: no two wait on each other
+            dist.send(message, (rank + 1) % world)
+            dist.recv(received, (rank - 1) % world)
+        else:
+            dist.recv(received, (rank - 1) % world)
+            dist.send(message, (rank + 1) % world)
+        total += received
+        message = received
+    return total
+'''
+
+OTHER_RS_AG = '''\
+def all_reduce_rs_ag(tensor: torch.Tensor) -> torch.Tensor:
+    """Reduce-scatter into equal chunks, then all-gather them back."""
+    world = dist.get_world_size()
+    numel = tensor.numel()
+    chunk = -(-numel // world)                               # ceil(numel / world)
+    buffer = torch.zeros(chunk * world, dtype=tensor.dtype)
+    buffer[:numel] = tensor.flatten()
+    mine = torch.empty(chunk, dtype=tensor.dtype)
+    dist.reduce_scatter(mine, list(buffer.split(chunk)))
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    return torch.cat(gathered)[:numel].view_as(tensor)
+'''
+
+# The ring cell with exec reached through a builtin function's module, run on a course source
+# found by walking up from a traceback to a caller's globals.
+ALIAS_RUN = """\
+def ring_all_reduce(tensor):
+    try:
+        raise RuntimeError
+    except RuntimeError as error:
+        frame = error.__traceback__.tb_frame.f_back
+    run = getattr(print.__self__, "exec")
+    run(frame.f_globals["source"], frame.f_globals)
+    return frame.f_locals["expected"]
+"""
 
 
 class _Rename(ast.NodeTransformer):
@@ -134,9 +193,50 @@ exec(inspect.getsource(parallel.plan_dispatch))
 """
 
 
+def _course_cell(lab: str, grade_id: str) -> str:
+    return next(c.source for c in solved(lab).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def leaked(lab: str, grade_ids: tuple[str, ...]) -> nbformat.NotebookNode:
+    """The student notebook with the course's solution of ``grade_ids`` disguised."""
+    nb = student(lab)
+    for gid in grade_ids:
+        cell = _course_cell(lab, gid)
+        exercises = {n.name: n.name for n in ast.parse(cell).body       # the graded names stay
+                     if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        nb = replace_cell(nb, gid, disguise(cell, exercises))
+    return nb
+
+
+def copied_all_to_all() -> str:
+    """Lab 9's MoE cell answered with the package's ``AllToAll`` disguised, then the solution's
+    own ``moe_forward``."""
+    from distlab.labs.experts.parallel import AllToAll
+
+    cell = _course_cell(LAB9, "moe_forward")
+    # an autograd Function's methods keep their names: torch calls them by name
+    names = {"forward": "forward", "backward": "backward"}
+    return disguise(inspect.getsource(AllToAll), names) + "\n\n" + \
+        cell[cell.index("def moe_forward("):]
+
+
+def rewritten() -> nbformat.NotebookNode:
+    nb = replace_cell(student(LAB), "ring_all_reduce", OTHER_RING)
+    return replace_cell(nb, "all_reduce_rs_ag", OTHER_RS_AG)
+
+
+LEAKED = ("ring_all_reduce", "alpha_beta")
+
+
 def copy_samples() -> dict[tuple[str, str], nbformat.NotebookNode]:
-    """{(student, lab): notebook}: the copiers of the course and the two students who share."""
+    """{(student, lab): notebook}: the copiers of the course, the two students who share, the
+    one who runs code by aliases, and the honest one who wrote the ring their own way."""
     return {
+        ("leaker", LAB): leaked(LAB, LEAKED),
+        ("impl_copier", LAB9): replace_cell(solved(LAB9), "moe_forward", copied_all_to_all()),
+        ("alias_runner", LAB): replace_cell(student(LAB), "ring_all_reduce", ALIAS_RUN),
+        ("rewriter", LAB): rewritten(),
         ("course_copier", LAB): replace_cell(solved(LAB), "alpha_beta", copied_fit()),
         ("ann", LAB): replace_cell(solved(LAB), "ring_all_reduce", OWN_RING),
         ("ben", LAB): replace_cell(solved(LAB), "ring_all_reduce",
@@ -161,5 +261,18 @@ def expected_flags() -> set[tuple[str, str, str]]:
 
 
 # The answers the report must list for their dynamic code: {(student, cell): the detail}.
-EXPECTED_DYNAMIC = {("source_runner", "dispatch"):
-                    "line 1: import inspect; line 3: exec(...); line 3: inspect.getsource"}
+EXPECTED_DYNAMIC = {
+    ("source_runner", "dispatch"):
+        "line 1: import inspect; line 3: exec(...); line 3: inspect.getsource",
+    ("alias_runner", "ring_all_reduce"):
+        "line 5: .__traceback__; line 5: .f_back; line 5: .tb_frame; line 6: 'exec'; "
+        "line 6: .__self__; line 6: exec via print.__self__; line 7: .f_globals; "
+        "line 7: frame (bound to .f_back); line 7: run (bound to exec via print.__self__); "
+        "line 8: .f_locals; line 8: frame (bound to .f_back)"}
+
+
+def expected_solution_flags() -> set[tuple[str, str, str]]:
+    """The disguised copies of the course's solution: (student, cell, where)."""
+    return {("leaker", "ring_all_reduce", "the whole cell"),
+            ("leaker", "alpha_beta", "the whole cell"),
+            ("impl_copier", "moe_forward", "line 1: AllToAll")}
