@@ -216,6 +216,10 @@ def test_runs_that_carry_student_code_go_to_the_student_s_ranks_and_the_rest_to_
     assert judge.carries_submitted((_double, (submitted,), {}))
     assert judge.carries_submitted((_double, ([{"deep": submitted}],), {}))
     assert not judge.carries_submitted((_double, (3,), {}))
+    # a per-rank argument (never pickled whole) is looked into, value by value
+    from distlab.runtime.per_rank import PerRank
+    assert judge.carries_submitted((_double, (PerRank([3, submitted]),), {}))
+    assert not judge.carries_submitted((_double, (), {"x": PerRank([3, 4])}))
     student, reference = _Recorder(), _Recorder()
     ranks = judge.Ranks(student, reference_settings=None)
     ranks.reference = reference

@@ -103,11 +103,18 @@ _CARRIED: contextvars.ContextVar[bool] = contextvars.ContextVar("distlab_carried
 
 
 def carries_submitted(payload) -> bool:
-    """Whether pickling ``payload`` (a run's function and arguments) packs a student's object."""
+    """Whether pickling ``payload`` (a run's function and arguments) packs a student's object.
+    A ``PerRank`` argument never pickles whole (each rank gets its own value): its values are
+    looked into, every rank's."""
     import cloudpickle
+    from distlab.runtime.per_rank import PerRank
+    fn, args, kwargs = payload
+
+    def each(value):
+        return value.values if isinstance(value, PerRank) else value
     token = _CARRIED.set(False)
     try:
-        cloudpickle.dumps(payload)
+        cloudpickle.dumps((fn, [each(a) for a in args], {k: each(v) for k, v in kwargs.items()}))
         return _CARRIED.get()
     finally:
         _CARRIED.reset(token)
