@@ -10,9 +10,11 @@ course's ring, a ``ring_attention`` that fetches every rank's K/V block with the
 
 LAB = "10_context_parallel"
 
-_RING_END = "    return out, lse\n    ### END SOLUTION"
+_RING_END = ("            kv, requests = incoming, None   # a finished request still holds the block it sent\n"
+             "    return out, lse")
 
 _UNRECORDED_RING = _RING_END + '''
+
 
 
 _ring_for_the_record = ring_attention
@@ -32,7 +34,8 @@ def ring_attention(q, k, v, positions=None, group=None):
         block = (block_attention(q, block_kv[0], block_kv[1]) if positions is None else
                  block_attention(q, block_kv[0], block_kv[1], positions[me], positions[src]))
         out, lse = block if out is None else merge_partials(out, lse, *block)
-    return out, lse'''
+    return out, lse
+'''
 
 # (sample name, grade_id of the cell, old text, new text, the one test it must lose)
 RING_FORWARD = ("ring_through_an_unrecorded_all_gather", "ring_forward", _RING_END,
