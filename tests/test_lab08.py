@@ -536,3 +536,22 @@ def test_design_peaks_follow_the_shapes_not_the_seed():
     from distlab.labs.sharded.budget import DESIGN_SETUP, course_design, measure_peak
     assert measure_peak(course_design, 2) == \
         measure_peak(course_design, 2, dataclasses.replace(DESIGN_SETUP, seed=12345))
+
+
+def test_zero3_ranks_get_the_model_nan_outside_their_own_shard():
+    """ZeRO-3's wrap receives the whole model (issue 41, DESIGN.md "The shape of a check"): each
+    rank's copy holds the values of its flat shard of each block and NaN elsewhere, so a wrapper
+    that reads another rank's part instead of gathering it computes NaN."""
+    from distlab.labs.sharded.problem import blind_outside_shard, padded_flat
+    model = ShardSetup(hidden=19).model()            # P = 643 a block: the last shard is padded
+    for world_size in (2, 4):
+        for rank in range(world_size):
+            for blind, whole in zip(blind_outside_shard(model, rank, world_size), model):
+                flat = padded_flat(list(blind.parameters()), world_size)
+                true = padded_flat(list(whole.parameters()), world_size)
+                s = flat.numel() // world_size
+                mine = torch.zeros(flat.numel(), dtype=torch.bool)
+                mine[rank * s:(rank + 1) * s] = True
+                padding = torch.arange(flat.numel()) >= sum(p.numel() for p in whole.parameters())
+                assert torch.equal(flat[mine], true[mine])
+                assert flat[~mine & ~padding].isnan().all()

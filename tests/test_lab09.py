@@ -25,7 +25,7 @@ DIGITS = r"\d\.\d+e-\d"
 
 LAB = "09_expert_parallel"
 SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
-HIDDEN = dict(tokens=10, hidden=6, ffn=12, experts=8, k=2)
+HIDDEN = dict(tokens=10, hidden=128, ffn=12, experts=8, k=2)
 
 # (name, grade_id of the solution cell, old text, new text, the one test it must lose)
 MISTAKES = [

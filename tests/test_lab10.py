@@ -18,10 +18,12 @@ from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.labs import context
 from distlab.labs.context import answers
+from distlab.runtime import wire
+from submissions import unrecorded
 
 LAB = "10_context_parallel"
 SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
-HIDDEN = dict(batch=1, heads=4, seq=32, dim=4)
+HIDDEN = dict(batch=1, heads=4, seq=32, dim=16)
 
 # (name, grade_id of the solution cell, old text, new text, the one test it must lose)
 MISTAKES = [
@@ -226,6 +228,27 @@ def test_training_through_the_readers_ring_matches_one_process(capsys):
 
 
 # ---------------------------------------------------------------------------------------------
+# Route 3 of issue 41: data moved outside the record
+
+# Samples whose values and record are right, whose traffic is not (tests/submissions/unrecorded.py)
+UNRECORDED = [unrecorded.RING_FORWARD]
+
+
+@pytest.mark.skipif(wire.count([]) is None,
+                    reason="the kernel's TCP counters (sock_diag) cannot be read here")
+def test_a_ring_whose_blocks_travel_outside_the_record_loses_its_test(monkeypatch):
+    """The values are right and the record is a ring's (it passes when the bytes that crossed
+    are not compared); the kernel counted the unrecorded all-gather on every case."""
+    name, cell, old, new, loses = unrecorded.RING_FORWARD
+    ns = solution_namespace((cell, old, new))
+    for world_size, seed, sizes in ((2, None, {}), (4, 7, HIDDEN)):
+        with pytest.raises(CheckFailed, match="crossed outside it"):
+            lab10.check_ring_forward(ns["ring_attention"], world_size, seed, **sizes)
+    monkeypatch.setattr(lab10, "assert_crossed_as_recorded", lambda out, what: None)
+    lab10.check_ring_forward(ns["ring_attention"], 4, 7, **HIDDEN)
+
+
+# ---------------------------------------------------------------------------------------------
 # Through the grader: solution full marks, student version zero, each mistake its own test
 
 SAMPLE_KINDS = ()
@@ -236,7 +259,7 @@ def own_graded_samples() -> dict:
     import submissions
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
             **{(name, LAB): submissions.edited(LAB, cell, old, new)
-               for name, cell, old, new, _ in MISTAKES}}
+               for name, cell, old, new, _ in MISTAKES + UNRECORDED}}
 
 
 def lab_points() -> float:
@@ -251,7 +274,7 @@ def lab_points() -> float:
 def test_grader_scores_lab10(graded_samples):
     rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
     expected = {"solution": set(), "untouched": set(GRADED_TESTS),
-                **{name: {loses} for name, _, _, _, loses in MISTAKES}}
+                **{name: {loses} for name, _, _, _, loses in MISTAKES + UNRECORDED}}
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)

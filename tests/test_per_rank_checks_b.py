@@ -82,7 +82,8 @@ def _inspect(runs) -> int:
                 own = [t for t in _leaves(values[rank]) if isinstance(t, torch.Tensor)]
                 for t in _leaves(values[other]):
                     if not isinstance(t, torch.Tensor) or t.numel() < 16 \
-                            or any(_same(t, o) for o in own):     # replicated: both have it
+                            or any(_same(t, o) for o in own) \
+                            or t.isnan().all():   # replicated: both have it; NaN-filled: nothing
                         continue
                     blob = t.detach().contiguous().numpy().tobytes()
                     assert blob not in calls[rank], \

@@ -11,9 +11,9 @@ counted bytes must be within what its record's calls can have sent. The student 
 count (send more than needed) but cannot hide from it.
 
 The bound per recorded call is the collective's bytes on the wire for gloo's algorithms (a
-ring's 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, the whole buffer
-otherwise), plus gloo's headers, measured on this course's runs (``bench/wire_overhead.py``
-prints them): 104 B per send on the sender and 48 B per receive, at most 1,736 B per rank for a
+ring's 2(n-1)/n for all-reduce and for reduce-scatter, which gloo runs as an all-reduce,
+(n-1)/n for all-gather, the whole buffer otherwise), plus gloo's headers, measured on this
+course's runs (``bench/wire_overhead.py`` prints them): 104 B per send on the sender and 48 B per receive, at most 1,736 B per rank for a
 4-rank all-reduce.
 """
 from __future__ import annotations
@@ -34,9 +34,11 @@ def _wire_factor(op: str, n: int) -> float:
     """Bytes on the wire per byte of the record's ``bytes`` for one rank, at most, on gloo."""
     if n <= 1:
         return 0.0
-    if op == "all_reduce":
+    # gloo reduce-scatters by all-reducing the whole buffer and keeping the shard: measured, a
+    # 4-rank reduce_scatter_single sends as many bytes as an all_reduce of its input
+    if op == "all_reduce" or op.startswith("reduce_scatter"):
         return 2 * (n - 1) / n
-    if op.startswith(("all_gather", "reduce_scatter")):
+    if op.startswith("all_gather"):
         return (n - 1) / n
     if op.startswith("all_to_all"):
         return 1.0

@@ -29,6 +29,7 @@ from distlab.checks.assertions import CheckFailed
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
+from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
@@ -226,8 +227,8 @@ def check_collective_events(fn, seed: int | None = None) -> None:
     from distlab.labs.timelines.trace import load_trace
     for what, traces, _, stored in _cases(seed):
         for rank, blob in enumerate(traces):
-            expected = (reference_collectives(blob) if stored is None
-                        else _stored_collectives(stored, rank))
+            expected = reference(reference_collectives(blob) if stored is None
+                                 else _stored_collectives(stored, rank))
             got = fn(load_trace(blob))
             where = f"collective_events on {what}, rank {rank}"
             try:
@@ -259,16 +260,16 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> None:
         for rank in range(timeline.world_size):
             for i, window in enumerate(timeline.steps(rank)):
                 where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
-                share = (reference_comm_share(timeline, rank, window) if stored is None
-                         else stored["comm_share"][rank][i].item())
+                share = reference(reference_comm_share(timeline, rank, window) if stored is None
+                                  else stored["comm_share"][rank][i].item())
                 got = share_fn(timeline, rank, window)
                 if not _close(got, share):
                     raise CheckFailed(
                         f"comm_share {where}: expected {share:.6f}, got {got!r}. Clip the rank's comm "
                         f"spans to the window, merge overlapping ones (gloo runs collectives on "
                         f"several threads), and divide their total length by the window's.")
-                exposed = (reference_exposed_comm(timeline, rank, window) if stored is None
-                           else stored["exposed_comm"][rank][i].item())
+                exposed = reference(reference_exposed_comm(timeline, rank, window)
+                                    if stored is None else stored["exposed_comm"][rank][i].item())
                 got = exposed_fn(timeline, rank, window)
                 if not _close(got, exposed):
                     raise CheckFailed(
@@ -297,8 +298,8 @@ def check_overlap_fraction(fn, seed: int | None = None) -> None:
         if not timeline.label.startswith("DP"):
             continue
         for rank in range(timeline.world_size):
-            expected = (reference_overlap_fraction(timeline, rank) if stored is None
-                        else stored["overlap_fraction"][rank].item())
+            expected = reference(reference_overlap_fraction(timeline, rank) if stored is None
+                                 else stored["overlap_fraction"][rank].item())
             got = fn(timeline, rank)
             if not _close(got, expected, 1e-9, 1e-9):
                 raise CheckFailed(

@@ -23,6 +23,7 @@ from distlab.checks.ranks import run_each_backend
 from distlab.labs.timelines.buckets import (BucketProblem, bucketed_dp_grads, exposed,
                                             problem_for, problem_from_timeline, replay_buckets)
 from distlab.labs.timelines.runs import Spec, _data, _mlp_stack
+from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
 WORLD = 2
@@ -78,6 +79,7 @@ def _timeline(problem: BucketProblem, plan) -> str:
 
 def grade_bucket_plan(plan_buckets, seed: int | None = None) -> str:
     spec, problem, budget = visible_problem() if seed is None else hidden_problem(seed)
+    budget = reference(budget)
     call = (f"plan_buckets(sizes={list(problem.sizes)}, ready=[{', '.join(f'{r:.6f}' for r in problem.ready)}], "
             f"alpha={problem.alpha:.3g}, bandwidth={problem.bandwidth:.3g})")
     plan = plan_buckets(list(problem.sizes), list(problem.ready), problem.alpha, problem.bandwidth)
@@ -99,14 +101,15 @@ def grade_bucket_plan(plan_buckets, seed: int | None = None) -> str:
     want = [sum(problem.sizes[a:a + n]) for a, n in zip(starts, plan)]
     model = _mlp_stack(spec)
     model(_data(spec, spec.dp_batch, spec.hidden)).square().mean().backward()
+    expected = reference({name: p.grad for name, p in model.named_parameters()})
     for backend, out in run_each_backend(bucketed_dp_grads, WORLD, spec, plan):
         for rank in range(WORLD):
             got = [c.bytes for c in out.comms[rank] if c.op == "all_reduce"]
             if got != want:
                 raise CheckFailed(f"plan {plan} on rank {rank} ({backend}): all-reduces of {got} "
                                   f"bytes, expected one per bucket, {want}.")
-            for name, p in model.named_parameters():
-                assert_close(out[rank][name], p.grad, what=f"averaged gradient of {name}",
+            for name, grad in expected.items():
+                assert_close(out[rank][name], grad, what=f"averaged gradient of {name}",
                              rank=rank)
     return (f"plan {plan}: the step waits {waited * 1e3:.3f} ms after backward (budget "
             f"{budget * 1e3:.3f} ms); on {WORLD} ranks, {len(plan)} all-reduces of {want} bytes, "

@@ -14,6 +14,7 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.stored import expected_values
 from distlab.labs.timelines.runs import RUNS, Spec, formula_messages
+from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
 OPS = ("all_reduce", "send")
@@ -55,8 +56,8 @@ def messages_set() -> dict:
 
 def grade_messages(predict, seed: int | None = None) -> None:
     todo = message_cases(seed)
-    expected = expected_values(LAB, "messages", "summary", seed, todo,
-                               lambda case: _summary(formula_messages(*case)))
+    expected = reference(expected_values(LAB, "messages", "summary", seed, todo,
+                                         lambda case: _summary(formula_messages(*case))))
     for (run, spec, n, rank), want in zip(todo, expected):
         call = f"predict_messages({run!r}, {spec}, world_size={n}, rank={rank})"
         got = predict(run, spec, n, rank)

@@ -26,6 +26,7 @@ import warnings
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab08_patterns import (check_zero2_pattern, check_zero3_pattern,
                                            prefetch_timing, step_comms)
 from distlab.checks.rank_failures import ranks_failed
@@ -99,10 +100,11 @@ def _expected(seed, hidden: int, blocks: int) -> dict:
     return reference(_stored_reference())
 
 
-def _shares(setup: ShardSetup, world_size: int) -> PerRank:
-    """Each rank's inputs: the initial model (replicated, as data parallelism needs) and its own
-    rows of the batch, made here; the seed and the other ranks' rows stay in the judge."""
-    return PerRank(setup.shares(world_size))
+def _shares(setup: ShardSetup, world_size: int, sharded: bool = False) -> PerRank:
+    """Each rank's inputs: the initial model (replicated, as data parallelism needs; for ZeRO-3,
+    ``sharded``, NaN outside the rank's shard) and its own rows of the batch, made here; the seed
+    and the other ranks' rows stay in the judge."""
+    return PerRank(setup.shares(world_size, sharded))
 
 
 def _reference(seed, hidden: int, blocks: int) -> dict:
@@ -186,6 +188,7 @@ def check_zero2_step(cls, *, world_size: int = 2, seed: int | None = None,
     setup = _setup(seed, hidden, blocks)
     out = _run(zero2_training, world_size, f"Zero2AdamW ({_case(seed, hidden, blocks)})", cls,
                _shares(setup, world_size), STEPS)
+    assert_crossed_as_recorded(out, "Zero2AdamW")   # the pattern below reads the record
     ref = _expected(seed, hidden, blocks)
     sizes = [p.numel() for p in ref["params"]]
     allowed = sum(shard_numel(n, world_size) for n in sizes) * 8
@@ -284,7 +287,8 @@ def check_zero3_block(cls, *, world_size: int = 2, seed: int | None = None,
     __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
     out = _run(zero3_training, world_size, f"Zero3Block ({_case(seed, hidden, blocks)})",
-               wrap_blocks(cls), _shares(setup, world_size), STEPS)
+               wrap_blocks(cls), _shares(setup, world_size, sharded=True), STEPS)
+    assert_crossed_as_recorded(out, "Zero3Block")
     for rank in range(world_size):
         for step in range(STEPS):
             check_zero3_pattern(step_comms(out, rank, step), out[rank]["steps"][step], rank, step,
@@ -302,7 +306,8 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
     __tracebackhide__ = True  # noqa: F841
     setup = _setup(seed, hidden, blocks)
     out = _run(zero3_training, world_size, f"PrefetchingZero3 ({_case(seed, hidden, blocks)})",
-               wrap_model(cls), _shares(setup, world_size), STEPS)
+               wrap_model(cls), _shares(setup, world_size, sharded=True), STEPS)
+    assert_crossed_as_recorded(out, "PrefetchingZero3")
     for rank in range(world_size):
         for step in range(STEPS):
             comms = step_comms(out, rank, step)

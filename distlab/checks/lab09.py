@@ -24,6 +24,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device, split_phases
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab09_problems import (LAB, SEED, SHAPE, expected_dispatch,  # noqa: F401
                                            experts_by_rank, layer_of, mine, moe_case, moe_problem,
                                            moe_shape, own_rows)
@@ -121,6 +122,7 @@ def check_dispatch(dispatch, world_size: int = 2, seed: int | None = None, token
                              own_rows(ref["x"], world_size), own_rows(ref["idx"], world_size),
                              experts):
         where = f"{case}, {out.backend}"
+        assert_crossed_as_recorded(out, f"dispatch on {where}")   # the record below is the traffic
         for rank, res in enumerate(out):
             want = expected_dispatch(ref["idx"], ref["x"], experts, world_size, rank)
             sent = k * tokens * hidden * 4
@@ -175,6 +177,7 @@ def check_moe_layer(moe_forward, world_size: int = 2, seed: int | None = None, t
                              own_rows(ref["x"], world_size), own_rows(ref["dy"], world_size),
                              moe.router, experts_by_rank(moe, world_size), experts, k):
         where = f"{case}, {out.backend}"
+        assert_crossed_as_recorded(out, f"moe_forward on {where}")
         for rank, res in enumerate(out):
             _close(res["y"], mine(ref["y"], rank, world_size), f"moe_forward output on {where}",
                    rank, "y_t = Σ_j gate_tj · expert_{i_tj}(x_t): put each combined row back at "

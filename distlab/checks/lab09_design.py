@@ -21,6 +21,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import Collectives, expect_collectives, rank_device
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab09_problems import (LAB, experts_by_rank, layer_of, mine, moe_case, moe_shape,
                                            own_rows)
 from distlab.checks.lab09_ranks import SIZE_MISMATCH, _close, _run
@@ -116,6 +117,7 @@ def grade_padded(fn, world_size: int = 2, seed: int | None = None, tokens=12, hi
                              experts_by_rank(moe, world_size), experts, k, capacity_factor,
                              hint_of=_failure_hint):
         where = f"{case}, capacity factor {capacity_factor} (C = {capacity}), {out.backend}"
+        assert_crossed_as_recorded(out, f"padded_moe_forward on {where}")   # the record is the traffic
         for rank, res in enumerate(out):
             expect_collectives(out.comms[rank], f"padded_moe_forward on {where}, rank {rank}",
                                padded_collectives(message),

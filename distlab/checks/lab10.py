@@ -19,6 +19,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import describe_comms, rank_device, split_phases
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab10_watch import RingWatch
 from distlab.checks.lab10_problems import (BACKWARD_EXPECTED, FORWARD_EXPECTED,  # noqa: F401
                                            LAB, MERGE_CASES, SEED, SHAPE, at, context_problem,
@@ -61,9 +62,12 @@ def _close(got, expected, what: str, rank, hint: str = "") -> None:
 def _run(fn, world_size: int, what: str, *args):
     __tracebackhide__ = True  # noqa: F841
     try:
-        return run_each_backend(fn, world_size, *args)
+        runs = run_each_backend(fn, world_size, *args)
     except DistributedError as err:
         raise ranks_failed(what, err, "") from None
+    for backend, out in runs:   # every check run here grades the record: it must be the traffic
+        assert_crossed_as_recorded(out, f"{what}, {out.backend}")
+    return runs
 
 
 # ---------------------------------------------------------------------------------------------

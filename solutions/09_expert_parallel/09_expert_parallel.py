@@ -168,7 +168,7 @@ check_dispatch(dispatch)
 print("dispatch: every rank received exactly its experts' tokens, with one all-to-all")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_dispatch(dispatch, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
+check_dispatch(dispatch, world_size=4, seed=fresh_seed(), tokens=10, hidden=128, ffn=12, experts=8, k=2)   # 5 KiB of tokens a rank: more than the record's slack
 check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ffn=12, experts=6, k=1)
 ### END HIDDEN TESTS
 
@@ -268,7 +268,7 @@ check_moe_layer(moe_forward)
 print("moe_forward: outputs and gradients equal the plain layer; two token all-to-alls each way")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12, experts=8, k=2)
+check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128, ffn=12, experts=8, k=2)   # 5 KiB of tokens a rank
 check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6, ffn=12, experts=4, k=1,
                 starve=True)   # top-1; rank 3's experts get no token: it must still join the backward
 ### END HIDDEN TESTS
@@ -549,7 +549,7 @@ print("padded_moe_forward: two fixed-size all-to-alls, no count exchange, the ca
       "drops and outputs")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_padded_moe(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=6, ffn=12,
+check_padded_moe(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128, ffn=12,
                  experts=8, k=2, capacity_factor=1.25)   # 4 ranks; c·T·k/E not whole: C rounds up
 check_padded_moe(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6, ffn=12,
                  experts=4, k=1, capacity_factor=1.0)    # top-1

@@ -212,7 +212,7 @@ check_ring_forward(ring_attention, world_size=4)   # the same sequence over 4 ra
 print("ring_attention: every rank's out and lse equal plain attention; K/V went around the ring once")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_ring_forward(ring_attention, world_size=4, seed=fresh_seed(), batch=1, heads=2, seq=32, dim=4)
+check_ring_forward(ring_attention, world_size=4, seed=fresh_seed(), batch=1, heads=2, seq=32, dim=16)   # 2 KiB blocks: more than the record's slack
 check_ring_forward(ring_attention, world_size=2, seed=fresh_seed(), batch=1, heads=3, seq=20, dim=4)
 ### END HIDDEN TESTS
 
@@ -406,7 +406,7 @@ check_ring_backward(ring_attention_backward)
 print("ring_attention_backward: dq, dk, dv equal plain attention's on every rank; dK/dV came home")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_ring_backward(ring_attention_backward, world_size=4, seed=fresh_seed(), batch=1, heads=2, seq=32, dim=4)
+check_ring_backward(ring_attention_backward, world_size=4, seed=fresh_seed(), batch=1, heads=2, seq=32, dim=16)   # 2 KiB blocks: more than the record's slack
 check_ring_backward(ring_attention_backward, world_size=2, seed=fresh_seed(), batch=1, heads=3, seq=20, dim=4)
 ### END HIDDEN TESTS
 
@@ -560,7 +560,7 @@ check_ulysses(ulysses_attention)
 print("ulysses_attention: equal to plain attention, one all-to-all in and one back")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_ulysses(ulysses_attention, world_size=4, seed=fresh_seed(), batch=1, heads=4, seq=32, dim=4)
+check_ulysses(ulysses_attention, world_size=4, seed=fresh_seed(), batch=1, heads=4, seq=32, dim=16)   # 4 KiB blocks: more than the record's slack
 check_ulysses(ulysses_attention, world_size=2, seed=fresh_seed(), batch=1, heads=6, seq=20, dim=4)
 ### END HIDDEN TESTS
 

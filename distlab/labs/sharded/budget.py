@@ -203,7 +203,10 @@ def measure_peak(design, world_size: int, setup: ShardSetup = DESIGN_SETUP,
     """The largest over ranks of the steady peak (``steady_peak``) of ``design`` trained on
     ``world_size`` ranks."""
     from distlab import run
-    out = run(budget_training, world_size, design, setup, steps, timeout=180)
+    from distlab.runtime.per_rank import PerRank
+    # each rank gets its own rows and the model, as a graded run does (its peak counts only them)
+    out = run(budget_training, world_size, design, PerRank(setup.shares(world_size)), steps,
+              timeout=180)
     return max(steady_peak(out[r]["peaks"])[0] for r in range(world_size))
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from distlab.labs.baseline import full_batch_training
+from distlab.runtime.per_rank import nan_module_outside
 
 
 class MLPBlock(nn.Module):
@@ -63,12 +64,15 @@ class ShardSetup:
     def optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, foreach=False)
 
-    def shares(self, world_size: int) -> list["RankShare"]:
+    def shares(self, world_size: int, sharded: bool = False) -> list["RankShare"]:
         """What each rank of a graded run receives (``distlab.runtime.per_rank.PerRank``): the
         initial model (replicated: data parallelism starts every rank from the same weights)
-        and its own rows of the batch, made here; never the seed that makes the others' rows."""
+        and its own rows of the batch, made here; never the seed that makes the others' rows.
+        ``sharded`` (ZeRO-3, whose wrapper keeps only its shard): the model is NaN outside the
+        rank's flat shard of each block (``blind_outside_shard``)."""
         x, y = self.data()
-        return [RankShare(self.model(), rank_batch(x, r, world_size).clone(),
+        return [RankShare(blind_outside_shard(self.model(), r, world_size) if sharded else
+                          self.model(), rank_batch(x, r, world_size).clone(),
                           rank_batch(y, r, world_size).clone(), self.lr, self.weight_decay)
                 for r in range(world_size)]
 
@@ -105,6 +109,24 @@ def padded_flat(tensors, world_size: int) -> torch.Tensor:
     out = flat.new_zeros(world_size * shard_numel(flat.numel(), world_size))  # (W * s,)
     out[:flat.numel()] = flat
     return out
+
+
+def blind_outside_shard(model: nn.Sequential, rank: int, world_size: int) -> nn.Sequential:
+    """A copy of ``model`` that is NaN outside rank ``rank``'s flat shard of each block, elements
+    [r*s, (r+1)*s) of its ``padded_flat`` parameters. ZeRO-3 hands a rank the whole model to wrap,
+    but the rank may keep only its shard: the rest it must gather from the others, so code that
+    reads another rank's part of the model instead gets NaN."""
+    keep = {}
+    for block_name, block in model.named_children():
+        params = list(block.named_parameters())
+        s = shard_numel(sum(p.numel() for _, p in params), world_size)
+        offset = 0
+        for name, p in params:
+            mask = torch.zeros(p.numel(), dtype=torch.bool)   # this rank's part of p, flat
+            mask[max(rank * s - offset, 0):max((rank + 1) * s - offset, 0)] = True
+            keep[f"{block_name}.{name}"] = mask.view(p.shape)
+            offset += p.numel()
+    return nan_module_outside(model, keep)
 
 
 def rank_batch(t: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
