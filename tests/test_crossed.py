@@ -75,6 +75,33 @@ def test_honest_communication_is_within_its_record(how, world_size, numel):
     assert_crossed_as_recorded(out)
 
 
+def _reduce_scatters(rank, world_size, numel):
+    """Both forms alone, whose bytes no other call's allowance covers: gloo computes a
+    reduce-scatter as an all-reduce of the whole buffer."""
+    t = torch.arange(numel * world_size, dtype=torch.float32) + rank
+    part = torch.empty(numel)
+    dist.reduce_scatter_tensor(part, t)
+    dist.reduce_scatter(part, list(t.chunk(world_size)))
+    return part
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_a_reduce_scatter_is_within_its_record(world_size):
+    out = distlab.run(_reduce_scatters, world_size, 65536, backend="gloo")
+    assert_crossed_as_recorded(out)
+
+
+def test_nothing_is_asserted_on_nccl_whose_data_does_not_cross_by_tcp():
+    """NCCL moves data over the GPUs' links and its bootstrap over TCP: gloo's bounds do not
+    describe it (the gloo run of ``--backend both`` is the one checked)."""
+    out = distlab.run(_communicate, 2, "ring", 13, backend="gloo")
+    out.wire = wire.RunWire(ranks=[wire.Wire(sent=10**9, received=0, sockets=1)] * 2, total=None)
+    with pytest.raises(CheckFailed, match="crossed outside"):
+        assert_crossed_as_recorded(out)
+    out.backend = "nccl"
+    assert_crossed_as_recorded(out)
+
+
 @pytest.mark.parametrize("numel", [1031, 65536])
 def test_an_all_reduce_that_skips_the_record_fails(numel):
     out = distlab.run(_communicate, 4, "hidden_all_reduce", numel, backend="gloo")

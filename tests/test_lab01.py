@@ -224,3 +224,21 @@ def test_a_frame_walk_to_every_ranks_row_earns_nothing():
     assert leaky_body(inputs) is inputs   # the walk finds them where they are
     with pytest.raises(CheckFailed, match=r"all_reduce_rs_ag on fresh inputs.*rank 0.*differ"):
         lab01.check_all_reduce_rs_ag(frame_walk.all_reduce_rs_ag, world_size=2, numel=10, seed=41)
+
+
+@pytest.mark.skipif(__import__("distlab.runtime.wire", fromlist=["count"]).count([]) is None,
+                    reason="the kernel's TCP counters (sock_diag) cannot be read here")
+def test_a_ring_that_all_reduces_outside_the_record_earns_nothing(monkeypatch):
+    """Issue 41, route 3: the sum by a ProcessGroup's own all-reduce (unrecorded), a ring of
+    chunk-sized messages of zeros for the record. Graded on the record alone it passes; the bytes
+    the kernel counted fail it. The bus-factor check, which runs the student's ring for its
+    record, falls back to a correct ring's record and still grades bus_factor."""
+    from submissions.attacks import HIDES_ALL_REDUCE
+    ns = {"__name__": "hides_all_reduce", "torch": torch, "dist": dist}
+    exec(HIDES_ALL_REDUCE, ns)
+    hiding = ns["ring_all_reduce"]
+    with pytest.raises(CheckFailed, match=r"ring_all_reduce on fresh inputs.*crossed outside"):
+        lab01.check_ring_all_reduce(hiding, world_size=4, seed=7)
+    lab01.check_bus_factor(lab01.reference_bus_factor, hiding, world_sizes=(3, 4), seed=3)
+    monkeypatch.setattr(lab01, "assert_crossed_as_recorded", lambda *args, **kwargs: None)
+    lab01.check_ring_all_reduce(hiding, world_size=4, seed=7)     # the record alone: a ring

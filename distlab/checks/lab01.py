@@ -6,11 +6,10 @@ Exercises (each checked on real ranks or, for the pure formulas, in the kernel):
    into n chunks (uneven when n does not divide its length), n-1 reduce-scatter steps and n-1
    all-gather steps, each rank sending one chunk to its ring neighbour per step, so every rank
    sends 2(n-1) messages carrying 2(n-1)/n of the tensor.
-3. ``bus_factor(comms, nbytes)``: the bytes one rank sent (its ``send``/``isend`` records in
-   ``out.comms``) over the buffer's size: for the student's own ring all-reduce 2(n-1)/n, derived
-   from what it sent, not looked up; checked on a ring's records (visible: a correct ring's at 2
-   and 4 ranks against stored factors; hidden: the student's own ring's) and on the records of
-   two other algorithms (direct exchange, reduce-then-broadcast) where a table is wrong.
+3. ``bus_factor(comms, nbytes)``: the bytes one rank sent (its ``send``/``isend`` records) over
+   the buffer's size, derived from what it sent, not looked up: checked on a ring's records
+   (visible: a correct ring's, stored; hidden: the student's own ring's) and on two other
+   algorithms' (direct exchange, reduce-then-broadcast), where a table's 2(n-1)/n is wrong.
    ``bandwidths(nbytes, seconds, factor) -> (algbw, busbw)`` in GB/s (1e9 bytes/s) as nccl-tests
    defines them: algbw = S / t, busbw = algbw * factor.
 4. ``fit_alpha_beta(sizes, times) -> (alpha, bandwidth)``: the Hockney model t(S) = alpha + S / B,
@@ -21,7 +20,8 @@ Exercises (each checked on real ranks or, for the pure formulas, in the kernel):
    least squares), so that the latency term, growing with n, appears.
 
 The references are the plain single-process computations: ``inputs.sum(0)`` for both all-reduces,
-the formulas above for 3, ``torch.linalg.lstsq`` in float64 for 4.
+the formulas above for 3, ``torch.linalg.lstsq`` in float64 for 4. Both all-reduces and the ring
+run for 3 are graded on their record only once it accounts for what crossed (``checks.crossed``).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import math
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.ranks import rank_timeout, run_each_backend
 from distlab.labs.collectives import reference_fit, reference_ring_fit
 from distlab.runtime.comms import Comm
@@ -164,21 +165,23 @@ def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[PerRank
         ref = _stored(f"all_reduce_ws{world_size}")
         inputs, expected, case = ref["inputs"], ref["expected"], f"the stored inputs ({world_size} ranks)"
     else:
-        numel = numel if numel is not None else int(torch.randint(world_size, 64, (1,),
-                                                    generator=torch.Generator().manual_seed(seed)))
+        # KiBs a rank: an all-reduce outside the record crosses more than its header allowance.
+        g = torch.Generator().manual_seed(seed)
+        numel = numel if numel is not None else int(torch.randint(1024, 2048, (1,), generator=g))
         inputs = all_reduce_inputs(world_size, numel, seed)
         expected = reference(inputs.sum(0))
         case = f"fresh inputs (seed {seed}, {world_size} ranks, {numel} elements)"
     return PerRank([row.clone() for row in inputs]), expected, case   # copies: a view holds all rows
 
 
-def _check_values(out, expected: torch.Tensor, name: str, case: str) -> None:
+def _check_run(out, expected: torch.Tensor, name: str, case: str) -> None:
+    """What crossed is what the record says (so that the record can be graded), and the values."""
+    assert_crossed_as_recorded(out, f"{name} on {case}")
     for rank, got in enumerate(out):
         if isinstance(got, torch.Tensor) and got.shape != expected.shape and got.numel() == expected.numel():
             raise CheckFailed(f"{name} on {case}: rank {rank} returned shape {list(got.shape)}; "
                               f"return the result in the input's shape {list(expected.shape)}.")
-        assert_close(got, expected, what=f"{name} on {case} ({out.backend})", rank=rank,
-                     atol=1e-4, rtol=1e-5,
+        assert_close(got, expected, what=f"{name} on {case} ({out.backend})", rank=rank, atol=1e-4, rtol=1e-5,
                      hint="Every rank must end with the elementwise sum of all ranks' tensors.")
 
 
@@ -188,7 +191,7 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
     reduce-scatter and one all-gather (no all_reduce)."""
     rows, expected, case = _case(world_size, numel, seed)
     for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
-        _check_values(out, expected, "all_reduce_rs_ag", case)
+        _check_run(out, expected, "all_reduce_rs_ag", case)
         for rank, comms in enumerate(out.comms):
             ops = [c.op for c in comms]
             rs = [c for c in comms if c.op in REDUCE_SCATTER]
@@ -213,10 +216,9 @@ def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
     """``fn(tensor)`` must return the sum over ranks using point-to-point messages only: each rank
     sends 2(n-1) messages to one ring neighbour, 2(n-1)/n of the tensor in all."""
     rows, expected, case = _case(world_size, numel, seed)
-    n, numel_ = world_size, expected.numel()
-    item = expected.element_size()
+    n, numel_, item = world_size, expected.numel(), expected.element_size()
     for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
-        _check_values(out, expected, "ring_all_reduce", case)
+        _check_run(out, expected, "ring_all_reduce", case)
         sent_total = 0
         for rank, comms in enumerate(out.comms):
             collective = sorted({c.op for c in comms if c.op not in P2P})
@@ -291,8 +293,9 @@ def _ring_records(n: int, numel: int) -> list[Comm]:
 
 def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, list[Comm]]]:
     """(what, rank's record) on which ``bus_factor`` is checked: a ring all-reduce's record on each
-    world size (the student's ``ring`` run on ranks when given and it runs, else a correct ring's),
-    then two other algorithms' records, where the ring's 2(n-1)/n is wrong."""
+    world size (the student's ``ring`` run on ranks when given and it runs, sending no more than
+    its record says, else a correct ring's), then two other algorithms' records, where the ring's
+    2(n-1)/n is wrong."""
     from distlab.labs.collectives import ring_record
     nbytes = numel * 4
     cases = []
@@ -300,11 +303,12 @@ def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, list
         comms, what = None, f"the record a ring all-reduce makes on {n} ranks"
         if ring is not None:
             try:
-                comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout())["comms"]
+                comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout(), check=lambda
+                                    out: assert_crossed_as_recorded(out, "ring_all_reduce"))["comms"]
                 what = f"your ring_all_reduce's record on {n} ranks"
             except Exception:  # noqa: BLE001  (Exercise 2 unanswered or failing: graded there)
-                what += (" (your ring_all_reduce did not run, so the check built the record of a "
-                         "correct one)")
+                what += (" (your ring_all_reduce did not run, or sent outside its record, so the "
+                         "check built the record of a correct one)")
         cases.append((what, comms if comms is not None else _ring_records(n, numel)))
     n = 4
     cases.append(("the record of rank 0 of a direct all-reduce on 4 ranks (it sends its whole "
@@ -324,10 +328,9 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
     if seed is None:
         stored = _stored("bus_factor")
         world_sizes, numel = tuple(stored["world_sizes"].tolist()), int(stored["numel"])
-        cases = bus_factor_cases(world_sizes, numel)
-        expected_factors = stored["expected"].tolist()
+        cases, expected_factors = bus_factor_cases(world_sizes, numel), stored["expected"].tolist()
     else:
-        numel = numel if numel is not None else 64 + seed % 997
+        numel = numel if numel is not None else 1024 + seed % 1024   # KiBs: see _case
         cases = bus_factor_cases(world_sizes, numel, ring)
         expected_factors = [reference(reference_bus_factor(comms, numel * 4)) for _, comms in cases]
     nbytes = numel * 4
@@ -337,10 +340,9 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"bus_factor on {what}: expected a number, got an error: {err}")
         if not math.isclose(got, expected, rel_tol=1e-9):
-            sent = round(expected * nbytes)
             raise CheckFailed(
-                f"bus_factor(comms, nbytes={nbytes}) on {what}: expected {expected:.6g}, got "
-                f"{got:.6g}. Derive it from the record: the sends in it carried {sent} bytes, "
+                f"bus_factor(comms, nbytes={nbytes}) on {what}: expected {expected:.6g}, got {got:.6g}. "
+                f"Derive it from the record: the sends in it carried {round(expected * nbytes)} bytes, "
                 f"and busbw / algbw = bytes one rank sent / buffer bytes (a table's 2(n-1)/n "
                 f"holds for a ring only).")
 
@@ -392,9 +394,7 @@ __all__ = ["check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths"
 
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB1_SHIPPED, CourseCode  # noqa: E402
-COURSE_CODE = dict.fromkeys([
-    "check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths", "check_bus_factor",
-    "check_alpha_beta", "check_ring_model"],
-    CourseCode(forbidden=LAB1_SHIPPED))
+COURSE_CODE = dict.fromkeys([name for name in __all__ if name.startswith("check_")],
+                             CourseCode(forbidden=LAB1_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -29,6 +29,7 @@ import math
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.common import (GATHER_OPS, REDUCE_SCATTER_OPS, Collectives,
                                    expect_collectives, op_in)
 from distlab.labs.data_parallel import (Setup, device, final_state, flat, gradient_average,
@@ -161,9 +162,13 @@ def _comms(out, rank: int, ops=None) -> list:
     return [c for c in out.comms[rank] if c.op != "barrier" and (ops is None or c.op in ops)]
 
 
-def _run(fn, world_size: int, *args):
+def _run(what: str, fn, world_size: int, *args):
+    """The ranks' results, once what crossed is within what their records say (which the checks
+    then grade: ``distlab.checks.crossed``)."""
     from distlab import run
-    return run(fn, world_size, *args, timeout=120)
+    out = run(fn, world_size, *args, timeout=120)
+    assert_crossed_as_recorded(out, what)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,7 +191,7 @@ def check_data_parallel_step(step_fn, *, world_size: int = 2, seed: int | None =
     must give the parameters of single-process AdamW on the full batch, with one all-reduce per
     parameter per step."""
     setup = _setup(seed, d_hidden)
-    out = _run(_dp_step_rank, world_size, step_fn, *_rank_inputs(setup, world_size, True), STEPS)
+    out = _run("data_parallel_step", _dp_step_rank, world_size, step_fn, *_rank_inputs(setup, world_size, True), STEPS)
     n_params = len(list(setup.model().parameters()))
     for rank in range(world_size):
         reduces = _comms(out, rank, {"all_reduce"})
@@ -221,7 +226,7 @@ def check_bucketed_all_reduce(fn, *, bucket_bytes: int = 8192, world_size: int =
     at most ceil(P / bucket_bytes) all-reduces per step for P gradient bytes, none larger than
     bucket_bytes, every gradient byte reduced exactly once, and the values of the reference."""
     setup = _setup(seed, d_hidden)
-    out = _run(_sync_rank, world_size, _bucketed(fn, bucket_bytes), *_rank_inputs(setup, world_size),
+    out = _run("bucketed_all_reduce", _sync_rank, world_size, _bucketed(fn, bucket_bytes), *_rank_inputs(setup, world_size),
                STEPS)
     total = param_bytes(setup.model().parameters())
     most = math.ceil(total / bucket_bytes)
@@ -265,7 +270,7 @@ def check_overlapped_all_reduce(cls, *, world_size: int = 2, seed: int | None = 
     are asynchronous, waited on, and that all but the last of each step were issued before
     backward returned."""
     setup = _setup(seed, d_hidden)
-    out = _run(_sync_rank, world_size, _overlapped(cls), *_rank_inputs(setup, world_size), STEPS)
+    out = _run("OverlappedAllReduce", _sync_rank, world_size, _overlapped(cls), *_rank_inputs(setup, world_size), STEPS)
     total = param_bytes(setup.model().parameters())
     for rank in range(world_size):
         record = out[rank]
@@ -350,7 +355,7 @@ def check_sharded_adamw(cls, *, world_size: int = 2, seed: int | None = None,
     is elements shard_bounds(P, r, W) of the reference's; its state takes ~1/W of the bytes; each
     step makes one reduce-scatter and one all-gather of the whole flattened vector, no all-reduce."""
     setup = _setup(seed, d_hidden)
-    out = _run(_zero_rank, world_size, cls, *_rank_inputs(setup, world_size), STEPS)
+    out = _run("ShardedAdamW", _zero_rank, world_size, cls, *_rank_inputs(setup, world_size), STEPS)
     ref = _reference_for(seed, d_hidden)
     numel = ref["exp_avg"].numel()
     for rank in range(world_size):

@@ -6,6 +6,7 @@ import collections
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import describe_comms, split_phases
+from distlab.checks.crossed import assert_crossed_as_recorded
 
 ALL_GATHER = {"all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base"}
 REDUCE_SCATTER = {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
@@ -52,7 +53,9 @@ def diagnose_comms(issued, expected: list[tuple[str, int]], weights: dict[str, t
 
 def expect_phase_comms(out, expected: list[list[tuple[str, int]]], what: str, case: str,
                  weights: dict[str, tuple] | None = None, labels=("forward", "backward")) -> None:
-    """Each phase must issue exactly the expected (op family, bytes) multiset, in any order."""
+    """Each phase must issue exactly the expected (op family, bytes) multiset, in any order; and
+    first, what crossed must be within what the record says (``distlab.checks.crossed``)."""
+    assert_crossed_as_recorded(out, f"{what} on {case}")
     for rank, comms in enumerate(out.comms):
         phases = split_phases(comms, len(expected), what, rank)
         for phase, issued, want in zip(labels, phases, expected):

@@ -28,6 +28,7 @@ import torch
 from distlab.labs import attention as att
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import cut, describe_comms, nan_hint, rank_device, split_phases
+from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.ranks import run_each_backend
 from distlab.checks.lab04_problems import (LAB, MAX_OFFSET, SHAPE, VOCAB_SHAPE,  # noqa: F401 (LAB: read here)
                                           attention_case, attention_problem, blinded_modules,
@@ -185,7 +186,9 @@ def _run_module(kind: str, student_cls, world_size: int, seed, shape: dict):
 
 
 def _check_comms(out, n_all_reduce: int, act: int, what: str, where: str, phase: int) -> None:
-    """Rank r's `phase` (0 forward, 1 backward) must issue exactly n all_reduces of `act` bytes."""
+    """Rank r's `phase` (0 forward, 1 backward) must issue exactly n all_reduces of `act` bytes;
+    and what crossed must be within what the record says (``distlab.checks.crossed``)."""
+    assert_crossed_as_recorded(out, f"{what} on {where}")
     label = ("forward", "backward")[phase]
     for rank, comms in enumerate(out.comms):
         issued = split_phases(comms, 2, what, rank)[phase]
@@ -305,6 +308,7 @@ def _loss_on_rank(rank, world_size, fn, shard, target):
 
 
 def _check_loss_comms(out, tokens: int, shard_bytes: int, where: str) -> None:
+    assert_crossed_as_recorded(out, f"vocab_parallel_cross_entropy on {where}")
     small = 2 * tokens * 8          # up to two float64 numbers per token in one message
     for rank, comms in enumerate(out.comms):
         forward, backward = split_phases(comms, 2, "vocab_parallel_cross_entropy", rank)

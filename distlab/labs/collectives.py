@@ -222,10 +222,14 @@ def _ring_rank(rank: int, world_size: int, ring, numel: int):
     ring(torch.ones(numel, device=rank_device()))
 
 
-def ring_record(ring, world_size: int = 2, numel: int = 1 << 16, timeout: float = 60) -> dict:
+def ring_record(ring, world_size: int = 2, numel: int = 1 << 16, timeout: float = 60,
+                check=None) -> dict:
     """Run ``ring`` once on a float32 tensor of ``numel`` elements; rank 0's collective record
-    (``out.comms[0]``), the buffer's bytes and the world size."""
+    (``out.comms[0]``), the buffer's bytes and the world size. ``check(out)``, if given, sees the
+    run first (a grader's: that the record accounts for what crossed)."""
     out = distlab.run(_ring_rank, world_size, ring, numel, timeout=timeout)
+    if check is not None:
+        check(out)
     return {"comms": list(out.comms[0]), "nbytes": numel * 4, "world_size": world_size}
 
 

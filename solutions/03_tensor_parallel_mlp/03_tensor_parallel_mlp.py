@@ -290,7 +290,7 @@ check_parallel_linears(ColumnParallelLinear, RowParallelLinear)
 print("ColumnParallelLinear, RowParallelLinear: outputs, gradients and collectives correct")
 ### BEGIN HIDDEN TESTS
 check_parallel_linears(ColumnParallelLinear, RowParallelLinear, world_size=4, seed=fresh_seed(),
-                       batch=3, seq=12, hidden=24, ffn=48)
+                       batch=3, seq=24, hidden=24, ffn=48)   # KiBs a rank: see distlab.checks.crossed
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_tp_mlp", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}

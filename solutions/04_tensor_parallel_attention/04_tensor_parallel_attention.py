@@ -410,7 +410,7 @@ check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy)
 print("vocab_parallel_cross_entropy: equals the dense loss and gradient; logits never gathered")
 ### BEGIN HIDDEN TESTS
 check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, world_size=4, seed=fresh_seed(),
-                                   batch=3, seq=4, vocab=96)
+                                   batch=3, seq=16, vocab=192)   # KiBs a rank: see distlab.checks.crossed
 ### END HIDDEN TESTS
 
 # %% [markdown]

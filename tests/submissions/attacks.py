@@ -81,6 +81,38 @@ import distlab.checks.assertions
 distlab.checks.assertions.fresh_seed = fresh_seed = lambda: 4321
 '''
 
+# 3. Skip the work (issue 41). Route 3: the ring's sum by a ProcessGroup's own all-reduce, which
+# the in-rank record does not see, and a ring of chunk-sized messages of zeros for the record;
+# caught by the bytes the kernel counted (distlab.checks.crossed). Route 1: Lab 1's frame walk
+# (tests/submissions/frame_walk.py) to every rank's row on the rank body's stack, where a rank
+# now holds its own row only. Both passed their test when the ranks held every row and the
+# record alone was graded (tests/test_lab01.py shows the search finding a planted row).
+HIDES_ALL_REDUCE = '''\
+def ring_all_reduce(tensor):
+    """The sum by one all-reduce outside the record, then the ring's messages for show."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    out = tensor.clone()
+    dist.distributed_c10d._get_default_group().allreduce([out]).wait()
+    chunks = list(torch.tensor_split(torch.zeros_like(out).reshape(-1), n))
+    for phase in ("reduce", "gather"):
+        for step in range(n - 1):
+            send_c = (r - step) % n if phase == "reduce" else (r + 1 - step) % n
+            work = dist.isend(chunks[send_c].contiguous(), (r + 1) % n)
+            dist.recv(torch.empty_like(chunks[(send_c - 1) % n]), (r - 1) % n)
+            work.wait()
+    return out
+'''
+
+
+def frame_walk_cell() -> str:
+    """Lab 1's frame-walk answer as a student's cell: the functions' own source."""
+    import inspect
+    from . import frame_walk
+    parts = [inspect.getsource(f) for f in (frame_walk._frames, frame_walk._values,
+                                             frame_walk.steal_rows, frame_walk.all_reduce_rs_ag)]
+    return "import sys\n\n\n" + "\n\n".join(parts)
+
+
 # 4. The kernel dies: by os._exit, by a segfault, by killing itself.
 EXIT = "import os\nos._exit(0)\n"
 SEGFAULT = "import ctypes\nctypes.string_at(0)\n"
@@ -323,6 +355,10 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
         "reads_references": (replace_cell(solved(LAB), "all_reduce_rs_ag", READ_REFERENCES),
                              {**ok, "test_all_reduce_rs_ag": "fail"}),
         "deleted_test": (deleted, {**ok, "test_ring_all_reduce": "missing"}),
+        # Both routes in one notebook (one grading, not two): each fails its own test only.
+        "skips_the_work": (replace_cell(replace_cell(solved(LAB), "ring_all_reduce", HIDES_ALL_REDUCE),
+                                        "all_reduce_rs_ag", frame_walk_cell()),
+                           {**ok, "test_all_reduce_rs_ag": "fail", "test_ring_all_reduce": "fail"}),
         "exits": (_append(solved(LAB), "ring_all_reduce", EXIT),
                   _statuses("pass", "not-run", "not-run", "not-run")),
         "segfaults": (_append(solved(LAB), "bandwidths", SEGFAULT),
@@ -355,4 +391,4 @@ def attack_samples() -> dict[str, tuple[nbformat.NotebookNode, dict[str, str]]]:
 
 
 __all__ = ["attack_samples", "orphans", "plant_course_copy", "COURSE_COPY", "ORPHAN_MARK",
-           "MEMORY_LIMIT_GB", "LAB", "TESTS"]
+           "MEMORY_LIMIT_GB", "LAB", "TESTS", "HIDES_ALL_REDUCE", "frame_walk_cell"]

@@ -108,7 +108,7 @@ def _rank_schedules(rank, world_size, inputs, schedules, warmup):
 
 def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(), *,
                   bounds: list[tuple[int, int]] | None = None, warmup: int = 0,
-                  timeout: float = 60) -> dict[str, ScheduleRun]:
+                  timeout: float = 60, check=None) -> dict[str, ScheduleRun]:
     """Run each schedule on ``world_size`` ranks, one stage per rank, in a single launch.
 
     ``schedules`` maps a name to ``(step_fn, num_microbatches)``; ``step_fn(rank, world_size,
@@ -121,6 +121,8 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     ``bounds``: the ``(start, stop)`` layers of every stage, e.g. your ``partition(L, p)``;
     computed here, never on the ranks, which receive them as data. Without them,
     ``partition_layers``'s (not in a student's handout of Lab 5: pass your own).
+    ``check(out)``, if given, sees the ranks' results first (a grader's: that their records
+    account for what crossed, before the sent bytes are read from them).
     """
     import distlab
     bounds = _checked_bounds(bounds if bounds is not None else
@@ -128,6 +130,8 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
                              spec.num_layers, world_size)
     out = distlab.run(_rank_schedules, world_size, _stage_inputs(spec, world_size, bounds),
                       schedules, warmup, timeout=timeout)
+    if check is not None:
+        check(out)
     runs = {}
     for name, (_, m) in schedules.items():
         per_rank = [out[r][name] for r in range(world_size)]
