@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from distlab.grading.polling import PollingWatch
 
 BLOCK = 4096   # what an empty file or a folder costs at least: inodes fill a disk too
 
@@ -67,44 +68,19 @@ class DiskEvent:
                 f"files (what is there counts for the student's later labs too)")
 
 
-class DiskWatch:
+class DiskWatch(PollingWatch):
     """A daemon thread that sums the sizes beneath ``folders`` every ``interval`` seconds and,
     over ``limit_bytes``, calls ``stop()`` (which kills the student's processes and returns how
     many); when it killed any, appends a DiskEvent to ``.events`` and calls ``on_stop(event)``.
     A fast writer can overshoot by its write rate x ``interval`` before it is stopped (and no file
     grows past RLIMIT_FSIZE meanwhile)."""
 
+    name = "distlab-disk-watch"
+
     def __init__(self, folders, limit_bytes: int, stop, interval: float = 1.0, on_stop=None):
         self.folders, self.limit, self.stop_processes = list(folders), int(limit_bytes), stop
         self.interval, self.on_stop = interval, on_stop
         self.events: list[DiskEvent] = []
-        self.error: BaseException | None = None   # the last exception a poll raised, if any
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> DiskWatch:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="distlab-disk-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def __enter__(self) -> DiskWatch:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.poll()
-            except Exception as exc:   # keep watching: one bad read must not end the guard
-                self.error = exc
 
     def poll(self) -> DiskEvent | None:
         """One check now; the event if it stopped something."""

@@ -28,10 +28,10 @@ import ctypes
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
+from distlab.grading.polling import PollingWatch
 from distlab.runtime.landlock import libc
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ class MemoryEvent:
                 f"{self.limit / 2**20:.0f} MiB")
 
 
-class MemoryWatch:
+class MemoryWatch(PollingWatch):
     """A daemon thread that keeps the memory (PSS) of `root_pid`'s descendants, `root_pid`
     itself excluded, under `limit_bytes`: every `interval` seconds it sums them and, over the
     limit, kills the largest one with its own descendants, appends a MemoryEvent to `.events`
@@ -239,41 +239,17 @@ class MemoryWatch:
     one of them ended (its share of their common pages moves to the others), and for all when
     the estimate passes the limit."""
 
+    name = "distlab-memory-watch"
+
     def __init__(self, root_pid: int, limit_bytes: int, interval: float = 0.2, on_kill=None,
                  refresh: float = 10.0):
         self.root_pid, self.limit, self.interval = root_pid, int(limit_bytes), interval
         self.on_kill, self.refresh = on_kill, refresh
         self.events: list[MemoryEvent] = []
-        self.error: BaseException | None = None  # the last exception a poll raised, if any
         self._known: dict[int, tuple[int, int, float]] = {}   # pid -> (rss, pss, when measured)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> MemoryWatch:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="distlab-memory-watch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def __enter__(self) -> MemoryWatch:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.poll()
-            except Exception as exc:  # keep watching: one bad read must not end the guard
-                self.error = exc
-            if not _alive(self.root_pid):
-                return
+    def finished(self) -> bool:
+        return not _alive(self.root_pid)
 
     def poll(self) -> MemoryEvent | None:
         """One check now; the event if it killed something."""
