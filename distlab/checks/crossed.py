@@ -21,6 +21,7 @@ sender and 48 B per receive; 584 B x (n-1) per rank for an n-rank all-reduce or 
 from __future__ import annotations
 
 from distlab.checks.assertions import CheckFailed
+from distlab.runtime.wire import MAX_SEGMENT
 
 P2P_SENDS = {"send", "isend"}
 P2P_RECEIVES = {"recv", "irecv"}
@@ -82,8 +83,10 @@ def assert_crossed_as_recorded(out, what: str = "your function") -> None:
         if counted.sent > bound:
             raise CheckFailed(_message(what, f"rank {rank}", counted.sent, bound))
     # On the ranks' own network every byte is counted, also on sockets closed before the end.
-    if wire.total is not None and wire.total > sum(bounds):
-        raise CheckFailed(_message(what, "the ranks together", wire.total, sum(bounds)))
+    # A segment the kernel sent again (a busy machine) is counted again: allowed for in full.
+    together = sum(bounds) + getattr(wire, "retransmitted", 0) * MAX_SEGMENT
+    if wire.total is not None and wire.total > together:
+        raise CheckFailed(_message(what, "the ranks together", wire.total, together))
     if wire.store is not None and wire.store > store_bound(out.comms, world_size):
         raise CheckFailed(
             f"{what}: the ranks wrote {wire.store:,} bytes into their rendezvous store, more than "

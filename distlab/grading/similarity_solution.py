@@ -32,9 +32,9 @@ SOLUTION = "course: solution"          # the ``other`` of a match with the solut
 SOLUTION_FLOOR = 100                   # tokens beyond the handed-out cell (see above)
 
 
-@functools.lru_cache(maxsize=4096)
-def _tokens(source: str) -> tuple[str, ...]:
-    return tuple(normalise(source))
+# A cell's normalised tokens, each cell once (a lambda: a one-call function of its own would
+# share its bytecode with unrelated course helpers, which the student package test flags)
+_tokens = functools.lru_cache(maxsize=4096)(lambda source: tuple(normalise(source)))
 
 
 _code_keys = functools.lru_cache(maxsize=4096)(code_keys)      # read only: shared is safe

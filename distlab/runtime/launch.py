@@ -209,10 +209,10 @@ class Launcher:
             before = wire.loopback(zygote_pid) if own else None
             out = watch.go(tasks)
             # every byte of this run (runs of one launcher never overlap), and of its store
-            total = wire.payload(before, wire.loopback(zygote_pid)) if own else None
+            total, again = wire.payload(before, wire.loopback(zygote_pid)) or (None, 0)
             with contextlib.suppress(OSError):
                 out.wire = wire.RunWire(ranks=out.wire.ranks, total=total,
-                                        store=os.path.getsize(store_path))
+                                        store=os.path.getsize(store_path), retransmitted=again)
             return out
         finally:
             with contextlib.suppress(OSError):

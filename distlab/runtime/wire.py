@@ -55,11 +55,13 @@ class RunWire:
     ranks: list[Wire] | None
     total: int | None
     store: int | None = None   # bytes the ranks wrote into their rendezvous store (a file)
+    retransmitted: int = 0     # TCP segments sent again on the run's own network (in ``total``)
 
 
 # Bytes of headers a loopback packet carries besides its payload: Ethernet (14), IPv4 (20) and
 # TCP with the timestamps option Linux sets by default (32).
 HEADER_BYTES = 66
+MAX_SEGMENT = 65_536    # the most one TCP segment carries on a loopback (its MSS is 65,483 B)
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -94,25 +96,29 @@ def in_own_network(pid: int) -> bool:
         return False
 
 
-def loopback(pid: int) -> tuple[int, int] | None:
-    """(bytes, packets) sent so far on the loopback of ``pid``'s network namespace."""
+def loopback(pid: int) -> tuple[int, int, int] | None:
+    """(bytes, packets, TCP segments retransmitted) sent so far in ``pid``'s network namespace:
+    its loopback's transmit counters, and TCP's RetransSegs (a busy machine retransmits, and the
+    loopback counts each transmission)."""
     try:
         with open(f"/proc/{pid}/net/dev") as dev:
-            for line in dev:
-                name, _, numbers = line.partition(":")
-                if name.strip() == "lo":
-                    fields = numbers.split()
-                    return int(fields[8]), int(fields[9])   # transmit bytes, packets
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            sent = next(line.partition(":")[2].split() for line in dev
+                        if line.partition(":")[0].strip() == "lo")
+        with open(f"/proc/{pid}/net/snmp") as snmp:
+            names, values = (line.split() for line in snmp if line.startswith("Tcp:"))
+        return int(sent[8]), int(sent[9]), int(values[names.index("RetransSegs")])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
-def payload(before: tuple[int, int] | None, after: tuple[int, int] | None) -> int | None:
-    """Payload bytes sent between two ``loopback`` readings: bytes less a header per packet."""
+def payload(before, after) -> tuple[int, int] | None:
+    """(payload bytes, segments retransmitted) between two ``loopback`` readings: the bytes less
+    a header per packet, retransmissions included (what they add is at most a segment each:
+    ``MAX_SEGMENT``)."""
     if before is None or after is None:
         return None
-    return max(0, (after[0] - before[0]) - HEADER_BYTES * (after[1] - before[1]))
+    return (max(0, (after[0] - before[0]) - HEADER_BYTES * (after[1] - before[1])),
+            after[2] - before[2])
 
 
 def _tcp_info_by_inode(family: int) -> dict[int, tuple[int, int]]:
