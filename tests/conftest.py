@@ -30,12 +30,6 @@ INSTALL_HELP = 'README.md, "What the optional tests need"'
 SITE_TIMEOUT = 1900
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "stored_data: compares data/ with values recomputed on this machine's CPU; "
-                   "tests/test_any_cpu.py runs these again as on another CPU")
-
-
 @pytest.fixture(scope="session")
 def course(tmp_path_factory) -> Path:
     """One copy of the course for the session, where README.md's commands run
@@ -284,8 +278,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """Each test's seconds are kept for the next run's order (tests/suite_times.py), by the one
-    process that sees every test's report: xdist's controller, or pytest itself under -n 0."""
+    """The suite's own marker; and each test's seconds are kept for the next run's order
+    (tests/suite_times.py), by the one process that sees every test's report: xdist's
+    controller, or pytest itself under -n 0."""
+    config.addinivalue_line(
+        "markers", "stored_data: compares data/ with values recomputed on this machine's CPU; "
+                   "tests/test_any_cpu.py runs these again as on another CPU")
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(suite_times.Recorder(config), "distlab-durations")
 
