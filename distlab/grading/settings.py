@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import site
 import sys
 from pathlib import Path
@@ -112,10 +113,14 @@ class GradingSettings:
 
 def python_installation() -> tuple[str, ...]:
     """The folders of the Python that grades (and runs the kernels and ranks): its prefixes and
-    the site-packages it imports from. Not the folders that ``.pth`` files add to sys.path: an
-    editable install of the course adds its checkout, answers included."""
+    the site-packages it imports from, those a ``.pth`` file names too (a virtual environment
+    layered on another's packages). Not the other folders ``.pth`` files add to sys.path: an
+    editable install of the course adds its checkout, answers included. (An installed course
+    inside a site-packages is hidden separately: ``hidden_from_students``.)"""
+    layered = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")
+               and os.path.isdir(p)]
     folders = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-               *site.getsitepackages()]
+               *site.getsitepackages(), *layered]
     user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
     if user and user in sys.path:
         folders.append(user)
