@@ -20,8 +20,11 @@ REPO = paths.root()
 
 def _make_recipe(target: str) -> str:
     """The command `make TARGET` runs in the checkout (make -n prints it, expanded, runs nothing)."""
-    done = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    # Under `make test` itself (CI, a contributor) this make is a sub-make: without the outer
+    # one's variables it prints no "make[1]: Leaving directory" after the recipe.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
 

@@ -5,9 +5,9 @@ rank, so skippable) must account for of what the kernel counted leaving it (``ou
 A check on *how* a student communicated reads ``out.comms``. A rank can move data without a
 record (a ``ProcessGroup``'s own ``allreduce``, functional collectives, a group it makes and
 destroys, the rendezvous store's set and get) and then add a few messages that look right. Its
-bytes still cross the network or grow the store (a file), so a
-check that grades the record calls ``assert_crossed_as_recorded(out)`` first: every rank's
-counted bytes must be within what its record's calls can have sent. The student can inflate the
+bytes still cross the network or grow the store (a file), so a check that grades the record
+calls ``assert_crossed_as_recorded(out)`` first: every rank's counted bytes must be within what
+its record's calls can have sent. The student can inflate the
 count (send more than needed) but cannot hide from it.
 
 The bound per recorded call is the collective's bytes on the wire for gloo's algorithms (a
