@@ -6,7 +6,8 @@ import torch.distributed as dist
 
 import distlab
 from distlab.checks.assertions import CheckFailed
-from distlab.checks.crossed import assert_crossed_as_recorded
+from distlab.checks.crossed import assert_crossed_as_recorded, largest_segment, recorded_bound
+from distlab.runtime.wire import MAX_SEGMENT
 from distlab.runtime import wire
 from distlab.runtime.launch import Launcher, LaunchSettings
 
@@ -127,8 +128,28 @@ def test_a_group_destroyed_before_the_count_is_caught_on_the_ranks_own_network()
             pytest.skip("this kernel gives no network namespace to this user (unshare refused)")
         honest = launcher.run(_communicate, 4, "ring", 1031, backend="gloo")
         assert_crossed_as_recorded(honest)
-        out = launcher.run(_communicate, 4, "destroyed_group", 1031, backend="gloo")
+        # A busy machine retransmits a segment now and then (CI saw it hide this exchange when
+        # each retransmission was allowed a whole 64 KiB segment): each is allowed the largest
+        # recorded transfer, here 3 KiB with framing, against the 20 KiB hidden, so a run with
+        # more than four (rare: at most 3 in 12 runs beside three busy loops) is run again.
+        for _ in range(3):
+            out = launcher.run(_communicate, 4, "destroyed_group", 1031, backend="gloo")
+            if out.wire.retransmitted <= 4:
+                break
         with pytest.raises(CheckFailed, match="the ranks together"):
             assert_crossed_as_recorded(out)
     finally:
         launcher.close()
+
+
+def test_each_retransmission_is_allowed_one_recorded_transfer_not_a_whole_segment():
+    out = distlab.run(_communicate, 4, "ring", 1031, backend="gloo")
+    bounds = sum(recorded_bound(out.comms[r], 4) for r in range(4))
+    allowance = largest_segment(out.comms)
+    assert allowance < MAX_SEGMENT // 10      # the ring sends quarters of 4 KiB
+    out.wire = wire.RunWire(ranks=out.wire.ranks, total=bounds + 2 * allowance, retransmitted=2)
+    assert_crossed_as_recorded(out)
+    out.wire = wire.RunWire(ranks=out.wire.ranks, total=bounds + 2 * allowance + 1,
+                            retransmitted=2)
+    with pytest.raises(CheckFailed, match="the ranks together"):
+        assert_crossed_as_recorded(out)
