@@ -60,14 +60,21 @@ def test_the_design_exercise_s_hidden_cases_say_what_is_special():
     assert cases[2]["special"] == "top-1"
 
 
-def test_a_case_the_cell_never_reached_says_so_and_keeps_its_source_seed():
+def test_a_case_the_cell_never_reached_says_so_and_why_with_no_seed():
     source = ("check_x(f)\n### BEGIN HIDDEN TESTS\n"
               "check_x(f, world_size=4, seed=fresh_seed())   # uneven shards\n"
               "### END HIDDEN TESTS\n")
     cases = cell_cases(source, [Verdict("check_x", "fail", "wrong on rank 1", None)])
     assert [c["status"] for c in cases] == ["fail", "not run"]
-    assert cases[1]["arguments"] == {"world_size": 4, "seed": "fresh_seed()"}
+    assert cases[1]["arguments"] == {"world_size": 4}   # no seed was drawn: none is shown
     assert cases[1]["special"] == "uneven shards" and cases[1]["hidden"]
+    assert cases[1]["message"].startswith("the cell stopped at the visible case "
+                                          "of check_x above (fail)")
+    out = cases_output(cases)["data"]
+    assert "fresh_seed" not in out["text/plain"] and "fresh_seed" not in out["text/html"]
+    # A cell that stopped before any check answered (its time limit, a dead kernel) says so.
+    (alone,) = cell_cases("check_x(f, seed=fresh_seed())\n", [])
+    assert alone["arguments"] == {} and "stopped before this call" in alone["message"]
 
 
 def test_the_feedback_lists_the_cases_under_their_cell_escaped():
@@ -142,3 +149,55 @@ def test_the_cases_shown_quote_no_hidden_test_code_of_any_lab():
                     line = line.strip()
                     if line and line not in visible:
                         assert line not in text, (lab, line)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real graded feedback: every case, pass or fail, shows what was verified and the figures
+
+SAMPLE_KINDS = ()   # of the shared grading run's samples (tests/conftest.py): only our own
+LAB2, LAB5 = "02_data_parallel", "05_pipeline_parallel"
+
+
+def own_graded_samples() -> dict:
+    """Lab 5 solved (its design check prints its verdict lines: once four bare ``None``) and
+    Lab 2 with the gradient average left out (a visible case fails, so the hidden ones don't run)."""
+    import submissions
+    return {("feedback_solved", LAB5): submissions.solved(LAB5),
+            ("feedback_unaveraged", LAB2): submissions.edited(LAB2, "data_parallel_step",
+                                                              "p.grad.div_(world_size)", "pass")}
+
+
+def _feedback_cases(graded_samples, key) -> tuple[nbformat.NotebookNode, dict]:
+    """The autograded notebook and {test: the case lines listed under it}."""
+    nb = nbformat.read(graded_samples["autograded"](*key), as_version=4)
+    listed = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text = out.get("data", {}).get("text/plain", "")
+            if text.startswith("The grader ran these cases:"):
+                listed[cell.metadata["nbgrader"]["grade_id"]] = text.splitlines()[1:]
+    return nb, listed
+
+
+def test_a_graded_feedback_shows_the_figures_of_every_case_and_why_one_did_not_run(graded_samples):
+    nb, listed = _feedback_cases(graded_samples, ("feedback_solved", LAB5))
+    assert listed and all(line.split("]: ", 1)[1].startswith("pass: ")
+                          for lines in listed.values() for line in lines), listed
+    for cell in nb.cells:   # a graded cell that prints a check shows its line, never None
+        printed = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert "None" not in printed.splitlines(), (cell.metadata.get("nbgrader"), printed)
+    budget = [line for lines in listed.values() for line in lines
+              if line.startswith("- check_memory_budget")]
+    assert budget and all("bubble" in line for line in budget), budget
+    compared = [line for lines in listed.values() for line in lines
+                if line.startswith(("- check_naive", "- check_gpipe", "- check_1f1b"))]
+    assert compared and all("max abs error" in line for line in compared), compared
+
+    _, listed = _feedback_cases(graded_samples, ("feedback_unaveraged", LAB2))
+    first, *rest = listed["test_data_parallel_step"]
+    assert ": fail: " in first and rest, listed["test_data_parallel_step"]
+    for line in rest:
+        assert ": not run: the cell stopped at the visible case of " \
+               "check_data_parallel_step above (fail)" in line and "fresh_seed" not in line, line
+    assert all(": pass: " in line and "max abs error" in line
+               for line in listed["test_bucketed_all_reduce"]), listed["test_bucketed_all_reduce"]

@@ -41,9 +41,7 @@ JUDGE = textwrap.dedent('''
     folder = tempfile.mkdtemp()
     j = Judge(LaunchSettings(distrust=True, cwd=folder))
     channel = j.channel()   # the kernel's way to the judge: a descriptor it inherits
-    j.enter("test_cell", "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
-                                    "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
-                                    "check_bandwidths(bandwidths)"]))
+    j.enter("test_cell", sys.argv[2])
     kernel = subprocess.run([sys.executable, "-c", sys.argv[1]], pass_fds=[channel.fileno()],
                             env=dict(os.environ, **{ENV: str(channel.fileno())}),
                             capture_output=True, text=True, timeout=240)
@@ -53,8 +51,13 @@ JUDGE = textwrap.dedent('''
 ''')
 
 
-def _in_judge(kernel_code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", JUDGE, kernel_code], capture_output=True,
+CELL = "; ".join(["check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())",
+                  "check_all_reduce_rs_ag(wrong, world_size=2, seed=fresh_seed())",
+                  "check_bandwidths(bandwidths)"])
+
+
+def _in_judge(kernel_code: str, cell: str = CELL) -> str:
+    done = subprocess.run([sys.executable, "-c", JUDGE, kernel_code, cell], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -93,6 +96,28 @@ PLAIN_KERNEL = textwrap.dedent('''
         except Exception as exc:
             print(fn.__name__, type(exc).__name__)
 ''')
+
+
+def test_a_passing_check_gives_the_kernel_its_verdict_line_with_the_figures():
+    """A test cell that prints a check (Lab 5's design cell) shows what the judge verified and
+    the figures (the largest error beside its tolerance, the bytes on the wire), never None."""
+    kernel = PLAIN_KERNEL.split("for fn in")[0] + textwrap.dedent('''
+        line = check_all_reduce_rs_ag(right, world_size=2, seed=3)
+        print("kernel got:", repr(line))
+        print(check_all_reduce_rs_ag(right, world_size=4))
+    ''')
+    out = _in_judge(kernel, "check_all_reduce_rs_ag(right, world_size=2, seed=fresh_seed())\n"
+                            "print(check_all_reduce_rs_ag(right, world_size=4))")
+    verdicts = [line for line in out.splitlines() if line.startswith("verdict:")]
+    assert len(verdicts) == 2 and all(v.split()[2] == "pass" for v in verdicts), out
+    kernel_lines = out.split("verdict:")[0].split()
+    assert "None" not in kernel_lines, out
+    got = next(line for line in out.splitlines() if line.startswith("kernel got:"))
+    assert "max abs error" in got and "allowed" in got, got
+    assert not got.startswith("kernel got: '"), got   # a notebook shows it as text, unquoted
+    assert all("max abs error" in v for v in verdicts), verdicts   # the record keeps the line
+    printed = out.split("kernel got:")[1].splitlines()[1]   # the cell's print(check(...))
+    assert "checks passed" in printed and "bytes on the wire" in out, out
 
 
 def test_kernel_without_judge_runs_checks_itself():

@@ -5,6 +5,8 @@ rank, what was expected and what came, and by how much it is off.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 import torch
@@ -12,6 +14,59 @@ import torch
 
 class CheckFailed(AssertionError):
     """A graded check found a wrong value; the message says what, where and by how much."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What a passing check verified: the comparisons note their figures while a check runs under
+# ``recording()``, and ``verdict_line`` makes the one line the feedback shows for a pass.
+
+_NOTES: contextvars.ContextVar[list | None] = contextvars.ContextVar("distlab_verified",
+                                                                   default=None)
+VERDICT_CHARS = 400
+
+
+class VerdictLine(str):
+    """A passing check's verdict: a str that a notebook shows as its text (no quotes), so a test
+    cell that ends in a check, or prints it, shows what was verified."""
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def verified(text: str, margin: float | None = None) -> None:
+    """Note what a passing comparison verified, with the figures (``margin``: how much of its
+    allowance the comparison used, 0..1, so the closest one is the one shown)."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.append((margin, text))
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the ``verified`` notes of the comparisons made inside (one check call)."""
+    token = _NOTES.set([])
+    try:
+        yield _NOTES.get()
+    finally:
+        _NOTES.reset(token)
+
+
+def verdict_line(returned, notes: list) -> VerdictLine:
+    """The line a passing check shows: the line it returned itself, else what its comparisons
+    verified (how many, the one closest to its bound, and the others' figures as room allows)."""
+    if isinstance(returned, str) and returned.strip():
+        return VerdictLine(" ".join(returned.split())[:VERDICT_CHARS * 2])
+    if not notes:
+        return VerdictLine("passed (this check compared nothing it can show)")
+    margins = [m for m, _ in notes if m is not None]
+    if len(notes) == 1 and not margins:
+        return VerdictLine(notes[0][1][:VERDICT_CHARS])
+    closest = max(notes, key=lambda n: -1.0 if n[0] is None else n[0])
+    shown = [closest[1]] + [t for _, t in notes if t != closest[1]]
+    head = f"{len(notes)} check{'s' if len(notes) > 1 else ''} passed"
+    if margins:
+        head += f", the largest error at {100 * max(margins):.2g}% of its tolerance"
+    line = head + ": " + "; ".join(dict.fromkeys(shown))
+    return VerdictLine(line if len(line) <= VERDICT_CHARS else line[:VERDICT_CHARS - 1] + "…")
 
 
 def fresh_seed() -> int:
@@ -23,6 +78,11 @@ def _describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {list(x.shape)}, dtype {str(x.dtype).removeprefix('torch.')}"
     return f"{type(x).__name__} {x!r}"[:200]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def assert_close(got, expected, *, what: str, rank: int | None = None,
@@ -38,6 +98,7 @@ def assert_close(got, expected, *, what: str, rank: int | None = None,
     if not isinstance(expected, torch.Tensor):
         if got != expected:
             raise CheckFailed(f"{what}{where}: expected {expected!r}, got {got!r}.{tail}")
+        verified(f"{what}{where} = {_short(got)} as expected")
         return
     if not isinstance(got, torch.Tensor):
         raise CheckFailed(f"{what}{where}: expected a {_describe(expected)}, got {_describe(got)}.{tail}")
@@ -59,3 +120,9 @@ def assert_close(got, expected, *, what: str, rank: int | None = None,
             f"{what}{where}: {int(bad.sum())} of {bad.numel()} elements differ "
             f"(max abs error {err.max().item():.3g}, allowed {atol:g}{scaled} + {rtol:g}*|expected|)."
             f"{first}{tail}")
+    compared = torch.isfinite(err)   # NaN (or -inf) where both are: no error to show
+    err, allowed = err[compared], (atol * scale + rtol * exp_f.abs())[compared]
+    worst = err.max().item() if err.numel() else 0.0
+    margin = float((err / allowed).max()) if err.numel() and bool((allowed > 0).all()) else None
+    verified(f"{what}{where}: max abs error {worst:.2g} (allowed {atol * scale:.2g} "
+             f"+ {rtol:.2g}·|expected|)", margin)

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import CheckFailed, verified
 from distlab.runtime.devices import device as rank_device  # noqa: F401 (re-exported for the checks)
 
 
@@ -118,3 +118,4 @@ def expect_collectives(comms, where: str, kinds: Sequence[Collectives], only: st
     others = [c for c in comms if not any(kind.match(c) for kind in kinds)]
     if only and others:
         raise CheckFailed(f"{where}: it also called {tally_comms(others)}; {only}")
+    verified(f"{where}: {tally_comms(comms)}, as the pattern needs")

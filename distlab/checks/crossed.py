@@ -20,7 +20,7 @@ sender and 48 B per receive; 584 B x (n-1) per rank for an n-rank all-reduce or 
 """
 from __future__ import annotations
 
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import CheckFailed, verified
 from distlab.runtime.wire import MAX_SEGMENT
 
 P2P_SENDS = {"send", "isend"}
@@ -94,6 +94,9 @@ def assert_crossed_as_recorded(out, what: str = "your function") -> None:
             f"joining their groups takes (at most {store_bound(out.comms, world_size):,}): the "
             f"store is not a channel for the exercise's data. Communicate only as the exercise "
             f"says.")
+    busiest = max(range(world_size), key=lambda r: wire.ranks[r].sent / max(bounds[r], 1))
+    verified(f"bytes on the wire: rank {busiest} sent {wire.ranks[busiest].sent:,}, within the "
+             f"{bounds[busiest]:,} its recorded collectives can send")
 
 
 def largest_segment(comms) -> int:

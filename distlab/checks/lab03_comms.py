@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import CheckFailed, verified
 from distlab.checks.common import describe_comms, split_phases
 from distlab.checks.crossed import assert_crossed_as_recorded
 
@@ -65,4 +65,8 @@ def expect_phase_comms(out, expected: list[list[tuple[str, int]]], what: str, ca
                 raise CheckFailed(
                     f"{what} on {case}: rank {rank}'s {phase} should issue exactly {want_text}; "
                     f"it issued {describe_comms(issued)}.\n{diagnose_comms(issued, want, weights or {})}")
+    phases = "; ".join(f"{phase}: " + (", ".join(f"{op} of {n:,} bytes" for op, n in want)
+                                       or "no collective")
+                       for phase, want in zip(labels, expected))
+    verified(f"{what} on {case}: each rank issued exactly what the pattern needs ({phases})")
 

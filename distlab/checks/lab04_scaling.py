@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import CheckFailed, verified
 from distlab.checks.lab04_problems import LAB
 from distlab.labs.tp_scaling import (cases, reference_predicted_step,
                                      reference_strong_scaling_efficiency, ring_all_reduce_time)
@@ -47,6 +47,7 @@ def _expected(seed: int | None) -> list[tuple[float, float, float]]:
 
 
 def check(predict, efficiency, seed: int | None = None) -> None:
+    done = []
     for case, (expected, exp_eff, one) in zip(cases(SEED if seed is None else seed),
                                               _expected(seed)):
         args = _args(case)
@@ -70,3 +71,6 @@ def check(predict, efficiency, seed: int | None = None) -> None:
                 f"strong_scaling_efficiency(t1={case['t1']:.4g}, tn={tn:.4g}, n={case['n']}): "
                 f"expected {exp_eff:.6g}, got {got_eff:.6g}. Strong-scaling efficiency is "
                 f"T1 / (N * T_N) (the speedup T1/T_N divided by N).")
+        done.append(f"{case['n']} ranks: T_N {got:.4g} s, efficiency {got_eff:.3g}")
+    verified(f"predict_step_time and strong_scaling_efficiency match the ring model on "
+             f"{len(done)} cases ({'; '.join(done[:3])})")

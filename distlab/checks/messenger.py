@@ -58,10 +58,22 @@ def judged(check):
         __tracebackhide__ = True  # noqa: F841 (IPython and pytest leave this frame out)
         channel = os.environ.get(ENV)
         if not channel:
-            return check(*args, **kwargs)
+            return run_check(check, *args, **kwargs)[0]
         return _ask(channel, f"{check.__module__}:{check.__name__}", args, kwargs)
     messenger.__judged__ = check
     return messenger
+
+
+def run_check(check, *args, **kwargs):
+    """Call ``check``; on a pass, (what the notebook gets, its verdict line). A check that returns
+    a line (or nothing) gives the notebook its verdict line, so a cell that ends in it or prints it
+    shows what was verified and the figures, never a bare ``None``; one that returns an object
+    (a run the lab goes on to show) gives that object."""
+    from distlab.checks.assertions import recording, verdict_line
+    with recording() as notes:
+        returned = check(*args, **kwargs)
+    line = verdict_line(returned, notes)
+    return (line if returned is None or isinstance(returned, str) else returned), line
 
 
 def judge_module(namespace: dict) -> None:
@@ -115,7 +127,10 @@ def _ask(channel: str, check: str, args: tuple, kwargs: dict):
         reply = pickle.loads(_recv(sock))  # from the grader: trusted
     if reply.get("output"):
         print(reply["output"], end="" if reply["output"].endswith("\n") else "\n")
-    if reply["status"] in ("pass", "skipped"):
+    if reply["status"] == "pass":
+        from distlab.checks.assertions import VerdictLine
+        return VerdictLine(reply.get("message") or "passed")
+    if reply["status"] == "skipped":
         return None
     raise _exception(reply["ename"], reply["message"])
 

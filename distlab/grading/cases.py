@@ -85,7 +85,26 @@ def cell_cases(source: str, verdicts) -> list[dict]:
                       "seed": seed, "special": special,
                       "status": verdict.status if verdict is not None else "not run",
                       "message": (verdict.message if verdict is not None else "")[:MESSAGE_CHARS]})
+    for case in cases:
+        if case["status"] == "not run":
+            _why_not_run(case, cases)
     return cases
+
+
+def _why_not_run(case: dict, cases: list[dict]) -> None:
+    """A case the cell never reached: say so and why, with no seed (none was drawn; the source's
+    ``fresh_seed()`` is the instructor's text, not a value)."""
+    if not isinstance(case["arguments"].get("seed", 0), int):
+        del case["arguments"]["seed"]
+    stopped = next((c for c in cases if c["status"] not in ("pass", "not run")), None)
+    if stopped is not None:
+        kind = "hidden" if stopped["hidden"] else "visible"
+        case["message"] = (f"the cell stopped at the {kind} case of "
+                           f"{stopped['check']} above ({stopped['status']}); fix that one and "
+                           f"this case runs, on a seed drawn then")
+    else:
+        case["message"] = ("the cell stopped before this call (an error in the cell, "
+                           "its time limit or a dead kernel: see the cell's output)")
 
 
 def describe_case(case: dict) -> str:

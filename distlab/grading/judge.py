@@ -48,7 +48,7 @@ import socket
 import threading
 
 from distlab.checks.course_code import guard_of
-from distlab.checks.messenger import ENV, _recv, _send
+from distlab.checks.messenger import ENV, _recv, _send, run_check
 from distlab.runtime import call_guard
 from distlab.runtime.launch import Launcher
 from distlab.grading.judge_channels import Channels
@@ -263,8 +263,8 @@ class Judge:
         try:
             with contextlib.redirect_stdout(output), self.launcher.active(), \
                     call_guard.guarding(guard_of(check)):
-                check(*args, **kwargs)
-            status, ename, message = "pass", "", ""
+                _, line = run_check(check, *args, **kwargs)
+            status, ename, message = "pass", "", str(line)
         except Exception as exc:  # noqa: BLE001 - every failure is a verdict
             status, ename, message = status_of_exception(exc), type(exc).__name__, str(exc)
             if isinstance(exc, SubmittedError) and status == "error":
