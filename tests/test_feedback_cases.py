@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -174,8 +175,9 @@ def _feedback_cases(graded_samples, key) -> tuple[nbformat.NotebookNode, dict]:
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             text = out.get("data", {}).get("text/plain", "")
-            if text.startswith("The grader ran these cases:"):
-                listed[cell.metadata["nbgrader"]["grade_id"]] = text.splitlines()[1:]
+            if text.startswith("The grader ran these cases:"):   # "- check_x ...: outcome"
+                cases = re.split(r"\n(?=- check_)", text.split("\n", 1)[1])
+                listed[cell.metadata["nbgrader"]["grade_id"]] = cases
     return nb, listed
 
 

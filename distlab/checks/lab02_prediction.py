@@ -1,14 +1,13 @@
 """Lab 2's graded prediction (called from ``distlab.checks.lab02``, which the judge serves):
 ``predict_state_bytes(numel, num_tensors, world_size, sharded)``, the optimizer-state bytes one
-rank holds after a step, replicated AdamW or ZeRO-1, for float32 parameters.
+rank holds after a step, replicated AdamW or ZeRO-1 (Rajbhandari et al. 2020, sec. 5.1, P_os),
+for float32 parameters.
 
-PyTorch's AdamW keeps, per parameter tensor, ``exp_avg`` and ``exp_avg_sq`` (one float32 per
-element each: 8 bytes per parameter) and a 0-d float32 ``step`` (4 bytes); ZeRO-1 (Rajbhandari et
-al. 2020, sec. 5.1, P_os) keeps them for this rank's one flat shard of ceil(P / W) elements. The
-lab's ``memory`` cell measures the same (``distlab.labs.data_parallel.memory``), and
-``tests/test_lab02.py`` checks the formula against that measurement. Visible cases' values are
-stored in ``data/02_data_parallel/prediction.pt`` (a handout has no formula); hidden ones are
-drawn from the seed and computed in the judge."""
+The formula is the student's to derive (the lab says what AdamW keeps); it is withheld from the
+handout with the judge's ``_state_bytes``. The lab's ``memory`` cell measures the same
+(``distlab.labs.data_parallel.memory``), and ``tests/test_lab02.py`` checks the formula against
+that measurement. Visible cases' values are stored in ``data/02_data_parallel/prediction.pt``;
+hidden ones are drawn from the seed and computed in the judge."""
 from __future__ import annotations
 
 import math

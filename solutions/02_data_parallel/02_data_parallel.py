@@ -229,8 +229,8 @@ check_overlapped_all_reduce(OverlappedAllReduce, world_size=2, seed=fresh_seed()
 # %% [markdown]
 # ## 5. ZeRO-1: shard the optimizer state
 #
-# AdamW keeps two float32 tensors per parameter (`exp_avg`, `exp_avg_sq`): 8 bytes per
-# parameter, replicated on every rank — twice the model itself. ZeRO stage 1 (Rajbhandari et al.,
+# AdamW keeps two float32 tensors per parameter (`exp_avg`, `exp_avg_sq`), replicated on every
+# rank — twice the model itself. ZeRO stage 1 (Rajbhandari et al.,
 # 2020) gives each rank the state of only **1/W of the parameters**. Flatten the P parameter
 # elements, in parameter order, into a vector padded to W·s with s = ⌈P / W⌉; rank r owns the
 # elements `[r·s, (r+1)·s)`. One step is then:

@@ -312,7 +312,8 @@ check_tp_swiglu(TensorParallelSwiGLU, world_size=4, seed=fresh_seed(), batch=3, 
 #
 # Per MLP block and per pass, TP moves one all-reduce of the block's activation, b·s·h elements
 # (Megatron-LM §3: two per transformer layer each way, one for attention and one for the MLP).
-# On a ring each rank sends and receives 2(p−1)/p of it. This does **not** shrink as p grows —
+# On a ring each rank sends and receives a share of it (Lab 1's ring), and that share does
+# **not** shrink as p grows —
 # the compute per rank does — which is why TP stays inside a node, on NVLink. The table below
 # puts the formula next to what the hand-written MLP issued (captured in `out.comms`) and what
 # DTensor issued for the same plan (seen by `CommDebugMode`; functional collectives bypass
@@ -362,8 +363,9 @@ compare_with_dtensor(TensorParallelSwiGLU, "swiglu", world_size=2);
 # tokens. All-reduce = reduce-scatter + all-gather, so the forward moves the bytes TP moves. The
 # backward need not: your block keeps fc1's gathered input for fc1's weight gradient and moves
 # TP's bytes again, but Megatron keeps only the sequence shard (section 7 shows why) and
-# all-gathers it once more in the backward — 3(p−1)/p·b·s·h per rank instead of 2(p−1)/p·b·s·h,
-# 1.5× TP's backward (`megatron_comm_bytes` counts it). The operators, with the sequence on dim 1:
+# all-gathers it once more in the backward: one collective more than TP's backward (what that
+# costs on a ring is yours to predict at the end of this section). The operators, with the
+# sequence on dim 1:
 #
 # | operator | forward | backward |
 # |---|---|---|

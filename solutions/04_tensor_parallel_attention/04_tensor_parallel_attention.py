@@ -256,8 +256,8 @@ check_tp_attention_backward(TensorParallelAttention, world_size=4, seed=fresh_se
 # `distlab.labs.tensor_parallel` (Lab 3's reference); the check reads the collective record:
 # exactly **two all-reduces forward and two backward**, each of b·s·h floats.
 #
-# **Why it matters.** A whole transformer layer at Megatron's cost: four all-reduces per layer,
-# whatever the number of ranks.
+# **Why it matters.** A whole transformer layer at Megatron's cost: a fixed number of
+# all-reduces per layer, whatever the number of ranks.
 #
 # <details><summary>Hint 1</summary>
 #
@@ -437,24 +437,22 @@ plot_scaling(rows);
 # %% [markdown]
 # ### Exercise 7 — predict T_N before reading it (2 points)
 #
-# Lab 1's ring model predicts the communication; the compute splits N ways. A block step makes
-# **4 all-reduces** of a (b, s, h) activation (g after attention and after the MLP in forward, f
-# before each in backward; Shoeybi et al. 2019, §3), and none can overlap compute, since the next
-# operation needs its result. So
+# A block step on one rank takes $T_1$. On $N$ ranks, how long does it take? Build the model
+# from what you know: the compute splits $N$ ways; the communication is the collectives your
+# `TensorParallelTransformerBlock` issues in one forward and backward (count them, and what each
+# carries: float32 activations), each costed by Lab 1's ring model with α (seconds per ring step)
+# and $B$ (bytes/s) from `fit_ring_model`. Assume no collective overlaps compute: does the next
+# operation need its result?
 #
-# $$T_N = \frac{T_1}{N} + 4\left(2(N-1)\,\alpha + \frac{2(N-1)}{N}\,\frac{S}{B}\right),
-#   \qquad S = b\,s\,h \times 4 \text{ bytes (float32)},$$
-#
-# with α (seconds per ring step) and B (bytes/s) from Lab 1's `fit_ring_model`. Write
-# `predict_step_time(t1, n, alpha, bandwidth, batch, seq, hidden)` (no communication on one rank)
-# and `strong_scaling_efficiency(t1, tn, n)`. Below, α and B are fitted again on this machine's
-# `all_reduce` on 2 and 4 ranks (Lab 1's code), and your prediction is set beside the
-# measurement.
+# Write `predict_step_time(t1, n, alpha, bandwidth, batch, seq, hidden)` (no communication on one
+# rank) and `strong_scaling_efficiency(t1, tn, n)`: the share of the ideal $N$-fold speedup
+# reached. Below, α and $B$ are fitted again on this machine's `all_reduce` on 2 and 4 ranks
+# (Lab 1's code), and your prediction is set beside the measurement.
 
 # %% nbgrader={"grade": false, "grade_id": "tp_scaling", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_step_time(t1: float, n: int, alpha: float, bandwidth: float, batch: int, seq: int,
                       hidden: int) -> float:
-    """Seconds of one TP block step on ``n`` ranks: compute T1/n plus 4 ring all-reduces."""
+    """Seconds of one TP block step on ``n`` ranks, by the model above (``t1`` on one rank)."""
     ### BEGIN SOLUTION
     if n == 1:
         return t1
@@ -464,7 +462,7 @@ def predict_step_time(t1: float, n: int, alpha: float, bandwidth: float, batch: 
 
 
 def strong_scaling_efficiency(t1: float, tn: float, n: int) -> float:
-    """T1 / (n T_n): the share of the ideal n-fold speedup reached."""
+    """The share of the ideal ``n``-fold speedup that a step of ``tn`` seconds reaches."""
     ### BEGIN SOLUTION
     return t1 / (n * tn)
     ### END SOLUTION

@@ -46,9 +46,8 @@ def megatron_comm_bytes(batch: int, seq: int, hidden: int, itemsize: int = 4) ->
     the backward and all-gathers it again for fc1's weight gradient (Lab 3, section 7). So the
     backward all-gathers 2 * b*s*h bytes.
 
-    On a ring an all-reduce moves 2(p-1)/p of its bytes per rank, an all-gather or reduce-scatter
-    (p-1)/p. Per rank and pass, TP moves 2(p-1)/p * n each way; SP moves the same forward and
-    3(p-1)/p * n backward, 1.5x TP's (``ring_bytes_per_rank``). The course's hand-written
+    What a rank sends of these on a ring is ``ring_bytes_per_rank``'s (Lab 3 asks the student to
+    predict it, so neither docstring states the result). The course's hand-written
     ``ColumnParallelLinear`` keeps the gathered input instead, so its record shows TP's volume:
     the extra all-gather is what buys the activation memory that ``compare_activation_memory``
     reports for fc1's input.
