@@ -51,21 +51,21 @@ from distlab.labs.tensor_parallel import (compare_activation_memory, compare_wit
 # %% [markdown]
 # ## 1. Splitting a matrix multiply two ways
 #
-# The MLP computes Y = GELU(X A) B with A: (h, f) and B: (f, h). There are two ways to split a
-# product X W over p ranks:
+# The MLP computes $Y = \mathrm{GELU}(XA)\,B$ with $A$: (h, f) and $B$: (f, h). There are two
+# ways to split a product $XW$ over $p$ ranks:
 #
-# * **Column parallel**: cut W by columns, W = [W₀ | W₁ | … ]. Rank r computes X W_r, a block of
-#   the *output features*. Every rank needs the whole input X; no communication is needed to get
-#   its block of the output.
-# * **Row parallel**: cut W by rows, W = [W₀; W₁; …], and the input by the matching columns,
-#   X = [X₀ | X₁ | …]. Then X W = Σ_r X_r W_r: each rank computes a full-size *partial* output,
-#   and an **all-reduce** (sum) finishes the job.
+# * **Column parallel**: cut $W$ by columns, $W = [W_0 \mid W_1 \mid \dots]$. Rank $r$ computes
+#   $X W_r$, a block of the *output features*. Every rank needs the whole input $X$; no
+#   communication is needed to get its block of the output.
+# * **Row parallel**: cut $W$ by rows, $W = [W_0; W_1; \dots]$, and the input by the matching
+#   columns, $X = [X_0 \mid X_1 \mid \dots]$. Then $XW = \sum_r X_r W_r$: each rank computes a
+#   full-size *partial* output, and an **all-reduce** (sum) finishes the job.
 #
-# Megatron's observation: cut A by columns and B by rows. GELU acts elementwise, so rank r can
-# apply it to its own block GELU(X A_r) — which is exactly the input block that the row-parallel
-# B_r needs. The whole MLP then needs a single all-reduce at the end:
+# Megatron's observation: cut $A$ by columns and $B$ by rows. GELU acts elementwise, so rank $r$
+# can apply it to its own block $\mathrm{GELU}(X A_r)$ — which is exactly the input block that
+# the row-parallel $B_r$ needs. The whole MLP then needs a single all-reduce at the end:
 #
-# Y = Σ_r GELU(X A_r) B_r.
+# $$Y = \sum_r \mathrm{GELU}(X A_r)\, B_r.$$
 #
 # In `nn.Linear`'s (out, in) layout, A's columns are the *rows* of `fc1.weight` (dim 0) and B's
 # rows are the *columns* of `fc2.weight` (dim 1). Rank r owns the r-th contiguous block of p.
@@ -109,8 +109,9 @@ check_shard_row(shard_row, world_size=4, seed=fresh_seed(), batch=3, seq=12, hid
 # ## 3. Exercise 2 — the conjugate operators f and g (3 points)
 #
 # Forward is settled; backward needs care. Take the column-parallel fc1: every rank reads the
-# same X but only through its own A_r, so rank r can only compute its *share* of the gradient,
-# ∂L/∂X = Σ_r (∂L/∂Y_r) A_rᵀ. The full gradient is a sum over ranks: an all-reduce **in the
+# same $X$ but only through its own $A_r$, so rank $r$ can only compute its *share* of the
+# gradient, $\partial L/\partial X = \sum_r (\partial L/\partial Y_r)\, A_r^\top$. The full
+# gradient is a sum over ranks: an all-reduce **in the
 # backward pass**, where the forward did nothing. The row-parallel fc2 is the mirror image: an
 # all-reduce in the forward; its output is replicated, so its gradient already is, and the
 # backward does nothing.

@@ -55,10 +55,11 @@ from distlab.labs.tensor_parallel import RowParallelLinear, TensorParallelMLP, c
 # Causal self-attention projects the input to queries, keys and values, lets each head attend
 # separately, and projects the concatenated heads back to h:
 #
-# * Q = X W_qᵀ (nh heads), K = X W_kᵀ and V = X W_vᵀ (nkv heads each);
-# * head i: O_i = softmax(Q_i K_gᵀ / √hs + mask) V_g, where g = i // (nh / nkv) is the key/value
-#   head that query head i shares with its group, and the mask hides future positions;
-# * Y = [O_0 | O_1 | … | O_{nh−1}] W_oᵀ.
+# * $Q = X W_q^\top$ (nh heads), $K = X W_k^\top$ and $V = X W_v^\top$ (nkv heads each);
+# * head $i$: $O_i = \mathrm{softmax}(Q_i K_g^\top / \sqrt{hs} + \mathrm{mask})\, V_g$, where
+#   $g = \lfloor i / (nh / nkv) \rfloor$ is the key/value head that query head $i$ shares with its
+#   group, and the mask hides future positions;
+# * $Y = [O_0 \mid O_1 \mid \dots \mid O_{nh-1}]\, W_o^\top$.
 #
 # Nothing in the second line mixes heads. So give rank r the query heads
 # r·nh/p … (r+1)·nh/p − 1 and the key/value heads they read, r·nkv/p … (r+1)·nkv/p − 1 (with GQA
@@ -319,18 +320,19 @@ block_comms_table(TensorParallelTransformerBlock, world_size=2);
 # Gathering them for the loss would be expensive: b = 1, s = 8192, V = 128,256 in float32 is
 # 4.2 GB per rank. The loss needs far less. For one token with target t,
 #
-# loss = log Σ_v exp(z_v) − z_t = log Σ_v exp(z_v − m) + m − z_t,  m = max_v z_v,
+# $$\mathrm{loss} = \log \sum_v e^{z_v} - z_t = \log \sum_v e^{z_v - m} + m - z_t,
+#   \qquad m = \max_v z_v,$$
 #
 # and each piece is a reduction over the vocabulary, which splits over ranks:
 #
 # 1. m: the local max, then an **all-reduce with `op=dist.ReduceOp.MAX`**. (Subtracting m keeps
 #    exp() finite: float32 overflows above exp(88.7), and the check's logits reach 150.)
-# 2. z_t − m: only the rank whose slice contains t has it; the others contribute 0, and an
+# 2. $z_t - m$: only the rank whose slice contains $t$ has it; the others contribute 0, and an
 #    **all-reduce (sum)** gives every rank the value.
-# 3. Σ_v exp(z_v − m): local sums, **all-reduce (sum)**.
+# 3. $\sum_v e^{z_v - m}$: local sums, **all-reduce (sum)**.
 #
 # Three all-reduces of one number per token, instead of the (tokens, V) logits. The gradient
-# needs no communication: dL/dz_v = softmax(z)_v − [v = t], and every rank has what it takes to
+# needs no communication: $\partial L / \partial z_v = \mathrm{softmax}(z)_v - [v = t]$, and every rank has what it takes to
 # compute its slice of softmax once it holds m and the sum.
 #
 # **Build** `vocab_parallel_cross_entropy(logits, target, group)`.
@@ -359,8 +361,9 @@ block_comms_table(TensorParallelTransformerBlock, world_size=2);
 #
 # <details><summary>Hint 3</summary>
 #
-# Forward: local max → all-reduce MAX; subtract it; z_t where this rank owns the target, else 0 →
-# all-reduce sum; local sums of exp → all-reduce sum; loss = log(sum) − z_t, averaged. Backward:
+# Forward: local max → all-reduce MAX; subtract it; $z_t$ where this rank owns the target, else
+# 0 → all-reduce sum; local sums of exp → all-reduce sum; loss = log(sum) − $z_t$, averaged.
+# Backward:
 # softmax − one-hot of the target on its owner, times grad / N.
 # </details>
 
@@ -420,8 +423,8 @@ check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, world_size=4, s
 #
 # ## 7. Scaling on 1, 2 and 4 ranks
 #
-# How much faster is one block step on N ranks? With T_N the step time on N ranks,
-# **speedup = T1 / T_N** and **strong-scaling efficiency = T1 / (N·T_N)** — *strong* scaling
+# How much faster is one block step on $N$ ranks? With $T_N$ the step time on $N$ ranks,
+# **speedup** $= T_1 / T_N$ and **strong-scaling efficiency** $= T_1 / (N\,T_N)$ — *strong* scaling
 # because the problem (b, s, h) stays the same while N grows (weak scaling would grow the problem
 # with N, as data parallelism does): 1.0 means every added rank pays for itself. Below: one forward+backward of your `TensorParallelTransformerBlock` (b=4, s=64, h=128, 8 heads,
 # f=512), median of 3 steps on the slowest rank, one thread per rank (a core standing in for a
@@ -435,7 +438,7 @@ rows = scaling_table(world_sizes=(1, 2, 4), batch=4, seq=64, hidden=128, n_heads
 plot_scaling(rows);
 
 # %% [markdown]
-# ### Exercise 7 — predict T_N before reading it (2 points)
+# ### Exercise 7 — predict $T_N$ before measuring it (2 points)
 #
 # A block step on one rank takes $T_1$. On $N$ ranks, how long does it take? Build the model
 # from what you know: the compute splits $N$ ways; the communication is the collectives your
@@ -516,5 +519,5 @@ prediction_table(rows, predict_step_time, strong_scaling_efficiency, alpha, band
 #   of p.
 # * The cross-entropy over a sharded vocabulary needs three all-reduces of one number per token
 #   and a local backward; the logits are never gathered.
-# * Strong-scaling efficiency T1/(N·T_N) depends on compute per byte communicated and on the link: poor
+# * Strong-scaling efficiency $T_1/(N\,T_N)$ depends on compute per byte communicated and on the link: poor
 #   on CPU processes sharing two cores, good on NVLink-connected GPUs with large h.
