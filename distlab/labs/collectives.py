@@ -339,7 +339,7 @@ def _floats(values) -> list[float]:
 
 
 def reference_fit(sizes, times) -> tuple[float, float]:
-    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2): least squares on rows /t."""
+    """(alpha, bandwidth) minimising sum(((alpha + S/B - t)/t)^2) over the measurements."""
     t, s = _floats(times), _floats(sizes)
     alpha, inv_bandwidth = _two_column_lstsq([1 / ti for ti in t], [si / ti for si, ti in zip(s, t)])
     return alpha, 1 / inv_bandwidth
@@ -347,8 +347,8 @@ def reference_fit(sizes, times) -> tuple[float, float]:
 
 def reference_ring_fit(world_sizes, sizes, times) -> tuple[float, float]:
     """(alpha, bandwidth) of the ring all-reduce model t(n, S) = 2(n-1) alpha + 2(n-1)/n S/B
-    (Thakur et al. 2005, sec. 4; Patarasuk and Yuan 2009), fitted on several world sizes at once
-    by minimising the relative squared error: rows [2(n-1), 2(n-1)/n S] / t."""
+    (Thakur et al. 2005, sec. 4; Patarasuk and Yuan 2009), fitted on several world sizes at once:
+    the pair minimising the relative squared error sum(((t(n, S) - t) / t)^2)."""
     n, s, t = _floats(world_sizes), _floats(sizes), _floats(times)
     alpha, inv_bandwidth = _two_column_lstsq(
         [2 * (ni - 1) / ti for ni, ti in zip(n, t)],

@@ -14,9 +14,8 @@ from distlab.labs.attention.layout import split_qkv
 class TensorParallelAttention(nn.Module):
     """`Attention` with nh/p query heads and nkv/p key/value heads per rank.
 
-    qkv: column parallel by heads (weight ((nh+2nkv) hs/p, h) from `split_qkv`), behind f
-    (`copy_to_tp`: backward all-reduce of dL/dx). proj: Lab 3's `RowParallelLinear`, whose g
-    all-reduces the (b, s, h) partial outputs forward. One all-reduce each way.
+    Input and output are replicated (b, s, h), equal to the dense `attn`'s; the parameters of
+    the rank's heads only. Collectives: one all-reduce of (b, s, h) forward and one backward.
     """
 
     def __init__(self, attn: Attention, group=None):
@@ -41,8 +40,8 @@ class TensorParallelAttention(nn.Module):
 
 
 class TensorParallelTransformerBlock(nn.Module):
-    """`TransformerBlock` with tensor-parallel attention and MLP: norms and residuals replicated,
-    two all-reduces of (b, s, h) forward (attention's proj, the MLP's fc2) and two backward."""
+    """`TransformerBlock` on tensor-parallel ranks: replicated (b, s, h) input and output, equal
+    to the dense `block`'s. Collectives: two all-reduces of (b, s, h) forward, two backward."""
 
     def __init__(self, block: TransformerBlock, group=None, attention_cls=TensorParallelAttention):
         super().__init__()
@@ -62,11 +61,11 @@ def _copy_norm(norm: nn.LayerNorm) -> nn.LayerNorm:
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits sharded over the vocabulary (the module docstring has the math).
+    """Mean cross-entropy of logits sharded over the vocabulary, equal to the dense one's.
 
-    forward: logits (..., V/p) for vocabulary ids [r V/p, (r+1) V/p), target (...) global ids.
-    Three all-reduces of one float per token (max, target logit, sum of exponentials).
-    backward: (softmax - onehot) / tokens on the local slice; no communication.
+    forward: logits (..., V/p) for vocabulary ids [r V/p, (r+1) V/p), target (...) global ids;
+    returns the replicated mean loss. Collectives: three all-reduces of one float per token.
+    backward: the gradient of this rank's slice of the logits; no communication.
     """
 
     @staticmethod

@@ -74,8 +74,9 @@ def format_bytes_per_param(rows: list[dict]) -> str:
 # The course's ZeRO-1 (Lab 2's exercise, written again for this lab's stage-1 measurement)
 
 class CourseZero1:
-    """ZeRO-1 per bucket: full gradients kept through backward; at the step each bucket is
-    reduce-scattered, its shard stepped by AdamW and all-gathered."""
+    """ZeRO-1 per bucket: after ``step``, every rank holds the parameters AdamW gives on the
+    ranks' averaged gradients, and AdamW's state of its own shard of each bucket only; full
+    gradients live through backward. Collectives: a reduce-scatter and an all-gather per bucket."""
 
     def __init__(self, buckets, **adamw_kwargs):
         self.buckets = [list(b) for b in buckets]
