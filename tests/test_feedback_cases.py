@@ -87,6 +87,28 @@ def test_the_feedback_lists_the_cases_under_their_cell_escaped():
     assert "<script>" not in out["data"]["text/html"] and "&lt;script&gt;" in out["data"]["text/html"]
 
 
+def test_a_passing_check_s_line_shows_what_its_comparisons_verified_with_the_figures():
+    import torch
+    from distlab.checks.assertions import VerdictLine, assert_close, recording, verdict_line
+    from distlab.checks.messenger import run_check
+
+    def check(got):
+        assert_close(got, torch.ones(3), what="y", rank=1)
+        assert_close(len(got), 3, what="rows")
+    got = torch.ones(3) + 2e-6
+    shown, line = run_check(check, got)
+    assert shown == line and isinstance(line, VerdictLine) and repr(line) == str(line)
+    err = (got.double() - 1).abs().max().item()
+    share = 100 * err / (1e-5 + 1e-5 * 1.0)   # atol + rtol·|expected| at the worst element
+    assert line.startswith(f"2 checks passed, the largest error at {share:.2g}% of its tolerance: "
+                           f"y on rank 1: max abs error {err:.2g} (allowed 1e-05"), line
+    assert "rows = 3 as expected" in line
+    with recording() as notes:   # a check's own line wins; nothing compared says so
+        assert verdict_line("bubble 0.529 <= budget 0.652", notes) == "bubble 0.529 <= budget 0.652"
+    assert verdict_line(None, []).startswith("passed (this check compared nothing")
+    assert run_check(lambda: {"run": 1})[0] == {"run": 1}   # an object the lab shows stays one
+
+
 def _lab(cells, tags=False):
     nb = new_notebook()
     for gid, outputs in cells:

@@ -51,10 +51,11 @@ def recording():
 
 
 def verdict_line(returned, notes: list) -> VerdictLine:
-    """The line a passing check shows: the line it returned itself, else what its comparisons
-    verified (how many, the one closest to its bound, and the others' figures as room allows)."""
+    """The line a passing check shows: the line (or lines) it returned itself, else what its
+    comparisons verified (how many, the one nearest its tolerance first, then the others' figures
+    as room allows)."""
     if isinstance(returned, str) and returned.strip():
-        return VerdictLine(" ".join(returned.split())[:VERDICT_CHARS * 2])
+        return VerdictLine(returned)
     if not notes:
         return VerdictLine("passed (this check compared nothing it can show)")
     margins = [m for m, _ in notes if m is not None]
