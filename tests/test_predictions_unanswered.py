@@ -60,7 +60,8 @@ def _lab10_values() -> list[float]:
 
 PREDICTIONS = (
     Prediction("02_data_parallel", "test_predict_state_bytes",
-               (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+(parameter|element)",
+               (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+([\w-]+\s+)?(parameter|element)",
+                r"\bkeeps\s+8\s+per\b",
                 rf"\b8{TIMES}(numel|P|Ψ|⌈|ceil)\b[^.\n]{{0,30}}\+\s*4\b",
                 r"\b12\s*bytes\s+per\s+parameter"),
                _lab2_values),

@@ -22,8 +22,7 @@ def _state_bytes_rank(rank: int, world_size: int, cls, setup: Setup) -> dict[str
 def optimizer_memory(cls, world_sizes=(2, 4), setup: Setup = BENCH_SETUP) -> list[dict]:
     """Optimizer-state bytes per rank of ZeRO-1 (``cls``, whose ``local_optimizer`` holds the
     rank's AdamW) against replicated AdamW, one row per world size; the row for 1 is plain AdamW.
-    Replicated AdamW keeps 8 bytes per float32 parameter on every rank; ZeRO-1 keeps 8 per
-    element of the rank's shard, ceil(P / W) elements."""
+    Measured (the live state tensors), not computed: Lab 2 asks the student for the formula."""
     from distlab import run
     runs = {world_size: run(_state_bytes_rank, world_size, cls, setup, timeout=120)
             for world_size in world_sizes}
