@@ -628,7 +628,7 @@ planner(choose_degrees, memory_per_gpu)   # sliders over your two functions
 # **Contract.** A dict mapping each of the six linear layers (`"attn.q"`, `"attn.k"`,
 # `"attn.v"`, `"attn.o"`, `"mlp.up"`, `"mlp.down"`) to a `ParallelStyle` of
 # `torch.distributed.tensor.parallel` (`ColwiseParallel()` or `RowwiseParallel()`). The check
-# trains with it on DP=2 × TP=2 (hidden: PP=2 × DP=2 × TP=2): every block linear must be sharded
+# trains with it on TP=2 (hidden: PP=2 × DP=2 × TP=2): every block linear must be sharded
 # over TP, and each step's loss must equal single-process training's (tolerance 1e-5 +
 # 1e-4·|loss|). The attention reads its local head count from the weight.
 #
@@ -658,7 +658,7 @@ def tp_plan() -> dict:
 
 
 # %% nbgrader={"grade": true, "grade_id": "test_tp_plan", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_tp_plan(tp_plan)                                   # DP=2 x TP=2 on 4 ranks
+check_tp_plan(tp_plan)                                   # TP=2 on 2 ranks
 ### BEGIN HIDDEN TESTS
 check_tp_plan(tp_plan, shape=HIDDEN_MESH, seed=fresh_seed())   # PP=2 x DP=2 x TP=2 on 8 ranks
 ### END HIDDEN TESTS
@@ -773,7 +773,7 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 # on groups whose ranks are not all on one node (a send counts when its two ranks are on
 # different nodes), measured from the run's records as in exercise 5. That total may not exceed
 # the least any placement reaches, printed below for PP=2 × DP=2 × TP=2 on 2 nodes of 4. Hidden:
-# another degree triple on 8 ranks, nodes of 4.
+# a mesh of 4 ranks with two axes of 2, on 2 nodes of 2.
 #
 # **Why it matters.** The degrees say how many ways each axis splits; the placement says which
 # of them pays the network. The same 3D run can be several times slower across nodes from the
@@ -815,7 +815,7 @@ def place_mesh(shape: MeshShape, per_node: int) -> list:
 # %% nbgrader={"grade": true, "grade_id": "test_place_mesh", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 print(check_mesh_placement(place_mesh, tp_plan))
 ### BEGIN HIDDEN TESTS
-print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # another degree triple on 8 ranks
+print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks on 2 nodes of 2
 ### END HIDDEN TESTS
 
 # %% [markdown]
