@@ -174,7 +174,7 @@ def test_checkpointing_measurement_shows_the_quadratic_term():
     assert header == ["seq", "saved", "checkpointed", "ms/step", "ckpt ms", "saved / states"]
     assert [line[:3] for line in lines] == [[str(r["seq_len"]), f"{r['saved']:,}",
                                               f"{r['saved_checkpointed']:,}"] for r in (short, long)]
-    assert growth[0].startswith("x2 sequence: saved x") and "1.25 rule" in rule_of_thumb[0]
+    assert growth[0].startswith("x2 sequence: saved x") and "1.25 rule, no published source" in rule_of_thumb[0]
     assert "read the bytes, not the milliseconds" in noise[0]
 
 

@@ -120,4 +120,5 @@ def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
                 f"{nodes}. Which axis sends the most per step, and which the least? Keep the "
                 f"heavy ones inside a node.")
     return (f"layout {layout}: losses equal single-process training's; {crossed} bytes per step "
-            f"cross nodes (budget {budget:.0f})")
+            f"cross nodes (budget {budget:.0f}: the course's placement, TP innermost and PP "
+            f"outermost, and the least of the six orders of the dimensions)")

@@ -126,4 +126,6 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> N
                       "fully_shard unit is neither sharded nor averaged).", **tol)
     top = max(steady_peak(out[r]["peaks"])[0] for r in range(world_size))
     print(f"your design peaked at {top:,} bytes per rank, within the budget of {budget:,} "
-          f"({world_size} ranks, {DESIGN_STEPS} steps); losses equal to one process's")
+          f"({world_size} ranks, {DESIGN_STEPS} steps; the course's design, every block "
+          f"checkpointed and sharded: {peaks.course:,}; the lowest plain design: "
+          f"{min(peaks.plain.values()):,}); losses equal to one process's")
