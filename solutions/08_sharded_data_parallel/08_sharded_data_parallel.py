@@ -763,7 +763,7 @@ def design(model: torch.nn.Sequential, mesh) -> torch.nn.Module:
 check_design(design)
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget measured afresh
+check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget from their peaks, measured once
 ### END HIDDEN TESTS
 
 # %% [markdown]
