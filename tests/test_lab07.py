@@ -647,22 +647,26 @@ def test_formula_traffic_is_what_the_records_hold(traced_3d):
     assert want["tp"] > want["dp"] > want["pp"] > 0          # why only PP should cross nodes
 
 
-@pytest.mark.parametrize("triple", lab07_design.HIDDEN_TRIPLES)
+@pytest.mark.parametrize("triple", [(2, 2, 2), *lab07_design.HIDDEN_TRIPLES])
 def test_budget_is_the_least_of_every_order_of_the_mesh(triple):
     """The design's budget, the course's layout's bytes across nodes (by the formulas), is the
     least of the six row-major orders of the dimensions; TP across nodes is over it."""
     import itertools
     shape, cfg = MeshShape(*triple), TinyConfig()
+    per_node = 4 if shape.world_size == 8 else lab07_design.HIDDEN_PER_NODE
     sizes = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp}
-    budget, crossing = lab07_design._budget(shape, 4, cfg), {}
+    budget, crossing = lab07_design._budget(shape, per_node, cfg), {}
     for order in itertools.permutations(("pp", "dp", "tp")):
-        grid = torch.arange(8).reshape(*[sizes[a] for a in order])
+        grid = torch.arange(shape.world_size).reshape(*[sizes[a] for a in order])
         layout = grid.permute(*[order.index(a) for a in ("pp", "dp", "tp")]).tolist()
         crossing[order] = sum(lab07_prediction.formula_traffic(shape, cfg, r)[a]
-                              for r in range(8) for a in lab07_design._spanning(layout, r, 4))
+                              for r in range(shape.world_size)
+                              for a in lab07_design._spanning(layout, r, per_node))
     assert min(crossing.values()) == budget
     if shape.tp > 1:
         assert crossing[("tp", "pp", "dp")] > budget
+    if shape.dp > 1 and shape.pp > 1:                 # the planted dp_across_nodes: DP outermost
+        assert crossing[("dp", "pp", "tp")] > budget
 
 
 def test_check_traffic_prediction(sol):
@@ -692,8 +696,10 @@ def test_check_traffic_prediction_catches(mistake, message):
 
 
 def test_check_mesh_placement(sol):
-    assert "cross nodes (budget 32768)" in lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"])
-    lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=5)            # (2, 4, 1): no TP
+    line, budget = lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"]), lab07_design.placement_budget()
+    assert f"{budget:.0f} bytes per step cross nodes (budget {budget:.0f}: the course's placement" in line
+    for seed in (0, 1, 5):                                   # every hidden mesh (4 ranks, nodes of 2)
+        lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=seed)
 
 
 def _tp_across_nodes(shape, per_node):
@@ -713,6 +719,15 @@ def _dp_outermost(shape, per_node):       # Llama 3's order: here DP moves more 
 def test_check_mesh_placement_catches(place, message):
     with pytest.raises(CheckFailed, match=message):
         lab07.check_mesh_placement(place, megatron_plan)
+
+
+@pytest.mark.parametrize("place,seed,message", [
+    (_tp_across_nodes, 0, r"\(tp \d+ bytes\); the budget is"),      # (2, 1, 2) on nodes of 2
+    (_dp_outermost, 1, r"\(dp \d+ bytes\); the budget is"),         # (2, 2, 1) on nodes of 2
+])
+def test_check_mesh_placement_catches_on_the_hidden_meshes(place, seed, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab07.check_mesh_placement(place, megatron_plan, seed=seed)
 
 
 def test_placement_text_names_its_sources():

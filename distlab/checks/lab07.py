@@ -14,13 +14,22 @@ Exercises:
    their written reasons go to the instructor (a manually graded cell). Llama 3 405B on the
    8,192 GPUs of its published run (hidden) is checked like 2.
 4. ``tp_plan() -> {submodule: ParallelStyle}`` for one transformer block, used for a real
-   DP x TP run on 4 ranks (visible) and PP x DP x TP on 8 ranks (hidden): every block linear must
-   be sharded over TP and the losses must equal single-process training.
+   TP run on 2 ranks (visible) and PP x DP x TP on 8 ranks (hidden): every block linear must
+   be sharded over TP and the losses must equal single-process training. The plan is TP's alone:
+   2 ranks of TP show a layer left out (a replicated weight) or a style swapped (wrong losses),
+   as the 4-rank DP x TP run did at twice the ranks; the hidden run composes it with FSDP and the
+   pipeline, and needs 8 ranks for each of the three axes to be larger than 1.
 5. ``predict_traffic(shape, cfg, rank) -> {"tp", "pp", "dp"}``: the bytes a rank of the mesh run
    sends per step on each axis, against section 3's formulas (``lab07_prediction``).
 6. ``place_mesh(shape, per_node) -> layout[pp][dp][tp]``, the open design exercise: trained on
    real ranks with the student's plan, the losses must equal single-process training and the
-   bytes sent across nodes stay within the best placement's (``lab07_design``).
+   bytes sent across nodes stay within the best placement's (``lab07_design``): the lab's
+   8-rank mesh on nodes of 4 (visible), a 4-rank mesh on nodes of 2 (hidden).
+
+Grading cost: this lab's budget is 12 s for a full answer (``--jobs 1``, an idle 2-core machine),
+not the course's 6 s, for its two 8-rank runs (4's hidden PP x DP x TP, every axis larger than 1;
+6's visible mesh, three axes of which only the outermost crosses nodes); every other run uses
+the fewest ranks its property needs (closing note of the lab).
 
 References come from the reference implementations in ``distlab.labs.planning`` and
 ``distlab.labs.mesh``; visible tests read the stored sets (``data/07_3d_parallelism/``),
@@ -53,7 +62,7 @@ SEED = 707
 HEADROOM = 0.10          # the memory a defensible 70B layout leaves free
 AXES = ("tp", "pp", "dp")
 JOB_70B = Job(seq_len=4096, global_batch=1024, micro_batch=1, zero_stage=1)  # 4M tokens per step
-VISIBLE_MESH = MeshShape(pp=1, dp=2, tp=2)
+VISIBLE_MESH = MeshShape(pp=1, dp=1, tp=2)
 HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
 # Seconds before the mesh runs count as hung: 8 ranks setting up DTensor, FSDP2 and a pipeline on
 # 2 shared cores take several seconds, more than a hang limit tuned for plain collectives.

@@ -11,7 +11,11 @@ real run with the student's TP plan (``distlab.labs.mesh_traffic``):
 
 The visible problem is the lab's 8-rank mesh on 2 nodes of 4, its budget and losses stored in
 ``data/07_3d_parallelism/placement.pt``; hidden problems draw another mesh and seed, their budget
-computed in the judge."""
+computed in the judge. A hidden mesh has 4 ranks on 2 nodes of 2, two of its axes larger than 1:
+one of the two must cross nodes, and which one is the decision the visible problem grades (on 8
+ranks the outermost axis alone crosses). Both placements the lab's planted mistakes make (TP
+across nodes; DP across nodes rather than PP) send more than the budget there as on 8 ranks, at
+half the ranks' cost (``tests/test_lab07.py``)."""
 from __future__ import annotations
 
 import random
@@ -27,7 +31,8 @@ from distlab.labs.mesh_traffic import (AXES, axis_traffic, cross_node_bytes, gro
                                        megatron_layout, traced_mesh_rank)
 
 VISIBLE = (MeshShape(pp=2, dp=2, tp=2), 4)
-HIDDEN_TRIPLES = ((2, 2, 2), (2, 1, 4), (2, 4, 1))     # (pp, dp, tp) on 8 ranks, nodes of 4
+HIDDEN_TRIPLES = ((2, 2, 1), (2, 1, 2), (1, 2, 2))     # (pp, dp, tp) on 4 ranks, nodes of 2
+HIDDEN_PER_NODE = 2
 SEED = 707
 
 
@@ -60,13 +65,14 @@ def placement_budget() -> float:
 
 
 def _problem(seed: int | None):
-    """(shape, per_node, cfg, seed, budget, losses); hidden: another mesh of 8 ranks and seed."""
+    """(shape, per_node, cfg, seed, budget, losses); hidden: a mesh of 4 ranks and another seed."""
     if seed is None:
         from distlab.checks.stored import load
         return (*VISIBLE, TinyConfig(), SEED, placement_budget(),
                 load("07_3d_parallelism", "placement")["losses"])
     shape, cfg = MeshShape(*random.Random(seed).choice(HIDDEN_TRIPLES)), TinyConfig()
-    return shape, 4, cfg, seed, _budget(shape, 4, cfg), reference_losses(cfg, seed)
+    per_node = HIDDEN_PER_NODE
+    return shape, per_node, cfg, seed, _budget(shape, per_node, cfg), reference_losses(cfg, seed)
 
 
 def _layout(got, shape: MeshShape, call: str) -> list:
@@ -114,4 +120,5 @@ def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
                 f"{nodes}. Which axis sends the most per step, and which the least? Keep the "
                 f"heavy ones inside a node.")
     return (f"layout {layout}: losses equal single-process training's; {crossed} bytes per step "
-            f"cross nodes (budget {budget:.0f})")
+            f"cross nodes (budget {budget:.0f}: the course's placement, TP innermost and PP "
+            f"outermost, and the least of the six orders of the dimensions)")

@@ -81,10 +81,11 @@ def make_references() -> dict:
         _, flops = best_checkpoint_choice(problem, budget)
         sets[_budget_set(fraction)] = {"seed": problem.seed, "budget": torch.tensor(budget),
                                        "least_recompute_flops": torch.tensor(flops)}
-    from distlab.checks.lab08_design import design_budget_set
+    from distlab.checks.lab08_design import design_budget_set, peaks_sets
     from distlab.checks.lab08_prediction import prediction_set
     sets["prediction"] = prediction_set()
     sets["design_budget"] = design_budget_set()
+    sets.update(peaks_sets())
     return sets
 
 

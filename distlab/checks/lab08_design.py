@@ -13,8 +13,11 @@ The budget is measured, not typed: halfway between the peak of the course's desi
 checkpointed and ``fully_shard``-ed) and the lowest peak of the plain designs (DDP; DDP with every
 block checkpointed; ``fully_shard`` per block without checkpointing), so that none of those fits.
 The visible case's peaks, budget and losses are stored in ``data/<lab>/design_budget.pt`` (a
-handout has neither the course's design nor the reference training); hidden cases (another seed,
-4 ranks) measure them in the judge."""
+handout has neither the course's design nor the reference training). Hidden cases (another seed,
+4 ranks) read the 4-rank peaks from ``data/<lab>/design_peaks_4.pt``: bytes follow the shapes,
+not the seed (``tests/test_lab08.py`` measures both seeds), so the four runs that measure them
+are made once by ``distlab references``, not once per student; their losses, which do depend on
+the seed, are computed in the judge per call."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,31 +42,50 @@ def _setup(seed: int | None) -> ShardSetup:
     return DESIGN_SETUP if seed is None else dataclasses.replace(DESIGN_SETUP, seed=seed)
 
 
+STORED_PEAKS = {2: "design_budget", 4: "design_peaks_4"}   # world size -> its stored set
+
+
 @functools.lru_cache(maxsize=None)
 def measured_peaks(world_size: int) -> DesignPeaks:
-    """Every plain design's peak and the course design's, measured on ``world_size`` ranks.
-    Bytes follow the shapes, not the values, so a hidden case's fresh seed needs no new
-    measurement: the judge measures once per world size, not once per student."""
+    """Every plain design's peak and the course design's, measured on ``world_size`` ranks."""
     return DesignPeaks(plain={name: measure_peak(d, world_size)
                               for name, d in PLAIN_DESIGNS.items()},
                        course=measure_peak(course_design, world_size))
 
 
+def _peaks_set(peaks: DesignPeaks) -> dict:
+    return {"plain": torch.tensor(list(peaks.plain.values()), dtype=torch.int64),
+            "course": torch.tensor(peaks.course), "budget": torch.tensor(peaks.budget)}
+
+
+def peaks_sets() -> dict:
+    """The 4-rank peaks for ``data/<lab>/design_peaks_4.pt`` (the 2-rank ones are in
+    ``design_budget_set``). Seed-free: a hidden case's fresh seed draws other values of the same
+    shapes, and the bytes a rank holds follow the shapes."""
+    return {"design_peaks_4": {"seed": DESIGN_SETUP.seed, **_peaks_set(measured_peaks(4))}}
+
+
+def stored_peaks(world_size: int) -> DesignPeaks:
+    """The peaks on ``world_size`` ranks as stored, or measured here where none are stored."""
+    name = STORED_PEAKS.get(world_size)
+    if name is None:
+        return measured_peaks(world_size)
+    from distlab.checks.stored import load
+    stored = load(LAB, name)
+    return DesignPeaks(plain=dict(zip(PLAIN_DESIGNS, stored["plain"].tolist())),
+                       course=int(stored["course"]))
+
+
 def design_budget_set() -> dict:
     """The visible case (2 ranks, seed 0): the peaks, the budget and the reference losses."""
-    peaks = measured_peaks(2)
-    return {"seed": DESIGN_SETUP.seed,
-            "plain": torch.tensor(list(peaks.plain.values()), dtype=torch.int64),
-            "course": torch.tensor(peaks.course), "budget": torch.tensor(peaks.budget),
+    return {"seed": DESIGN_SETUP.seed, **_peaks_set(measured_peaks(2)),
             "losses": reference_sharded_training(DESIGN_SETUP, DESIGN_STEPS)["losses"]}
 
 
 def stored_design() -> tuple[DesignPeaks, torch.Tensor]:
     """The visible case as stored: (peaks, reference losses)."""
     from distlab.checks.stored import load
-    stored = load(LAB, "design_budget")
-    return (DesignPeaks(plain=dict(zip(PLAIN_DESIGNS, stored["plain"].tolist())),
-                        course=int(stored["course"])), stored["losses"])
+    return stored_peaks(2), load(LAB, "design_budget")["losses"]
 
 
 def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> None:
@@ -76,7 +98,7 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> N
         # apart: what that carries through the steps (distlab.checks.stored.tolerance).
         tol = tolerance(losses, steps=DESIGN_STEPS)
     else:
-        peaks = measured_peaks(world_size)
+        peaks = stored_peaks(world_size)
         losses = reference_sharded_training(setup, DESIGN_STEPS)["losses"]
         tol = TOL
     case = "the stored inputs" if seed is None else f"fresh inputs, seed {seed}"
@@ -104,4 +126,6 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None) -> N
                       "fully_shard unit is neither sharded nor averaged).", **tol)
     top = max(steady_peak(out[r]["peaks"])[0] for r in range(world_size))
     print(f"your design peaked at {top:,} bytes per rank, within the budget of {budget:,} "
-          f"({world_size} ranks, {DESIGN_STEPS} steps); losses equal to one process's")
+          f"({world_size} ranks, {DESIGN_STEPS} steps; the course's design, every block "
+          f"checkpointed and sharded: {peaks.course:,}; the lowest plain design: "
+          f"{min(peaks.plain.values()):,}); losses equal to one process's")

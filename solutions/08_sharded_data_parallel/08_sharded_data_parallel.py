@@ -315,10 +315,12 @@ check_zero3_block(Zero3Block, world_size=2, seed=fresh_seed(), hidden=19)       
 # done) the gather of block i+1 can be *issued* when block i starts computing and *waited on*
 # only when block i+1 needs it. Backward runs the blocks in reverse, so there block i-1 is
 # prefetched while block i computes its gradients; the price is a second block's parameters in
-# memory. This is *explicit* prefetching, which FSDP2 offers as an opt-in
-# (`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`). By default FSDP2
-# prefetches *implicitly*: it issues each all-gather on its own CUDA stream, so on a GPU the next
-# block's gather already overlaps the current block's compute once the CPU runs ahead.
+# memory. This is *explicit* prefetching, and FSDP2 does it by default in backward, in the reverse
+# of forward's order (as PyTorch PR 128884 describes its defaults; that PR added
+# `set_modules_to_forward_prefetch` and `set_modules_to_backward_prefetch` to choose the modules
+# by hand). In forward its default is *implicit*: it issues each all-gather on its own CUDA
+# stream, so on a GPU the next block's gather overlaps the current block's compute once the CPU
+# runs ahead.
 #
 # ### Exercise 3 — prefetch (3 points)
 #
@@ -500,7 +502,7 @@ plot_memory_over_step(stages);
 #
 # <details><summary>Hint 2</summary>
 #
-# A ZeRO bucket of P_i elements travels as W·⌈P_i / W⌉ of them (exercise 1's padding); DP's
+# A ZeRO bucket of $P_i$ elements travels as $W \lceil P_i / W \rceil$ of them (exercise 1's padding); DP's
 # all-reduces carry the gradients as they are.
 # </details>
 
@@ -533,9 +535,10 @@ print(format_volume(stages, predict=predict_step_bytes))   # predicted: your byt
 # gradient after each backward, so it either reduce-scatters m times per step (m× the gradient
 # traffic) or keeps the whole gradient until the last micro-batch — which is ZeRO-1's memory.
 # DeepSpeed's pipeline engine takes the second view and accepts only ZeRO-1 (it refuses stages 2
-# and 3 with pipeline parallelism). Others pay the traffic: Llama 3 (arXiv:2407.21783, sec.
-# 3.3.2) trains with FSDP sharding the gradients and optimizer state under a 16-stage pipeline.
-# So "pipelines pair with ZeRO-1" is one engine's choice, not a rule.
+# and 3 with pipeline parallelism). Llama 3 (arXiv:2407.21783, sec. 3.3.2) shards optimizer state
+# and gradients under a 16-stage pipeline and accumulates FP32 gradients over the micro-batches;
+# the paper does not say how often it reduce-scatters them. So "pipelines pair with ZeRO-1" is
+# one engine's choice, not a rule.
 
 # %% [markdown]
 # ## 7. The same with FSDP2
@@ -590,8 +593,8 @@ print(format_tp_fsdp(tp_within_fsdp()))
 # Sharding divides the model states by W, not the activations: those grow linearly in the batch
 # and, for attention computed plainly, quadratically in the sequence length (the s × s scores; a
 # fused attention kernel such as FlashAttention, Dao et al. 2022, arXiv:2205.14135, never stores
-# them, and its activations stay linear). A common rule of thumb adds 25% to the model states for
-# the activations. `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`
+# them, and its activations stay linear). Lab 7's quick count assumed activations at a quarter
+# of the model states; the measurement below tests it. `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`
 # keeps only the block's input and runs its forward again during backward.
 #
 # First, measured on a tiny attention block, written plainly (`ActivationMeter`, saved bytes after
@@ -632,7 +635,7 @@ print(format_checkpointing(checkpointing_measured(seq_lens=(64, 128))))
 #
 # <details><summary>Hint 1</summary>
 #
-# A block saves `saved_bytes − checkpointed_bytes` = B·h·4 bytes (its tanh output) and costs
+# A block saves `b["saved_bytes"] − b["checkpointed_bytes"]`, $4Bh$ bytes (its tanh output) and costs
 # 4·B·d·h FLOPs: both proportional to its width h. Every block has the same saving per FLOP, so
 # ranking by that ratio decides nothing.
 # </details>
@@ -735,9 +738,10 @@ check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
 #
 # <details><summary>Hint 3</summary>
 #
-# Replace each block by its checkpointed wrapper, `fully_shard` each wrapper, then the root, and
-# return the root. Then try the other levers: must every block be checkpointed? What does
-# `reshard_after_forward=False` cost here?
+# Hint 1's two terms: which lever shrinks each, and does anything stop you pulling both at once?
+# In what order must a block be wrapped for checkpointing and sharded, and what does the root
+# need so that every parameter is in some unit? Then: must every block be checkpointed, and what
+# does `reshard_after_forward=False` cost here?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "design_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -759,7 +763,7 @@ def design(model: torch.nn.Sequential, mesh) -> torch.nn.Module:
 check_design(design)
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget measured afresh
+check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget from their peaks, measured once
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -796,14 +800,15 @@ check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget me
 #   fp32 gradients); on 64 ranks ZeRO-3 leaves 0.25 or 0.28 of them per rank.
 # - ZeRO-1 and ZeRO-2 cost no more traffic than data parallelism; ZeRO-3 costs 1.5×, for dividing
 #   the weights too. Under a pipeline's gradient accumulation ZeRO-2's early reduce-scatter costs
-#   m× the gradient traffic, which DeepSpeed's pipeline engine refuses and Llama 3 pays.
+#   m× the gradient traffic, which DeepSpeed's pipeline engine refuses; Llama 3 shards gradients
+#   under its pipeline and does not say how often it reduce-scatters them.
 # - FSDP2's `fully_shard` per block reproduces your ZeRO-3 (same gathers, same bytes, same
 #   parameters to float64 rounding); `reshard_after_forward=False` halves the gathers and holds
 #   every block; one unit for the whole model gathers twice per step and holds it all.
 # - Checkpointing keeps only block inputs: at a doubled sequence the saved bytes grew ×2.66
 #   without it (the attention scores grow ×4) and exactly ×2 with it, at the price of a second
-#   forward in backward. The 1.25 rule of thumb is a rough average: here activations were 1.9
-#   to 5.2 times the model states.
+#   forward in backward. Lab 7's quick count (activations a quarter of the states) is an
+#   assumption: here activations were 1.9 to 5.2 times the model states.
 # - Choosing which blocks to checkpoint is subset sum when every block saves the same bytes per
 #   recomputed FLOP, as the MLP blocks here do: widest-first and narrowest-first both miss the
 #   least recompute on the lab's stack.
@@ -811,3 +816,9 @@ check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget me
 #   Sharding divides the model states (32 bytes per float64 parameter with AdamW), checkpointing
 #   the activations; DDP with every block checkpointed and `fully_shard` without checkpointing
 #   both stay above the budget, `fully_shard` per block with checkpointing fits with room to spare.
+# - Grading cost: the hidden design case on 4 ranks reads the 4-rank peaks of the plain designs
+#   and the course's from `data/` (bytes follow the shapes, not the seed; a test measures the
+#   course's design again under another seed) instead of measuring them with four more 4-rank
+#   runs per student, and the single-process references run on one thread. Graded beside the
+#   previous version on the same busy machine (load average 18–20, two runs each): 33 CPU-s before,
+#   22 after.

@@ -166,5 +166,6 @@ def format_checkpointing(rows: list[dict]) -> str:
                      f"x{b['saved_checkpointed'] / a['saved_checkpointed']:.2f} (the inputs only)")
     lines.append("times: median of 5 steps, one thread; at these sizes the recompute is of the order of "
                  "the timing noise: read the bytes, not the milliseconds")
-    lines.append("the 1.25 rule of thumb assumes saved / states = 0.25 (states: 16 bytes per parameter)")
+    lines.append("Lab 7's quick count (the 1.25 rule, no published source) assumes saved / states = 0.25 "
+                 "(states: 16 bytes per parameter)")
     return "\n".join(lines)
