@@ -50,3 +50,21 @@ def run_each_backend(fn, world_size: int, *args) -> list:
     import distlab
     return [(b, distlab.run(fn, world_size, *args, backend=b, timeout=rank_timeout()))
             for b in backends(world_size)]
+
+
+def call_each(fn, calls: list[tuple]) -> list:
+    """``[fn(*args) for args in calls]``, run on one rank in one launch. A check that calls a
+    student's function on many cases (every step of every rank of a trace) pays one rank's start
+    instead of one per call (in the judge, each call of a submitted function is a launch). Each
+    call gets its own copy of its arguments, pickled apart as a launch of its own would pickle
+    them: a function that changes what it was given cannot change a later case."""
+    import pickle
+
+    import distlab
+    blobs = [pickle.dumps(tuple(args)) for args in calls]
+    return distlab.run(_call_each, 1, fn, blobs, backend="gloo", timeout=rank_timeout())[0]
+
+
+def _call_each(rank: int, world_size: int, fn, blobs: list[bytes]) -> list:
+    import pickle
+    return [fn(*pickle.loads(blob)) for blob in blobs]
