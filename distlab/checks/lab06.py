@@ -26,6 +26,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
 from distlab.checks.ranks import call_each
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
@@ -323,17 +324,7 @@ __all__ = ["check_collective_events", "check_comm_share", "check_classify", "che
 # ---------------------------------------------------------------------------------------------
 # Exercise 5: the real GPU traces shipped under data/traces
 
-GPU_KEYS = ("a100_overlap_fraction", "a100_nccl_share", "nsys_exposed_comm_s")
-
-
-def reference_gpu_answers() -> dict:
-    """The course's own measures (the references above) run on the shipped files."""
-    from distlab.labs.timelines.gpu_traces import a100_timeline, gpu_window, nsys_timeline
-    a100, export = a100_timeline(), nsys_timeline()
-    return {"a100_overlap_fraction": reference_overlap_fraction(a100, 0),
-            "a100_nccl_share": reference_comm_share(a100, 0, gpu_window(a100, 0)),
-            "nsys_exposed_comm_s": [reference_exposed_comm(export, r, gpu_window(export, r))
-                                    for r in range(export.world_size)]}
+from distlab.checks.lab06_gpu import GPU_HINTS, GPU_KEYS, reference_gpu_answers  # noqa: E402,F401
 
 
 def check_gpu_traces(answers) -> None:
@@ -346,12 +337,6 @@ def check_gpu_traces(answers) -> None:
     stored = load(LAB, "gpu")   # the references on the shipped files, stored: a handout has none
     expected = {key: stored[key].item() if stored[key].dim() == 0 else stored[key].tolist()
                 for key in GPU_KEYS}
-    hints = {"a100_overlap_fraction": "overlap_fraction(a100, 0): 1 - exposed / NCCL time, over "
-                                      "the trace's one step range.",
-             "a100_nccl_share": "comm_share(a100, 0, gpu_window(a100, 0)): NCCL kernel time over "
-                                "the window, intervals merged (kernels of two streams can overlap).",
-             "nsys_exposed_comm_s": "[exposed_comm(export, r, gpu_window(export, r)) for r in "
-                                    "range(2)]: seconds of NCCL kernels with no other kernel running."}
     for key in GPU_KEYS:
         got, exp = answers[key], expected[key]
         got_list = got if isinstance(got, (list, tuple)) else [got]
@@ -362,7 +347,7 @@ def check_gpu_traces(answers) -> None:
             raise CheckFailed(f"gpu_answers[{key!r}] must be a number (or one per rank), got {got!r:.100}.")
         if len(got_list) != len(exp_list) or not all(_close(g, e) for g, e in zip(got_list, exp_list)):
             raise CheckFailed(f"gpu_answers[{key!r}]: expected {exp_list if len(exp_list) > 1 else exp_list[0]:}, "
-                              f"got {got}. {hints[key]}")
+                              f"got {got}. {GPU_HINTS[key]}")
 
 
 def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
@@ -373,15 +358,24 @@ def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
 
 
 def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:
-    """The open design exercise: ``plan_buckets(sizes, ready, alpha, bandwidth)``, graded by the
-    time its plan leaves exposed (on paper) and its run on real ranks (``lab06_design``)."""
-    from distlab.checks.lab06_design import grade_bucket_plan
-    return grade_bucket_plan(plan_buckets, seed)
+    """The open design exercise, first cell: ``plan_buckets(sizes, ready, alpha, bandwidth)``'s
+    wait (on paper) within the hinted designs', and its run on real ranks (``lab06_design``)."""
+    return _said(grade_bucket_plan(plan_buckets, seed, "hinted"))
+
+
+def check_bucket_plan_bar(plan_buckets, seed: int | None = None) -> str:
+    """The design's second cell: its wait within the bar, between the hinted designs' and the bound."""
+    return _said(grade_bucket_plan(plan_buckets, seed, "bar"))
+
+
+def _said(verdict: str) -> str:   # printed: under grading only what a check prints reaches the cell
+    print(verdict)
+    return verdict
 
 
 def bucket_problem():
-    """The design exercise's visible problem and budget, as stored: (spec, problem, budget)."""
-    from distlab.checks.lab06_design import visible_problem
+    """The design exercise's visible problem and scale, as stored: (spec, problem, {"hinted",
+    "bar", "bound"}: seconds waited after backward)."""
     return visible_problem()
 
 
@@ -389,7 +383,7 @@ def bucket_problem():
 from distlab.checks.course_code import LAB6_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
-    "check_predicted_messages", "check_bucket_plan"],
+    "check_predicted_messages", "check_bucket_plan", "check_bucket_plan_bar"],
     CourseCode(forbidden=LAB6_SHIPPED + names("distlab.labs.timelines.runs", "formula_messages")
                + names("distlab.checks.lab06_design", "_best_exposed")))
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
