@@ -309,24 +309,67 @@ def test_prediction_and_bucket_plan_pass_with_the_solution():
     f = _lab6("predict_messages", "plan_buckets")
     lab06.check_predicted_messages(f["predict_messages"])
     lab06.check_predicted_messages(f["predict_messages"], seed=21)
-    assert "budget" in lab06.check_bucket_plan(f["plan_buckets"])
+    verdict = lab06.check_bucket_plan(f["plan_buckets"])
+    assert "the hinted designs wait" in verdict and "gradients equal" in verdict
     lab06.check_bucket_plan(f["plan_buckets"], seed=8)
-    spec, problem, budget = lab06.bucket_problem()
-    # stored = the code's, a float64 formula of the stored problem
-    assert budget == pytest.approx(lab06_design._best_exposed(problem), rel=EXACT64)
+    assert "within the bar" in lab06.check_bucket_plan_bar(f["plan_buckets"])
+    lab06.check_bucket_plan_bar(f["plan_buckets"], seed=9)
+    spec, problem, scale = lab06.bucket_problem()
+    # stored = the code's, float64 formulas of the stored problem
+    for key, value in lab06_design.bars(problem).items():
+        assert scale[key] == pytest.approx(value, rel=EXACT64), key
     layers = len(problem.sizes)
-    # the lab's problem is a real trade-off: neither extreme reaches the budget
-    assert exposed(problem, [layers]) > budget and exposed(problem, [1] * layers) > budget
+    # the lab's problem is a real trade-off: neither extreme reaches the first budget, and the
+    # hinted designs do not reach the bar (so the second test asks for more than the hints give)
+    assert exposed(problem, [layers]) > scale["hinted"] and exposed(problem, [1] * layers) >= scale["hinted"]
+    assert scale["hinted"] > scale["bar"] > scale["bound"]
 
 
-@pytest.mark.parametrize("plan,match", [("one", "the step waits .* The budget is"),
-                                        ("per_layer", "the step waits .* The budget is"),
+def hinted_only(sizes, ready, alpha, bandwidth):
+    """A planted design that stops where the hints do: the better of both extremes and the last
+    bucket alone (module level: ranks import it by name)."""
+    from distlab.labs.timelines.buckets import BucketProblem, exposed
+    problem, n = BucketProblem(tuple(sizes), tuple(ready), alpha, bandwidth), len(sizes)
+    return min([[n], [1] * n, [n - 1, 1]], key=lambda plan: exposed(problem, plan))
+
+
+@pytest.mark.parametrize("plan,match", [("one", "waits .* This test's budget is the hinted"),
                                         ("short", "unusable plan: plan=.*add up to")])
 def test_planted_bucket_plans_lose_the_design_test(plan, match):
     def planted(sizes, ready, alpha, bandwidth):
-        return {"one": [len(sizes)], "per_layer": [1] * len(sizes), "short": [1]}[plan]
+        return {"one": [len(sizes)], "short": [1]}[plan]
     with pytest.raises(CheckFailed, match=match):
         lab06.check_bucket_plan(planted)
+
+
+def test_the_hinted_design_passes_the_first_cell_not_the_bar():
+    assert "gradients equal" in lab06.check_bucket_plan(hinted_only)
+    with pytest.raises(CheckFailed, match=r"waits .* the hinted designs wait .* the bar is .* no plan"
+                                          r".* This test's budget is the bar"):
+        lab06.check_bucket_plan_bar(hinted_only)
+
+
+# Of the suite's shared grading run (tests/conftest.py): the planted design, graded for real.
+SAMPLE_KINDS = ()
+GRADED_TESTS = ["test_collective_events", "test_comm_share", "test_classify",
+                "test_overlap_fraction", "test_plan_buckets", "test_plan_buckets_bar",
+                "test_gpu_answers", "test_predict_messages"]
+
+
+def own_graded_samples() -> dict:
+    """The hinted designs' plan in the solved lab: it must lose the bar's test only."""
+    import inspect
+    import submissions
+    body = inspect.getsource(hinted_only).replace("def hinted_only(", "def plan_buckets(")
+    return {("hinted_design", lab06.LAB): submissions.replace_cell(
+        submissions.solved(lab06.LAB), "plan_buckets", body)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_grader_scores_the_hinted_design(graded_samples):
+    row = graded_samples["rows"][("hinted_design", lab06.LAB)]
+    assert {t for t in GRADED_TESTS if row[t] != "pass"} == {"test_plan_buckets_bar"}, row
 
 
 def test_planted_prediction_without_the_first_mlp_exception_fails():
@@ -350,5 +393,6 @@ def test_visible_prediction_and_design_need_no_answer_of_the_course(monkeypatch)
     monkeypatch.setattr(lab06_prediction, "formula_messages", withheld)
     lab06.check_predicted_messages(f["predict_messages"])
     lab06.check_bucket_plan(f["plan_buckets"])
+    lab06.check_bucket_plan_bar(f["plan_buckets"])
     with pytest.raises(NotImplementedError):
         lab06.check_bucket_plan(f["plan_buckets"], seed=3)

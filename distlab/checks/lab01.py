@@ -31,7 +31,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.crossed import assert_crossed_as_recorded
-from distlab.checks.ranks import rank_timeout, run_each_backend
+from distlab.checks.ranks import call_each, rank_timeout, run_each_backend
 from distlab.labs.collectives import reference_fit, reference_ring_fit
 from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
@@ -265,10 +265,9 @@ def _as_pair(value, name: str) -> tuple[float, float]:
 def check_bandwidths(fn, seed: int | None = None) -> None:
     """``fn(nbytes, seconds, factor)`` must return nccl-tests' (algbw, busbw) in GB/s."""
     cases = _stored("bandwidths") if seed is None else _marked("bandwidths", bandwidth_cases(seed))
-    for i in range(len(cases["nbytes"])):
-        factor = float(cases["factor"][i])
-        nbytes, seconds = float(cases["nbytes"][i]), float(cases["seconds"][i])
-        got = _as_pair(fn(nbytes, seconds, factor), "bandwidths")
+    calls = list(zip(*(cases[k].double().tolist() for k in ("nbytes", "seconds", "factor"))))
+    for i, ((nbytes, seconds, factor), answer) in enumerate(zip(calls, call_each(fn, calls))):
+        got = _as_pair(answer, "bandwidths")
         exp = [float(v) for v in cases["expected"][i]]
         for label, g, e, hint in (("algbw", got[0], exp[0], "algbw = size / time, in GB/s (1e9 bytes/s)."),
                                   ("busbw", got[1], exp[1], f"busbw = algbw x factor ({factor:.4g}).")):
@@ -334,9 +333,10 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
         cases = bus_factor_cases(world_sizes, numel, ring)
         expected_factors = [reference(reference_bus_factor(comms, numel * 4)) for _, comms in cases]
     nbytes = numel * 4
-    for (what, comms), expected in zip(cases, expected_factors, strict=True):
+    answers = call_each(fn, [(comms, nbytes) for _, comms in cases])   # one launch for all
+    for (what, comms), expected, got in zip(cases, expected_factors, answers, strict=True):
         try:
-            got = float(fn(comms, nbytes))
+            got = float(got)
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"bus_factor on {what}: expected a number, got an error: {err}")
         if not math.isclose(got, expected, rel_tol=1e-9):

@@ -26,6 +26,8 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
+from distlab.checks.ranks import call_each
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
@@ -222,90 +224,96 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Checks
 
-def check_collective_events(fn, seed: int | None = None) -> None:
+def check_collective_events(fn, seed: int | None = None) -> str:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
     from distlab.labs.timelines.trace import load_trace
-    for what, traces, _, stored in _cases(seed):
-        for rank, blob in enumerate(traces):
-            expected = reference(reference_collectives(blob) if stored is None
-                                 else _stored_collectives(stored, rank))
-            got = fn(load_trace(blob))
-            where = f"collective_events on {what}, rank {rank}"
-            try:
-                got = [tuple(g) for g in got]
-            except TypeError:
-                raise CheckFailed(f"{where}: return a list of (op, bytes, start, duration) tuples, "
-                                  f"got {type(got).__name__}.")
-            if len(got) != len(expected):
+    cases = [(what, rank, blob, stored) for what, traces, _, stored in _cases(seed)
+             for rank, blob in enumerate(traces)]
+    answers = call_each(fn, [(load_trace(blob),) for _, _, blob, _ in cases])   # one launch
+    for (what, rank, blob, stored), got in zip(cases, answers):
+        expected = reference(reference_collectives(blob) if stored is None
+                             else _stored_collectives(stored, rank))
+        where = f"collective_events on {what}, rank {rank}"
+        try:
+            got = [tuple(g) for g in got]
+        except TypeError:
+            raise CheckFailed(f"{where}: return a list of (op, bytes, start, duration) tuples, "
+                              f"got {type(got).__name__}.")
+        if len(got) != len(expected):
+            raise CheckFailed(
+                f"{where}: expected {len(expected)} collectives, got {len(got)}. A collective's "
+                f"execution is a complete ('ph' 'X') event named 'gloo:<op>' (category "
+                f"user_annotation) or, on GPUs, a kernel whose name starts with 'nccl'.")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if len(g) != 4 or g[0] != e[0] or g[1] != e[1]:
                 raise CheckFailed(
-                    f"{where}: expected {len(expected)} collectives, got {len(got)}. A collective's "
-                    f"execution is a complete ('ph' 'X') event named 'gloo:<op>' (category "
-                    f"user_annotation) or, on GPUs, a kernel whose name starts with 'nccl'.")
-            for i, (g, e) in enumerate(zip(got, expected)):
-                if len(g) != 4 or g[0] != e[0] or g[1] != e[1]:
-                    raise CheckFailed(
-                        f"{where}: collective #{i} expected ({e[0]!r}, {e[1]} bytes, ...), got {g!r}. "
-                        f"op is the name after 'gloo:'; bytes = elements of 'Input Dims' x the size "
-                        f"of 'Input type' (ITEMSIZE), summed over the inputs.")
-                if not (_close(g[2], e[2], 1e-12) and _close(g[3], e[3], 1e-9, 1e-12)):
-                    raise CheckFailed(
-                        f"{where}: collective #{i} ({e[0]}) expected start {e[2]:.6f} s and duration "
-                        f"{e[3] * 1e6:.3f} us, got {g[2]!r} and {g[3]!r}. Trace times ('ts', 'dur') "
-                        f"are microseconds: multiply by 1e-6; sort by start.")
+                    f"{where}: collective #{i} expected ({e[0]!r}, {e[1]} bytes, ...), got {g!r}. "
+                    f"op is the name after 'gloo:'; bytes = elements of 'Input Dims' x the size "
+                    f"of 'Input type' (ITEMSIZE), summed over the inputs.")
+            if not (_close(g[2], e[2], 1e-12) and _close(g[3], e[3], 1e-9, 1e-12)):
+                raise CheckFailed(
+                    f"{where}: collective #{i} ({e[0]}) expected start {e[2]:.6f} s and duration "
+                    f"{e[3] * 1e6:.3f} us, got {g[2]!r} and {g[3]!r}. Trace times ('ts', 'dur') "
+                    f"are microseconds: multiply by 1e-6; sort by start.")
+    return f"collective_events: every collective of {len(cases)} rank traces, as recorded"
 
 
-def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> None:
+def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
     """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
-    for what, _, timeline, stored in _cases(seed):
-        for rank in range(timeline.world_size):
-            for i, window in enumerate(timeline.steps(rank)):
-                where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
-                share = reference(reference_comm_share(timeline, rank, window) if stored is None
-                                  else stored["comm_share"][rank][i].item())
-                got = share_fn(timeline, rank, window)
-                if not _close(got, share):
-                    raise CheckFailed(
-                        f"comm_share {where}: expected {share:.6f}, got {got!r}. Clip the rank's comm "
-                        f"spans to the window, merge overlapping ones (gloo runs collectives on "
-                        f"several threads), and divide their total length by the window's.")
-                exposed = reference(reference_exposed_comm(timeline, rank, window)
-                                    if stored is None else stored["exposed_comm"][rank][i].item())
-                got = exposed_fn(timeline, rank, window)
-                if not _close(got, exposed):
-                    raise CheckFailed(
-                        f"exposed_comm {where}: expected {exposed * 1e3:.6f} ms, got "
-                        f"{got if not isinstance(got, (int, float)) else f'{got * 1e3:.6f} ms'}. "
-                        f"Subtract the union of the compute spans from the union of the comm spans, "
-                        f"both clipped to the window; answer in seconds.")
+    cases = [(what, timeline, stored, rank, i, window) for what, _, timeline, stored in _cases(seed)
+             for rank in range(timeline.world_size)
+             for i, window in enumerate(timeline.steps(rank))]
+    calls = [(timeline, rank, window) for _, timeline, _, rank, _, window in cases]
+    shares, exposures = call_each(share_fn, calls), call_each(exposed_fn, calls)   # two launches
+    for (what, timeline, stored, rank, i, window), got_share, got_exposed in zip(cases, shares, exposures):
+        where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
+        share = reference(reference_comm_share(timeline, rank, window) if stored is None
+                          else stored["comm_share"][rank][i].item())
+        if not _close(got_share, share):
+            raise CheckFailed(
+                f"comm_share {where}: expected {share:.6f}, got {got_share!r}. Clip the rank's comm "
+                f"spans to the window, merge overlapping ones (gloo runs collectives on "
+                f"several threads), and divide their total length by the window's.")
+        exposed = reference(reference_exposed_comm(timeline, rank, window)
+                            if stored is None else stored["exposed_comm"][rank][i].item())
+        if not _close(got := got_exposed, exposed):
+            raise CheckFailed(
+                f"exposed_comm {where}: expected {exposed * 1e3:.6f} ms, got "
+                f"{got if not isinstance(got, (int, float)) else f'{got * 1e3:.6f} ms'}. "
+                f"Subtract the union of the compute spans from the union of the comm spans, "
+                f"both clipped to the window; answer in seconds.")
+    return f"comm_share and exposed_comm: {len(cases)} steps (every rank of every run) as the references"
 
 
-def check_classify(fn, seed: int | None = None) -> None:
+def check_classify(fn, seed: int | None = None) -> str:
     """``fn(timeline)`` must name the parallelism of every unlabelled timeline."""
-    for what, _, timeline, stored in _cases(seed):
+    cases = list(_cases(seed))
+    answers = call_each(fn, [(timeline.unlabelled(),) for _, _, timeline, _ in cases])
+    for (what, _, timeline, stored), got in zip(cases, answers):
         expected = reference_classify(timeline) if stored is None else LABELS[int(stored["label"])]
-        got = fn(timeline.unlabelled())
         if got != expected:
             raise CheckFailed(
                 f"classify on {what}: "
                 f"expected {expected!r}, got {got!r}. Measure: are there point-to-point "
                 f"messages (send/recv)? Do collectives happen inside the forward range, or only "
                 f"after it? How many per step, how large?")
+    return f"classify: {len(cases)} unlabelled timelines named {answers}"
 
 
-def check_overlap_fraction(fn, seed: int | None = None) -> None:
+def check_overlap_fraction(fn, seed: int | None = None) -> str:
     """``fn(timeline, rank)`` on the data-parallel runs, naive and overlapped, every rank."""
-    for what, _, timeline, stored in _cases(seed):
-        if not timeline.label.startswith("DP"):
-            continue
-        for rank in range(timeline.world_size):
-            expected = reference(reference_overlap_fraction(timeline, rank) if stored is None
-                                 else stored["overlap_fraction"][rank].item())
-            got = fn(timeline, rank)
-            if not _close(got, expected, 1e-9, 1e-9):
-                raise CheckFailed(
-                    f"overlap_fraction on {what}, rank {rank}: expected {expected:.6f}, got {got!r}. "
-                    f"Over all steps: 1 - (sum of exposed communication) / (sum of communication "
-                    f"time), the communication time of a step being comm_share x its length.")
+    cases = [(what, timeline, stored, rank) for what, _, timeline, stored in _cases(seed)
+             if timeline.label.startswith("DP") for rank in range(timeline.world_size)]
+    answers = call_each(fn, [(timeline, rank) for _, timeline, _, rank in cases])
+    for (what, timeline, stored, rank), got in zip(cases, answers):
+        expected = reference(reference_overlap_fraction(timeline, rank) if stored is None
+                             else stored["overlap_fraction"][rank].item())
+        if not _close(got, expected, 1e-9, 1e-9):
+            raise CheckFailed(
+                f"overlap_fraction on {what}, rank {rank}: expected {expected:.6f}, got {got!r}. "
+                f"Over all steps: 1 - (sum of exposed communication) / (sum of communication "
+                f"time), the communication time of a step being comm_share x its length.")
+    return f"overlap_fraction: {[round(float(a), 3) for a in answers]} on the DP runs' ranks"
 
 
 __all__ = ["check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
@@ -316,17 +324,12 @@ __all__ = ["check_collective_events", "check_comm_share", "check_classify", "che
 # ---------------------------------------------------------------------------------------------
 # Exercise 5: the real GPU traces shipped under data/traces
 
-GPU_KEYS = ("a100_overlap_fraction", "a100_nccl_share", "nsys_exposed_comm_s")
+from distlab.checks.lab06_gpu import GPU_HINTS, GPU_KEYS, gpu_answers  # noqa: E402
 
 
 def reference_gpu_answers() -> dict:
     """The course's own measures (the references above) run on the shipped files."""
-    from distlab.labs.timelines.gpu_traces import a100_timeline, gpu_window, nsys_timeline
-    a100, export = a100_timeline(), nsys_timeline()
-    return {"a100_overlap_fraction": reference_overlap_fraction(a100, 0),
-            "a100_nccl_share": reference_comm_share(a100, 0, gpu_window(a100, 0)),
-            "nsys_exposed_comm_s": [reference_exposed_comm(export, r, gpu_window(export, r))
-                                    for r in range(export.world_size)]}
+    return gpu_answers(reference_overlap_fraction, reference_comm_share, reference_exposed_comm)
 
 
 def check_gpu_traces(answers) -> None:
@@ -339,12 +342,6 @@ def check_gpu_traces(answers) -> None:
     stored = load(LAB, "gpu")   # the references on the shipped files, stored: a handout has none
     expected = {key: stored[key].item() if stored[key].dim() == 0 else stored[key].tolist()
                 for key in GPU_KEYS}
-    hints = {"a100_overlap_fraction": "overlap_fraction(a100, 0): 1 - exposed / NCCL time, over "
-                                      "the trace's one step range.",
-             "a100_nccl_share": "comm_share(a100, 0, gpu_window(a100, 0)): NCCL kernel time over "
-                                "the window, intervals merged (kernels of two streams can overlap).",
-             "nsys_exposed_comm_s": "[exposed_comm(export, r, gpu_window(export, r)) for r in "
-                                    "range(2)]: seconds of NCCL kernels with no other kernel running."}
     for key in GPU_KEYS:
         got, exp = answers[key], expected[key]
         got_list = got if isinstance(got, (list, tuple)) else [got]
@@ -355,7 +352,7 @@ def check_gpu_traces(answers) -> None:
             raise CheckFailed(f"gpu_answers[{key!r}] must be a number (or one per rank), got {got!r:.100}.")
         if len(got_list) != len(exp_list) or not all(_close(g, e) for g, e in zip(got_list, exp_list)):
             raise CheckFailed(f"gpu_answers[{key!r}]: expected {exp_list if len(exp_list) > 1 else exp_list[0]:}, "
-                              f"got {got}. {hints[key]}")
+                              f"got {got}. {GPU_HINTS[key]}")
 
 
 def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
@@ -366,15 +363,24 @@ def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
 
 
 def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:
-    """The open design exercise: ``plan_buckets(sizes, ready, alpha, bandwidth)``, graded by the
-    time its plan leaves exposed (on paper) and its run on real ranks (``lab06_design``)."""
-    from distlab.checks.lab06_design import grade_bucket_plan
-    return grade_bucket_plan(plan_buckets, seed)
+    """The open design exercise, first cell: ``plan_buckets(sizes, ready, alpha, bandwidth)``'s
+    wait (on paper) within the hinted designs', and its run on real ranks (``lab06_design``)."""
+    return _said(grade_bucket_plan(plan_buckets, seed, "hinted"))
+
+
+def check_bucket_plan_bar(plan_buckets, seed: int | None = None) -> str:
+    """The design's second cell: its wait within the bar, between the hinted designs' and the bound."""
+    return _said(grade_bucket_plan(plan_buckets, seed, "bar"))
+
+
+def _said(verdict: str) -> str:   # printed: under grading only what a check prints reaches the cell
+    print(verdict)
+    return verdict
 
 
 def bucket_problem():
-    """The design exercise's visible problem and budget, as stored: (spec, problem, budget)."""
-    from distlab.checks.lab06_design import visible_problem
+    """The design exercise's visible problem and scale, as stored: (spec, problem, {"hinted",
+    "bar", "bound"}: seconds waited after backward)."""
     return visible_problem()
 
 
@@ -382,7 +388,7 @@ def bucket_problem():
 from distlab.checks.course_code import LAB6_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
-    "check_predicted_messages", "check_bucket_plan"],
+    "check_predicted_messages", "check_bucket_plan", "check_bucket_plan_bar"],
     CourseCode(forbidden=LAB6_SHIPPED + names("distlab.labs.timelines.runs", "formula_messages")
                + names("distlab.checks.lab06_design", "_best_exposed")))
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for

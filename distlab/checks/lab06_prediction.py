@@ -12,6 +12,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 from distlab.labs.timelines.runs import RUNS, Spec, formula_messages
 from distlab.runtime.per_rank import reference
@@ -58,9 +59,9 @@ def grade_messages(predict, seed: int | None = None) -> None:
     todo = message_cases(seed)
     expected = reference(expected_values(LAB, "messages", "summary", seed, todo,
                                          lambda case: _summary(formula_messages(*case))))
-    for (run, spec, n, rank), want in zip(todo, expected):
+    answers = call_each(predict, todo)   # every case in one launch
+    for (run, spec, n, rank), want, got in zip(todo, expected, answers):
         call = f"predict_messages({run!r}, {spec}, world_size={n}, rank={rank})"
-        got = predict(run, spec, n, rank)
         try:
             got = _summary([(str(op), int(b)) for op, b in got])
         except (TypeError, ValueError):

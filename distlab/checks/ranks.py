@@ -50,3 +50,20 @@ def run_each_backend(fn, world_size: int, *args) -> list:
     import distlab
     return [(b, distlab.run(fn, world_size, *args, backend=b, timeout=rank_timeout()))
             for b in backends(world_size)]
+
+
+def call_each(fn, calls: list[tuple]) -> list:
+    """``[fn(*args) for args in calls]``, run on one rank in one launch. A check that calls a
+    student's function on many cases (every step of every rank of a trace) pays one rank's start
+    instead of one per call (in the judge, each call of a submitted function is a launch). Each
+    call gets its own copy of its arguments, as a launch of its own would: a function that
+    changes what it was given cannot change a later case."""
+    import distlab
+    return distlab.run(_call_each, 1, fn, [tuple(args) for args in calls], backend="gloo",
+                       timeout=rank_timeout())[0]
+
+
+def _call_each(rank: int, world_size: int, fn, calls: list[tuple]) -> list:
+    import pickle
+    # Copied by pickling (faster than deepcopy on a trace's dicts): calls may share a timeline.
+    return [fn(*pickle.loads(pickle.dumps(args))) for args in calls]

@@ -292,7 +292,7 @@ check_bandwidths(bandwidths, seed=fresh_seed())
 # buffer once per rank: factor 1. These are nccl-tests' factors (its `doc/PERFORMANCE.md`),
 # derived here from bytes you sent.
 
-# %% nbgrader={"grade": false, "grade_id": "factors", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "factors", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 factors = bus_factors(bus_factor, ring_record(ring_all_reduce, world_size=2))
 print({op: round(f, 4) for op, f in factors.items()})
 

@@ -35,8 +35,8 @@
 import distlab
 from distlab.labs.timelines import nsys
 from distlab.checks.assertions import fresh_seed
-from distlab.checks.lab06 import (bucket_problem, check_bucket_plan, check_classify,
-                                  check_collective_events, check_comm_share,
+from distlab.checks.lab06 import (bucket_problem, check_bucket_plan, check_bucket_plan_bar,
+                                  check_classify, check_collective_events, check_comm_share,
                                   check_overlap_fraction, check_predicted_messages,
                                   stored_timeline, stored_trace)
 from distlab.labs.timelines.buckets import BucketProblem, exposed, replay_buckets
@@ -448,10 +448,12 @@ plot(runs["DP overlapped"].timeline, title="DP overlapped: all-reduces start dur
 # takes α + S/B (Lab 1's model). The lab's problem is measured on the stored naive DP trace: the
 # backward range over the layers, and α and B fitted to the medians of its two all-reduce sizes.
 #
-# **Budget.** The step may wait after backward no longer than the best plan of contiguous buckets
-# does (printed below). The check then runs your plan on 2 real ranks, one flat all-reduce per
-# bucket, and compares the collective record (one all-reduce per bucket, of its bytes) and the
-# averaged gradients with the single-process ones. Hidden tests: other widths, depths and speeds.
+# **Budget, on a scale** (printed below, in ms waited after backward). The first test's budget
+# is what the hints lead to; the second test's bar lies halfway from there to the bound, the least
+# any plan of contiguous buckets waits. The first test also runs your plan on 2 real ranks, one
+# flat all-reduce per bucket, and compares the collective record (one all-reduce per bucket, of
+# its bytes) and the averaged gradients with the single-process ones. Hidden tests: other widths,
+# depths and speeds, each with its own scale. The feedback shows your wait beside all three.
 #
 # **Why it matters.** This is the choice behind DDP's `bucket_cap_mb` (Lab 2): the same trade of
 # per-call cost against overlap, read off a timeline. `replay_buckets(problem, plan)` and
@@ -470,15 +472,18 @@ plot(runs["DP overlapped"].timeline, title="DP overlapped: all-reduces start dur
 #
 # <details><summary>Hint 3</summary>
 #
-# With L layers there are 2^(L-1) plans of contiguous buckets; `exposed` prices one in
-# microseconds.
+# A plan that hides the last bucket well may still not be the best one. How many plans of
+# contiguous buckets are there for the depths the check uses (at most 7 layers), and how long
+# does `exposed` take to price one?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "bucket_problem", "locked": true, "schema_version": 3, "solution": false, "task": false}
-spec6, problem, budget = bucket_problem()
+spec6, problem, scale = bucket_problem()
 print(f"{len(problem.sizes)} layers of {problem.sizes[0]} bytes, one every "
       f"{problem.ready[0] * 1e3:.2f} ms of backward; alpha = {problem.alpha * 1e3:.2f} ms, "
-      f"B = {problem.bandwidth / 1e6:.1f} MB/s; budget: wait at most {budget * 1e3:.3f} ms")
+      f"B = {problem.bandwidth / 1e6:.1f} MB/s; first test: wait at most "
+      f"{scale['hinted'] * 1e3:.3f} ms, second: at most {scale['bar'] * 1e3:.3f} ms; no plan "
+      f"waits less than {scale['bound'] * 1e3:.3f} ms")
 
 # %% nbgrader={"grade": false, "grade_id": "plan_buckets", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def plan_buckets(sizes, ready, alpha, bandwidth) -> list[int]:
@@ -501,10 +506,16 @@ def plan_buckets(sizes, ready, alpha, bandwidth) -> list[int]:
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_plan_buckets", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-print(check_bucket_plan(plan_buckets))
+# %% nbgrader={"grade": true, "grade_id": "test_plan_buckets", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_bucket_plan(plan_buckets);   # prints its verdict: your wait beside the scale
 ### BEGIN HIDDEN TESTS
-print(check_bucket_plan(plan_buckets, seed=fresh_seed()))  # another width, depth (3-7 layers) and link
+check_bucket_plan(plan_buckets, seed=fresh_seed());  # another width, depth (3-7 layers) and link
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_plan_buckets_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_bucket_plan_bar(plan_buckets);   # the bar, between the hinted designs and the bound
+### BEGIN HIDDEN TESTS
+check_bucket_plan_bar(plan_buckets, seed=fresh_seed());  # another problem, its own scale
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -58,11 +58,11 @@ from distlab.labs.experts import (DispatchPlan, ToyTask, compare_training, ep_dp
 # %% [markdown]
 # ## 1. The layer on one process
 #
-# For a token x (a row of h numbers) the router computes probabilities p = softmax(W_r x) over
-# the E experts and picks the k largest, i₁ … i_k. The output is the sum of those experts'
-# outputs, each weighted by its probability, the **gate**:
+# For a token x (a row of h numbers) the router computes probabilities
+# $p = \mathrm{softmax}(W_r x)$ over the E experts and picks the k largest, $i_1, \dots, i_k$.
+# The output is the sum of those experts' outputs, each weighted by its probability, the **gate**:
 #
-# y = Σ_j p[i_j] · expert_{i_j}(x).
+# $$y = \sum_j p_{i_j} \cdot \mathrm{expert}_{i_j}(x).$$
 #
 # This lab does not renormalise the gates over the k chosen experts, and that is a choice. With
 # k = 1 it is required: renormalised, the one gate would be the constant 1, and the router would
@@ -185,8 +185,8 @@ check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ff
 #   gradient per forward input: `(grad_x, None, None, None)`.
 # - `moe_forward`: `router` is the replicated `nn.Linear(h, E)`, `experts` this rank's E/p
 #   expert modules (local expert i is expert r·E/p + i). It returns this rank's outputs (T, h),
-#   y_t = Σ_j p[i_j] · expert_{i_j}(x_t) as in section 1, with gradients reaching x, the router
-#   and the experts.
+#   $y_t = \sum_j p_{i_j} \cdot \mathrm{expert}_{i_j}(x_t)$ as in section 1, with gradients
+#   reaching x, the router and the experts.
 # - Collectives per rank: in the forward, the count exchange and exactly **two** token
 #   all-to-alls (dispatch, combine); in the backward, exactly two token all-to-alls; no gather.
 # - The check compares every rank's outputs, input gradients and experts' gradients with the
@@ -280,7 +280,7 @@ check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6
 # element), and the combine sends back what the rank received, which is T·k·h·b on average over
 # the ranks; the backward repeats both. (GShard dispatches and combines with the same two
 # all-to-alls. Under balanced routing (p−1)/p of the bytes leave the rank; the rest is the rank's
-# own, which all_to_all_single still counts.) Tensor parallelism of the same layer
+# own, which `all_to_all_single` still counts.) Tensor parallelism of the same layer
 # (every expert's f split over the ranks, Lab 3) assumes instead that every rank **already holds
 # all p·T tokens** (as the activations of a TP group are replicated between its blocks): each rank
 # computes its f/p slice of every expert for all of them and all-reduces the (p·T, h) output:
@@ -481,8 +481,8 @@ check_predicted_bytes(predict_all_to_all_bytes, seed=fresh_seed())  # sizes draw
 #   tokens.
 # - `keep` (T, k) bool: the assignments kept, exactly those Exercise 3's rule keeps (per
 #   expert, the first C of this rank's assignments, first choices first, in token order).
-# - `y` (T, h): y_t = Σ_j gate_tj · expert_{i_tj}(x_t) over the kept assignments only; a token
-#   with none kept gets zeros (the residual carries it).
+# - `y` (T, h): $y_t = \sum_j \mathrm{gate}_{tj} \cdot \mathrm{expert}_{i_{tj}}(x_t)$ over the kept
+#   assignments only; a token with none kept gets zeros (the residual carries it).
 #
 # **Budget**, read from every rank's record (`out.comms`): exactly two collectives, each an
 # `all_to_all_single` (or `all_to_all`) of floats moving exactly p·(E/p)·C·h elements (E·C·h·4
@@ -576,18 +576,18 @@ padded_rows = padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traff
 # is chosen more gets trained more and is chosen still more. Switch Transformer (§2.2, eq. 4) adds
 # an auxiliary loss
 #
-# L_aux = E · Σᵢ fᵢ · Pᵢ,
+# $$L_\text{aux} = E \cdot \sum_i f_i \, P_i,$$
 #
 # with fᵢ the fraction of assignments sent to expert i (here: of the T·k, so Σ fᵢ = 1) and Pᵢ the
 # mean router probability of expert i over the tokens. fᵢ is a count and has no gradient; the
 # gradient flows through Pᵢ and pushes probability away from the experts that get more than their
-# share. Under uniform routing fᵢ = Pᵢ = 1/E and L_aux = 1: the factor E makes the loss's scale
+# share. Under uniform routing $f_i = P_i = 1/E$ and $L_\text{aux} = 1$: the factor E makes the loss's scale
 # independent of the number of experts.
 #
 # **Build** `load_balancing_loss(probs, expert_idx, num_experts)`.
 #
 # **Contract.** `probs` (T, E) the router's probabilities (they carry gradient), `expert_idx`
-# (T, k) the chosen experts; returns L_aux as a 0-dimensional tensor. The check compares the
+# (T, k) the chosen experts; returns $L_\text{aux}$ as a 0-dimensional tensor. The check compares the
 # value and its gradient with respect to the router's logits with the course's on each rank's
 # tokens (hidden: 4 ranks with E = 8, k = 2; 2 ranks, top-1 over 6 experts).
 #

@@ -70,3 +70,22 @@ def profile_ranks(make_step: Callable, world_size: int, *args, steps: int = 3, w
     return Profile(list(out), merge_traces(list(out), label=label))
 
 
+
+
+def _profiled_ranks(rank: int, world_size: int, runs: list, steps: int, warmup: int) -> list[bytes]:
+    """Rank body: ``_profiled_rank`` for each (make_step, args) of ``runs``, one after another."""
+    return [_profiled_rank(rank, world_size, make_step, args, steps, warmup)
+            for make_step, args in runs]
+
+
+def profile_many(runs: dict, world_size: int, steps: int = 3, warmup: int = 1,
+                 backend: str = "auto", timeout: float = 120) -> dict[str, Profile]:
+    """``profile_ranks`` of each ``{label: (make_step, args)}``, on the same ranks one run after
+    another: one launch (ranks' start, rendezvous, the profiler's first start) instead of one per
+    run. Each run's traces hold its own steps only (a profiler session per run)."""
+    from distlab import run
+    out = run(_profiled_ranks, world_size, list(runs.values()), steps, warmup, backend=backend,
+              timeout=timeout)
+    return {label: Profile([out[r][k] for r in range(world_size)],
+                           merge_traces([out[r][k] for r in range(world_size)], label=label))
+            for k, label in enumerate(runs)}

@@ -183,10 +183,11 @@ KIND = {"DP naive": "DP", "DP overlapped": "DP", "TP": "TP", "PP": "PP"}
 
 def profile_all(world_size: int = 2, spec: Spec = Spec(), steps: int = 3, warmup: int = 1,
                 runs=tuple(RUNS), backend: str = "auto") -> dict:
-    """Profile each named run; {name: distlab.labs.timelines.profiling.Profile}."""
-    from distlab.labs.timelines.profiling import profile_ranks
-    return {name: profile_ranks(RUNS[name], world_size, spec, steps=steps, warmup=warmup,
-                                label=name, backend=backend) for name in runs}
+    """Profile each named run, all on the same ranks (one launch);
+    {name: distlab.labs.timelines.profiling.Profile}."""
+    from distlab.labs.timelines.profiling import profile_many
+    return profile_many({name: (RUNS[name], (spec,)) for name in runs}, world_size, steps=steps,
+                        warmup=warmup, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
