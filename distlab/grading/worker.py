@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
                                                              spawn=spawn),
                   student=settings.launch_settings(scratch, confine, (labs[0],), student=True,
                                                    spawn=spawn))
-    guards = Guards(judge=judge)
+    guards = Guards(judge=judge, cpu_clock=_cpu_seconds)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
 
@@ -90,10 +90,13 @@ def main(argv: list[str]) -> int:
     # Each kernel's own channel to the judge, handed over as it starts (no address to connect to).
     config.WarmKernelManager.judge = judge
     api = nbgrader_api(root, config=config)
+    started = {"seconds": round(time.monotonic() - start, 2),
+               "cpu_seconds": round(_cpu_seconds() - cpu, 2)}
     with watch, disk_watch, os.fdopen(int(rows_fd), "w") as rows_out:
         for lab in labs:
             budget.reset()
             judge.reset()
+            guards.test_costs.clear()
             _set_teaching(guards, root, lab)
             if lab != labs[0]:
                 judge.use(settings.launch_settings(scratch, confine, (lab,), student=True,
@@ -105,7 +108,10 @@ def main(argv: list[str]) -> int:
             # What this notebook cost since the last one (the first: since the worker started).
             now = (time.monotonic(), _cpu_seconds())
             row["cost"] = {"seconds": round(now[0] - start, 2),
-                           "cpu_seconds": round(now[1] - cpu, 2)}
+                           "cpu_seconds": round(now[1] - cpu, 2),
+                           "tests": dict(guards.test_costs)}
+            if lab == labs[0]:   # the first lab's cost holds the worker's start: said apart
+                row["cost"]["worker_start"] = started
             start, cpu = now
             rows_out.write(json.dumps(row) + "\n")
             rows_out.flush()
