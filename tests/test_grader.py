@@ -301,3 +301,20 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
     clock.now += 30
     progress.done(3)
     assert out.getvalue().endswith("\r[" + "#" * 30 + "] 4/4 notebooks, 4.0/min, 1m00s elapsed\x1b[K\n")
+
+
+def test_feedback_exporter_compiles_its_templates_once_and_writes_the_same_page(monkeypatch):
+    """The worker's feedback exporter (nbgrader makes one per notebook) reuses the templates it
+    compiled for the notebooks before; its page is HTMLExporter's, byte for byte."""
+    import jinja2
+    from nbconvert.exporters import HTMLExporter
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / LAB1 / f"{LAB1}.ipynb", 4)
+    plain, _ = HTMLExporter().from_notebook_node(nb)
+    first, _ = nbgrader_plugins.FeedbackExporter().from_notebook_node(nb)
+    compiled = []
+    real = jinja2.Environment.compile
+    monkeypatch.setattr(jinja2.Environment, "compile",
+                        lambda self, *a, **k: compiled.append(a) or real(self, *a, **k))
+    again, _ = nbgrader_plugins.FeedbackExporter().from_notebook_node(nb)
+    assert plain == first == again
+    assert compiled == []   # every template came from the first exporter's compilation

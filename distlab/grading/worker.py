@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
-    from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
+    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
 
@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     config.KernelManager.transport = "ipc"
     config.KernelManager.ip = str(folders["kernel_sockets"] / "kernel")
     config.GradedExecute.guards = guards
+    config.GenerateFeedback.exporter_class = FeedbackExporter   # its templates compiled once
     config.WarmKernelManager.kernels = kernels
     # Each kernel's own channel to the judge, handed over as it starts (no address to connect to).
     config.WarmKernelManager.judge = judge
