@@ -20,8 +20,10 @@ directory with ``python -m distlab.cli grade`` (as an instructor would run it) a
     load          the 1-minute load average when the row finished (other work on the machine
                   inflates the times: compare rows only at similar loads)
 
-then the wall time 200 students x every lab of the course would take, extrapolated from the
-measured s/notebook, and whether every --jobs value gave the same scores and statuses.
+then the wall time 200 students x every lab of the course (the labs counted from the course, not a
+fixed number) would take, extrapolated from the measured s/notebook, and whether every --jobs value
+gave the same scores and statuses. Each lab against the per-lab grading budget (a full answer and an
+untouched notebook, each test's share): bench/grading_budget.py.
 
 ``--keep DIR`` writes into DIR only when it is new, empty or an earlier ``--keep`` folder (its
 ``.distlab-grading-scale`` marker), or with ``--force``: its files of the same names are replaced.

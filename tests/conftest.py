@@ -80,7 +80,8 @@ GRADE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
 # the run takes about 10 minutes on an idle 2-core machine, 35 on one loaded 15 deep and 40 at
 # load 20 (146 notebooks, 1,100 CPU-seconds by the workers' records: the labs' planted mistakes
 # 430, Lab 8's eight 230 of them; the delegations 250, the solutions 165, the attacks 145, the
-# special cases 70, the untouched labs 35).
+# special cases 70, the untouched labs 35). The planted mistakes of Labs 7-10 now share notebooks
+# (tests/submissions/packing.py): 26 notebooks became 13, Lab 8's eight 3.
 GRADED_SAMPLES_TIMEOUT = 5400
 
 
@@ -130,9 +131,11 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
         if "delegation" in kinds:
             for key, (nb, zeroed) in delegation.delegation_samples().items():
                 samples[key], expected[key] = nb, zeroed
+        kind_of = {key: _kind(key, set(expected) - set(mixed)) for key in samples}
         for make in own:
             for key, nb in make().items():
                 samples[key] = nb
+                kind_of.setdefault(key, "the lab modules' own")
                 if key[0] not in ("solution", "untouched"):
                     mixed.append(key)
     if ("solution", attacks.LAB) in samples:
@@ -150,7 +153,38 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
         submissions.write(nb, subs, folders[key], key[1])
     if ("bystander", attacks.LAB) in folders:
         folders[("solution", attacks.LAB)] = folders[("bystander", attacks.LAB)]
-    return {"submitted": subs, "folders": folders, "expected": expected, "released": released}
+    return {"submitted": subs, "folders": folders, "expected": expected, "released": released,
+            "kind_of": kind_of}
+
+
+def _kind(key: tuple[str, str], attacks_or_delegations: set) -> str:
+    if key[0] in ("solution", "untouched"):
+        return "labs"
+    if key in attacks_or_delegations:
+        return "delegation" if key[0].startswith("delegates_") else "attacks"
+    return "special"
+
+
+def costs_by_kind(work: Path, folders: dict, kind_of: dict) -> str:
+    """What each kind of sample cost in the grading run, by the workers' records (their starts,
+    once per student folder, apart): where the run's time goes, printed with the suite's costs."""
+    import json
+    spent: dict[str, list] = {}
+    for path in (work / "results").glob("*.json"):
+        for lab, entry in json.loads(path.read_text())["labs"].items():
+            start = entry.get("worker_start") or {"seconds": 0.0, "cpu_seconds": 0.0}
+            for name, s, c in (("worker starts", start["seconds"], start["cpu_seconds"]),
+                               (None, entry["seconds"] - start["seconds"],
+                                (entry.get("cpu_seconds") or 0.0) - start["cpu_seconds"])):
+                if name is None:
+                    name = next((kind_of[k] for k, f in folders.items()
+                                 if (f, k[1]) == (path.stem, lab) and k in kind_of), "?")
+                total = spent.setdefault(name, [0, 0.0, 0.0])
+                total[0] += name != "worker starts" or s > 0
+                total[1:] = total[1] + s, total[2] + (c or 0.0)
+    return "graded_samples by kind, by the workers' records: " + "; ".join(
+        f"{name} {n} x, {s:.0f} s, {c:.0f} CPU-s" for name, (n, s, c) in
+        sorted(spent.items(), key=lambda kv: -kv[1][2]))
 
 
 def _mixed_folders(keys: list) -> dict:
@@ -209,6 +243,8 @@ def graded_samples(request, tmp_path_factory):
                                  str(work), *GRADE_LIMITS, "--memory-limit",
                                  str(attacks.MEMORY_LIMIT_GB)])
         assert status == 0
+        suite_times.suite_item(request).user_properties.append(
+            (suite_times.COST, costs_by_kind(work, folders, samples["kind_of"])))
         with open(out) as f:
             by_folder = {(r["student"], r["lab"]): r for r in csv.DictReader(f)}
         rows = {key: by_folder[(folder, key[1])] for key, folder in folders.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import re
 from pathlib import Path
 
@@ -244,6 +245,15 @@ def test_readme_command_without_out_or_workdir(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("ann", LAB1, "0")]
     assert (tmp_path / "grading" / "results" / "ann.json").is_file()
+    # The record keeps what the notebook cost, each test cell's share (bench/grading_budget.py
+    # reads them) and the worker's start, which is inside the first lab's cost.
+    entry = json.loads((tmp_path / "grading" / "results" / "ann.json").read_text())["labs"][LAB1]
+    assert set(entry["test_costs"]) == {t for t in rows[0] if t.startswith("test_")}
+    spent = [c["cpu_seconds"] for c in [*entry["test_costs"].values(), entry["worker_start"]]]
+    # each figure rounded to 0.01 s: half of that per figure apart at most
+    assert all(c >= 0 for c in spent)
+    assert sum(spent) <= entry["cpu_seconds"] + 0.005 * (len(spent) + 1)
+    assert 0 <= entry["worker_start"]["seconds"] <= entry["seconds"]
 
 
 def test_labs_not_selected_are_counted_once(tmp_path):
@@ -291,3 +301,20 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
     clock.now += 30
     progress.done(3)
     assert out.getvalue().endswith("\r[" + "#" * 30 + "] 4/4 notebooks, 4.0/min, 1m00s elapsed\x1b[K\n")
+
+
+def test_feedback_exporter_compiles_its_templates_once_and_writes_the_same_page(monkeypatch):
+    """The worker's feedback exporter (nbgrader makes one per notebook) reuses the templates it
+    compiled for the notebooks before; its page is HTMLExporter's, byte for byte."""
+    import jinja2
+    from nbconvert.exporters import HTMLExporter
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / LAB1 / f"{LAB1}.ipynb", 4)
+    plain, _ = HTMLExporter().from_notebook_node(nb)
+    first, _ = nbgrader_plugins.FeedbackExporter().from_notebook_node(nb)
+    compiled = []
+    real = jinja2.Environment.compile
+    monkeypatch.setattr(jinja2.Environment, "compile",
+                        lambda self, *a, **k: compiled.append(a) or real(self, *a, **k))
+    again, _ = nbgrader_plugins.FeedbackExporter().from_notebook_node(nb)
+    assert plain == first == again
+    assert compiled == []   # every template came from the first exporter's compilation

@@ -761,11 +761,12 @@ SAMPLE_KINDS = ()
 
 
 def own_graded_samples() -> dict:
-    """{(student, lab): notebook}: the solution, the untouched lab and each planted mistake."""
+    """{(student, lab): notebook}: the solution, the untouched lab and the planted mistakes, in
+    as few notebooks as keep each the one reason its test fails (tests/submissions/packing.py)."""
     import submissions
+    from submissions import packing
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **{(f"mistake_{name}", LAB): submissions.edited_cells(LAB, edits)
-               for name, (_, edits) in MISTAKES.items()}}
+            **packing.packed_samples(LAB, MISTAKES)}
 
 
 @pytest.fixture(scope="module")
@@ -785,6 +786,11 @@ def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(grade
 @pytest.mark.timeout(5400)
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_grader_takes_each_mistake_off_its_own_test_only(graded, mistake):
-    own, row = MISTAKES[mistake][0], graded[f"mistake_{mistake}"]
-    assert {t: row[t] for t in POINTS} == {t: "fail" if t == own else "pass" for t in POINTS}
-    assert float(row["score"]) == float(graded["solution"]["score"]) - POINTS[own]
+    """The mistake's notebook may hold other mistakes, each in a test of its own that cannot
+    reach this one's cells: each loses its test, every other test passes."""
+    from submissions import packing
+    sample, lost = packing.lost(packing.grouped(LAB, MISTAKES), MISTAKES, mistake)
+    row = graded[sample]
+    assert MISTAKES[mistake][0] in lost
+    assert {t: row[t] for t in POINTS} == {t: "fail" if t in lost else "pass" for t in POINTS}
+    assert float(row["score"]) == float(graded["solution"]["score"]) - sum(POINTS[t] for t in lost)

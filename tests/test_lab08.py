@@ -455,13 +455,19 @@ SAMPLE_KINDS = ()
 
 
 def own_graded_samples() -> dict:
-    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
+    """{(student, lab): notebook}: the solution, the untouched lab and the mistakes, in as few
+    notebooks as keep each the one reason its test fails (tests/submissions/packing.py)."""
     import submissions
+    from submissions import packing
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **{(f"mistake_{exercise}", LAB): submissions.edited_cells(LAB, edits)
-               for exercise, (edits, _) in MISTAKES.items()},
-            **{(f"mistake_{name}", LAB): submissions.edited_cells(LAB, edits)
-               for name, (_, edits) in GRADED_ONLY_MISTAKES.items()}}
+            **packing.packed_samples(LAB, _planted(), alone=GRADED_ONLY_MISTAKES)}
+
+
+def _planted() -> dict:
+    """{mistake: (the test it loses, its edits)}, the graded-only ones too."""
+    return {**{exercise: (OWN_TEST[exercise], edits) for exercise, (edits, _) in MISTAKES.items()},
+            **{name: (OWN_TEST[exercise], edits)
+               for name, (exercise, edits) in GRADED_ONLY_MISTAKES.items()}}
 
 
 # Mistakes the visible checks let through or that only the whole grading shows, each losing its
@@ -492,12 +498,19 @@ def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(grade
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("exercise", list(MISTAKES) + list(GRADED_ONLY_MISTAKES))
 def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
-    row = graded[f"mistake_{exercise}"]
-    own = OWN_TEST[GRADED_ONLY_MISTAKES[exercise][0] if exercise in GRADED_ONLY_MISTAKES else exercise]
+    """The mistake's notebook may hold other mistakes, each in a test of its own that cannot
+    reach this one's cells (tests/submissions/packing.py): each loses its test, every other test
+    passes."""
+    from submissions import packing
+    planted = _planted()
+    sample, lost = packing.lost(packing.grouped(LAB, planted, alone=GRADED_ONLY_MISTAKES),
+                                planted, exercise)
+    row = graded[sample]
+    assert planted[exercise][0] in lost
     statuses = {t: row[t] for t in OWN_TEST.values()}
-    expected = {t: ("fail" if t == own else "pass") for t in OWN_TEST.values()}
+    expected = {t: ("fail" if t in lost else "pass") for t in OWN_TEST.values()}
     assert statuses == expected
-    assert float(row["score"]) == sum(POINTS.values()) - POINTS[own]
+    assert float(row["score"]) == sum(POINTS.values()) - sum(POINTS[t] for t in lost)
 
 
 def test_the_student_version_imports_only_what_it_uses():

@@ -389,11 +389,18 @@ GRADED_TESTS = ["test_dispatch", "test_moe_layer", "test_capacity", "test_aux_lo
 
 
 def own_graded_samples() -> dict:
-    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
+    """{(student, lab): notebook}: the solution, the untouched lab and the mistakes, in as few
+    notebooks as keep each the one reason its test fails (tests/submissions/packing.py); those
+    only the grader catches alone."""
     import submissions
+    from submissions import packing
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **{(name, LAB): submissions.edited(LAB, cell, old, new)
-               for name, cell, old, new, _ in MISTAKES + GRADED_ONLY_MISTAKES}}
+            **packing.packed_samples(LAB, _planted(), alone=[m[0] for m in GRADED_ONLY_MISTAKES])}
+
+
+def _planted() -> dict:
+    """{mistake: (the test it loses, its edits)}."""
+    return {name: (loses, [(cell, old, new)]) for name, cell, old, new, loses in MISTAKES + GRADED_ONLY_MISTAKES}
 
 
 # A mistake only a hidden test catches (the starved routing): graded, it loses its own test.
@@ -408,8 +415,13 @@ GRADED_ONLY_MISTAKES = [
 @pytest.mark.timeout(900)
 def test_grader_scores_lab9(graded_samples):
     rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+    # a notebook of several mistakes loses each one's test, none other (tests/submissions/packing.py)
+    from submissions import packing
+    planted = _planted()
+    packed = packing.grouped(LAB, planted, alone=[m[0] for m in GRADED_ONLY_MISTAKES])
     expected = {"solution": set(), "untouched": set(GRADED_TESTS),
-                **{name: {loses} for name, _, _, _, loses in MISTAKES + GRADED_ONLY_MISTAKES}}
+                **{sample: {planted[name][0] for name in group} for sample, group in packed.items()}}
+    assert {name for group in packed.values() for name in group} == set(planted)
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)

@@ -255,11 +255,18 @@ SAMPLE_KINDS = ()
 
 
 def own_graded_samples() -> dict:
-    """{(student, lab): notebook}: the solution, the untouched lab and each mistake."""
+    """{(student, lab): notebook}: the solution, the untouched lab and the mistakes, in as few
+    notebooks as keep each the one reason its test fails (tests/submissions/packing.py); those
+    only the grader catches alone."""
     import submissions
+    from submissions import packing
     return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **{(name, LAB): submissions.edited(LAB, cell, old, new)
-               for name, cell, old, new, _ in MISTAKES + UNRECORDED}}
+            **packing.packed_samples(LAB, _planted(), alone=[m[0] for m in UNRECORDED])}
+
+
+def _planted() -> dict:
+    """{mistake: (the test it loses, its edits)}."""
+    return {name: (loses, [(cell, old, new)]) for name, cell, old, new, loses in MISTAKES + UNRECORDED}
 
 
 def lab_points() -> float:
@@ -273,8 +280,13 @@ def lab_points() -> float:
 @pytest.mark.timeout(900)
 def test_grader_scores_lab10(graded_samples):
     rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+    # a notebook of several mistakes loses each one's test, none other (tests/submissions/packing.py)
+    from submissions import packing
+    planted = _planted()
+    packed = packing.grouped(LAB, planted, alone=[m[0] for m in UNRECORDED])
     expected = {"solution": set(), "untouched": set(GRADED_TESTS),
-                **{name: {loses} for name, _, _, _, loses in MISTAKES + UNRECORDED}}
+                **{sample: {planted[name][0] for name in group} for sample, group in packed.items()}}
+    assert {name for group in packed.values() for name in group} == set(planted)
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)

@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import time
 
 from nbclient.exceptions import DeadKernelError
 from nbformat.v4 import new_output
@@ -40,6 +41,11 @@ class Guards:
     judge: object = None
     death_notes: list = dataclasses.field(default_factory=list)
     teaching: set = dataclasses.field(default_factory=set)  # grade ids not run (the worker sets them per lab)
+    # What each test cell cost ({grade id: {"seconds", "cpu_seconds"}}, the worker clears it per
+    # lab), by ``cpu_clock`` (the CPU seconds of the worker and its descendants: the kernel, the
+    # judge's ranks), for the grading budget's table (bench/grading_budget.py).
+    test_costs: dict = dataclasses.field(default_factory=dict)
+    cpu_clock: object = None
 
     def __deepcopy__(self, memo):
         return self  # traitlets deep-copies config values: the judge and the notes are shared
@@ -110,6 +116,7 @@ class GradedExecute(Execute):
         judge = self.guards.judge
         if judge is not None:
             judge.enter(grade_id, cell.source if grade_id else "")
+        started = self._clock() if grade_id else None
         try:
             return super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
@@ -121,6 +128,15 @@ class GradedExecute(Execute):
                 self.flood_timer.cancel()
             if judge is not None:
                 judge.enter(None)
+            if started is not None:
+                ended = self._clock()
+                self.guards.test_costs[grade_id] = {
+                    "seconds": round(ended[0] - started[0], 2),
+                    "cpu_seconds": None if started[1] is None else round(ended[1] - started[1], 2)}
+
+    def _clock(self) -> tuple[float, float | None]:
+        clock = self.guards.cpu_clock
+        return time.monotonic(), clock() if clock is not None else None
 
     def _why_dead(self, cell) -> str:
         where = cell.metadata.get("nbgrader", {}).get("grade_id") or "a cell"

@@ -166,6 +166,10 @@ class Run:
                 # what grading this notebook cost (the worker measures it; else its share)
                 "seconds": row.get("cost", {}).get("seconds", round(seconds / len(rows), 2)),
                 "cpu_seconds": row.get("cost", {}).get("cpu_seconds"),
+                # each test cell's share of it, and the worker's start (in its first lab's)
+                "test_costs": row.get("cost", {}).get("tests", {}),
+                **({"worker_start": row["cost"]["worker_start"]}
+                   if "worker_start" in row.get("cost", {}) else {}),
                 "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         save_record(self.workdir, record)
         self.records[student] = record

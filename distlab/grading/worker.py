@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
-    from distlab.grading.nbgrader_plugins import NotebookBudget, load_config
+    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
                                                              spawn=spawn),
                   student=settings.launch_settings(scratch, confine, (labs[0],), student=True,
                                                    spawn=spawn))
-    guards = Guards(judge=judge)
+    guards = Guards(judge=judge, cpu_clock=_cpu_seconds)
     watch = sandbox.MemoryWatch(os.getpid(), settings.memory_bytes,
                                 on_kill=lambda event: _note_memory_kill(guards, event))
 
@@ -86,14 +86,18 @@ def main(argv: list[str]) -> int:
     config.KernelManager.transport = "ipc"
     config.KernelManager.ip = str(folders["kernel_sockets"] / "kernel")
     config.GradedExecute.guards = guards
+    config.GenerateFeedback.exporter_class = FeedbackExporter   # its templates compiled once
     config.WarmKernelManager.kernels = kernels
     # Each kernel's own channel to the judge, handed over as it starts (no address to connect to).
     config.WarmKernelManager.judge = judge
     api = nbgrader_api(root, config=config)
+    started = {"seconds": round(time.monotonic() - start, 2),
+               "cpu_seconds": round(_cpu_seconds() - cpu, 2)}
     with watch, disk_watch, os.fdopen(int(rows_fd), "w") as rows_out:
         for lab in labs:
             budget.reset()
             judge.reset()
+            guards.test_costs.clear()
             _set_teaching(guards, root, lab)
             if lab != labs[0]:
                 judge.use(settings.launch_settings(scratch, confine, (lab,), student=True,
@@ -105,7 +109,10 @@ def main(argv: list[str]) -> int:
             # What this notebook cost since the last one (the first: since the worker started).
             now = (time.monotonic(), _cpu_seconds())
             row["cost"] = {"seconds": round(now[0] - start, 2),
-                           "cpu_seconds": round(now[1] - cpu, 2)}
+                           "cpu_seconds": round(now[1] - cpu, 2),
+                           "tests": dict(guards.test_costs)}
+            if lab == labs[0]:   # the first lab's cost holds the worker's start: said apart
+                row["cost"]["worker_start"] = started
             start, cpu = now
             rows_out.write(json.dumps(row) + "\n")
             rows_out.flush()
@@ -120,20 +127,31 @@ def main(argv: list[str]) -> int:
 
 def _cpu_seconds() -> float:
     """CPU seconds (user + system) this worker and its descendants have used so far: its own,
-    its reaped children's, and the living descendants' with their reaped children (a zygote and
-    the kernel server live across labs). The difference over a lab is what grading it cost."""
+    its reaped children's, and the descendants' with their reaped children (a zygote and the
+    kernel server live across labs). A descendant that has exited but is not reaped yet (a
+    killed kernel, a zombie until its parent waits) is counted too: its time moves to its
+    parent's once reaped, and was lost in between (a lab's tests then cost more than the lab).
+    The difference over a lab is what grading it cost."""
     import resource
-    from distlab.grading.sandbox import descendants
     total = sum(getattr(resource.getrusage(who), field) for who in
                 (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for field in ("ru_utime", "ru_stime"))
+    children: dict[int, list[tuple[int, float]]] = {}
     ticks = os.sysconf("SC_CLK_TCK")
-    for pid in descendants(os.getpid()):
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:   # gone since it was listed: its parent counts it once reaped
             continue
-        total += sum(int(x) for x in fields[11:15]) / ticks   # utime stime cutime cstime
+        spent = sum(int(x) for x in fields[11:15]) / ticks   # utime stime cutime cstime
+        children.setdefault(int(fields[1]), []).append((int(entry.name), spent))
+    frontier = [os.getpid()]
+    while frontier:
+        found = [child for pid in frontier for child in children.get(pid, ())]
+        total += sum(spent for _, spent in found)
+        frontier = [pid for pid, _ in found]
     return total
 
 
