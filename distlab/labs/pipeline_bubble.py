@@ -51,3 +51,18 @@ def bubble_accounting(num_stages: int, num_microbatches: int, t_fwd: float = 1.0
             f"  bubble as a share of the step (Lab 5): (p-1)/(m+p-1) = {bubble_of_step(p, m):.3f}\n"
             f"  bubble relative to compute (Labs 6-7): (p-1)/m = {bubble_of_compute(p, m):.3f}"
             f"  -> r/(1+r) = {step_share_from_compute_ratio(bubble_of_compute(p, m)):.3f} of the step")
+
+
+def budget_bound(num_stages: int, num_microbatches: int, max_in_flight: int) -> float:
+    """The least bubble any schedule can have with at most k = ``max_in_flight`` microbatches
+    alive on a stage (forward 1 unit, backward 2, messages free; the units cancel).
+
+    Two floors on the step's span: every flushed pipeline's (m + p - 1)(t_f + t_b) (the last
+    stage starts after p - 1 forwards, its last backward still crosses p - 1 stages back); and
+    stage 0's: it holds each microbatch from its forward's start until its backward ends, at
+    least p(t_f + t_b) (the forward through every stage, the backward all the way back), and with
+    k alive at once, some k-th of its m microbatches follow one another: ceil(m / k) p (t_f + t_b).
+    Every stage computes m(t_f + t_b) of that span."""
+    p, m, k = num_stages, num_microbatches, max_in_flight
+    span = max(m + p - 1, -(-m // k) * p)          # in units of t_f + t_b
+    return 1.0 - m / span

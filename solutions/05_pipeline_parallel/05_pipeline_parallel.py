@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 
 from distlab.checks.assertions import fresh_seed
-from distlab.checks.lab05 import (check_1f1b, check_gpipe, check_memory_budget, check_naive,
-                                  check_partition, check_predicted_traffic, design_budgets,
-                                  stored_library_runs)
+from distlab.checks.lab05 import (check_1f1b, check_bubble_bar, check_gpipe, check_memory_budget,
+                                  check_naive, check_partition, check_predicted_traffic,
+                                  design_budgets, stored_library_runs)
 from distlab.labs.pipeline import (PipeSpec, boundary_traffic, loss_fn, plot_runs,
                               plot_simulations, run_schedules, schedule_explorer, schedule_table)
 
@@ -386,23 +386,33 @@ plot_simulations(["naive", "gpipe", "1f1b"], num_stages=4, num_microbatches=8);
 schedule_explorer()
 
 # %% [markdown]
-# ### Exercise 5 — a schedule of your own under a memory budget (open design, 3 points)
+# ### Exercise 5 — a schedule of your own under a memory budget (open design, 5 points)
 #
-# 1F1B beat GPipe's memory at the same bubble, but its stage 0 still holds p microbatches. Suppose
-# your stages can afford only **k < p** microbatches' activations each. GPipe and 1F1B break that
-# budget; running microbatches one at a time keeps it and idles most of the step. Find something
-# better.
+# 1F1B beat GPipe's memory at the same bubble, but its stage 0 still holds $p$ microbatches.
+# Suppose your stages can afford only $k < p$ microbatches' activations each. GPipe and 1F1B
+# break that budget; running microbatches one at a time keeps it and idles most of the step. Find
+# something better.
 #
 # **Goal.** Write `budget_step(rank, world_size, stage, x, target, num_microbatches,
 # max_in_flight)`: a schedule of your own design, same inputs and outputs as `one_f_one_b_step`.
 #
-# **Budget, as the check measures it on real ranks:**
+# **How low can the bubble go?** Two floors hold for every schedule. The flushed pipeline's: the
+# step lasts at least $(m+p-1)(t_f+t_b)$. And stage 0's: it holds a microbatch from the start of
+# its forward until the end of its backward, at least $p(t_f+t_b)$, since the forward crosses all
+# $p$ stages and the backward comes all the way back. With at most $k$ alive at once, its $m$
+# microbatches' holding times split into $k$ chains that never overlap, one of them at least
+# $\lceil m/k \rceil$ long: the step lasts at least $\lceil m/k \rceil\, p\,(t_f+t_b)$. Every
+# stage computes $m(t_f+t_b)$ of it, so the bubble is at least
+# $1 - m / \max(m+p-1,\ \lceil m/k \rceil\, p)$ (`budget_bound(p, m, k)`).
+#
+# **Budget, as the checks measure it on real ranks:**
 # - *memory:* no stage ever holds more than `max_in_flight` microbatches (forward started,
 #   backward not yet finished, read from the events your stages record);
 # - *bubble:* the order in which your stages ran their passes, replayed on paper like the chart
-#   above (forward 1 unit, backward 2, messages free: `distlab.labs.pipeline.replay`), idles no
-#   more of the step than the course's own schedule does for the same p, m and k (printed below);
-#   match it or beat it;
+#   above (forward 1 unit, backward 2, messages free: `distlab.labs.pipeline.replay`). Two tests
+#   grade it on a scale: the first (3 points) wants no more than the *budget*, the bubble of the
+#   design the hints below lead to; the second (2 points) wants no more than the *bar*, halfway
+#   from that budget down to the bound. Both are printed below for the visible cases;
 # - *values and traffic:* the single-process gradients and loss, and each rank sends exactly its
 #   activations forward and its gradients back (`send`/`isend`/`recv`/`irecv` between
 #   neighbours), no more; no deadlock on gloo or NCCL.
@@ -414,7 +424,7 @@ schedule_explorer()
 #
 # <details><summary>Hint 1</summary>
 #
-# Count, for stage s, how long it waits for its first gradient if it runs one forward and then
+# Count, for stage $s$, how long it waits for its first gradient if it runs one forward and then
 # waits; what can it usefully do in that wait without breaking the cap?
 # </details>
 #
@@ -428,12 +438,21 @@ schedule_explorer()
 # <details><summary>Hint 3</summary>
 #
 # Your 1F1B's three phases still work; only the warm-up changes. How many warm-up forwards does
-# the cap allow on stage s?
+# the cap allow on stage $s$? (That design meets the budget, the first test.)
+# </details>
+#
+# <details><summary>Hint 4</summary>
+#
+# Replay Hint 3's design and print each stage's order. The bound says which stage sets the pace:
+# what is that stage waiting for, each time it stops? When a stage between it and the last could
+# run either a forward or a backward next, which of the two ends that wait sooner, and does the
+# same fixed pattern suit every stage?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "design_budgets", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from distlab.labs.pipeline import measured_bubble, peak_in_flight, replay
-print(design_budgets())    # the budgets of the visible tests, as the course's schedule reaches them
+from distlab.labs.pipeline_bubble import budget_bound
+print(design_budgets())    # the visible tests' budget (the hinted design's bubble), bar and bound
 gpipe_on_paper = replay([[("F", i) for i in range(8)] + [("B", i) for i in range(8)]] * 4)
 print("GPipe on paper, p = 4, m = 8: bubble", round(measured_bubble(gpipe_on_paper, 4), 3),
       "in flight", peak_in_flight(gpipe_on_paper))
@@ -442,6 +461,34 @@ print("GPipe on paper, p = 4, m = 8: bubble", round(measured_bubble(gpipe_on_pap
 def budget_step(rank, world_size, stage, x, target, num_microbatches, max_in_flight):
     """A schedule that never holds more than ``max_in_flight`` microbatches on a stage."""
     ### BEGIN SOLUTION
+    def budget_plan(p, m, k):
+        """Per stage, its passes in order, each stage greedy on paper within the cap."""
+        free, next_f, done = [0.0] * p, [0] * p, {}
+        alive = [collections.deque() for _ in range(p)]     # per stage, microbatches held
+        orders = [[] for _ in range(p)]
+        while len(done) < 2 * p * m:
+            options = []                                    # (start, forward?, stage, op, i)
+            for s in range(p):
+                if alive[s]:
+                    i = alive[s][0]                         # the oldest finishes first
+                    ready = done.get(("B", s + 1, i)) if s < p - 1 else done[("F", s, i)]
+                    if ready is not None:
+                        options.append((max(free[s], ready), 0, s, "B", i))
+                i = next_f[s]
+                if i < m and len(alive[s]) < k:
+                    ready = 0.0 if s == 0 else done.get(("F", s - 1, i))
+                    if ready is not None:
+                        options.append((max(free[s], ready), 1, s, "F", i))
+            start, _, s, op, i = min(options)
+            free[s] = done[(op, s, i)] = start + (1.0 if op == "F" else 2.0)
+            if op == "F":
+                next_f[s] += 1
+                alive[s].append(i)
+            else:
+                alive[s].popleft()
+            orders[s].append((op, i))
+        return orders
+
     first, last, m = rank == 0, rank == world_size - 1, num_microbatches
     xs, ts = x.chunk(m), target.chunk(m)            # m x (b/m, h)
     waiting = collections.deque()                   # (a, y) of microbatches awaiting backward
@@ -473,15 +520,15 @@ def budget_step(rank, world_size, stage, x, target, num_microbatches, max_in_fli
         if not first:
             sends.append(dist.isend(a.grad, dst=rank - 1))
 
-    # 1F1B's warm-up, capped: the (w + 1)-th forward is the most a stage holds before a backward
-    warmup = min(max_in_flight - 1, world_size - rank - 1, m)
-    for i in range(warmup):
-        forward(i)
-    for i in range(warmup, m):
-        forward(i)
-        backward()
-    for _ in range(warmup):
-        backward()
+    # The order is planned on paper (forward 1, backward 2), then run: every stage, whenever it
+    # is free, starts the pass whose input is ready soonest, a backward before a forward, and
+    # never a forward with max_in_flight alive. A backward hands stage 0 its gradient sooner:
+    # stage 0, which holds each microbatch longest, frees its slots sooner.
+    for op, i in budget_plan(world_size, m, max_in_flight)[rank]:
+        if op == "F":
+            forward(i)
+        else:
+            backward()                                  # the oldest held: the plan's i
     for work in sends:
         work.wait()
     return sum(losses) if last else None
@@ -496,6 +543,15 @@ print(check_memory_budget(budget_step, world_size=4, num_microbatches=6, max_in_
                           batch=12, num_layers=7, seed=fresh_seed()))  # m = 6 on 7 layers: a budget never priced visibly
 print(check_memory_budget(budget_step, world_size=2, num_microbatches=4, max_in_flight=1,
                           seed=fresh_seed()))  # the tightest cap: one microbatch alive per stage
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_budget_step_bar", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+print(check_bubble_bar(budget_step, world_size=4, num_microbatches=8, max_in_flight=2))
+### BEGIN HIDDEN TESTS
+print(check_bubble_bar(budget_step, world_size=4, num_microbatches=6, max_in_flight=2,
+                       batch=12, num_layers=7, seed=fresh_seed()))  # m = 6 on 7 layers: a bar never priced visibly
+print(check_bubble_bar(budget_step, world_size=4, num_microbatches=8, max_in_flight=3,
+                       batch=16, seed=fresh_seed()))  # k = 3: a looser cap, the bar lower still
 ### END HIDDEN TESTS
 
 # %% [markdown]
