@@ -554,3 +554,31 @@ def test_graded_solution_full_untouched_zero_and_capped_1f1b_loses_only_the_bar(
     assert {t for t in tests if capped[t] != "pass"} == {BAR}, capped
     assert float(capped["score"]) == float(solution["max_score"]) - 2
 
+
+
+def test_the_prediction_is_asked_before_anything_answers_it():
+    """Nothing above Exercise 6's prediction cell, and no docstring of Lab 5's checks and helpers
+    (kept in a handout), states the bytes it predicts or the formula that gives them."""
+    import ast
+    from pathlib import Path
+    from distlab import paths
+    answer = lab05_answer_bytes()
+    answers = (str(answer), f"{answer // 1024} KiB", "b*h*4", "b * h * 4", "batch * hidden * 4",
+               "whatever m", "changes nothing in the sum")
+    source = paths.lab_source(lab05.LAB).read_text()
+    above = source[:source.index('"grade_id": "predict_sent_bytes"')]
+    assert not [a for a in answers if a in above]
+    root = Path(lab05.__file__).parents[1]
+    files = [*root.glob("checks/lab05*.py"), *root.glob("labs/pipeline/*.py"),
+             root / "labs" / "pipeline_bubble.py"]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node) or ""
+                assert not [a for a in answers if a in doc], (path.name, getattr(node, "name", ""))
+
+
+def lab05_answer_bytes() -> int:
+    """The measured section's rank 0 bytes, as the solution's prediction computes them."""
+    predict = solution_functions(lab05.LAB, ("predict_sent_bytes",))["predict_sent_bytes"]
+    return predict(0, 2, 256, 512, 4)

@@ -73,10 +73,11 @@ def _cut_key(num_layers: int, num_stages: int) -> str:
     return f"L{num_layers}_p{num_stages}"
 
 
-def _expected_partition(num_layers: int, num_stages: int, visible: bool) -> list[tuple[int, int]]:
+def _expected_partition(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     """The course's layer ranges: stored for the visible cases (a student's handout has no
-    ``partition_layers``), computed for hidden ones (in the judge, which has it)."""
-    stored = load_stored(LAB, "partition") if visible else {}
+    ``partition_layers``), computed for others (in the judge, which has it). Stored cuts serve
+    hidden cases too: a cut depends on the layers and stages, not on the seed."""
+    stored = load_stored(LAB, "partition")
     if _cut_key(num_layers, num_stages) not in stored:
         return course_value(partition_layers, num_layers, num_stages,
                        what=f"{num_layers} layers on {num_stages} stages",
@@ -181,7 +182,7 @@ def check_partition(partition, *, seed: int | None = None) -> None:
             raise CheckFailed(f"{what} returned {got!r}: expected a list of (start, stop) pairs.")
         if len(got) != p:
             raise CheckFailed(f"{what} returned {len(got)} ranges: expected one per stage, {p}.")
-        expected = _expected_partition(num_layers, p, visible=seed is None)
+        expected = _expected_partition(num_layers, p)
         bounds = [a for a, _ in got] + [got[-1][1]]
         if bounds[0] != 0 or bounds[-1] != num_layers or any(got[s][1] != got[s + 1][0]
                                                              for s in range(p - 1)):
@@ -200,7 +201,7 @@ def check_partition(partition, *, seed: int | None = None) -> None:
 def _run(fn, name, world_size, spec, m) -> ScheduleRun:
     # The stage cut is computed here and reaches the ranks as data: the ranks that run a
     # student's step hold the student's package, without partition_layers.
-    bounds = _expected_partition(spec.num_layers, world_size, visible=spec == VISIBLE)
+    bounds = _expected_partition(spec.num_layers, world_size)
     try:
         return run_schedules({name: (fn, m)}, world_size, spec, bounds=bounds, timeout=TIMEOUT,
                              check=lambda out: assert_crossed_as_recorded(out, name))[name]

@@ -49,7 +49,7 @@ def deadlock_advice(diagnosis: str) -> str:
     ops = {op.lstrip("i") for _, op, _ in stuck}
     if ops == {"send"}:
         why = ("Each is sending and none is receiving: on gloo a blocking send returns only once "
-               "the peer has posted its recv, at every message size (the probe in section 4 "
+               "the peer has posted its recv, at every message size (the probe before Exercise 4 "
                "shows it), so two neighbours that both send before they receive wait for each "
                "other. Post sends with dist.isend, keep the work objects, and wait() them at the "
                "end.")

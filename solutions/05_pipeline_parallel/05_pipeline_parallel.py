@@ -22,9 +22,9 @@
 #
 # | schedule | idea | idle share (the *bubble*) | activations held per stage |
 # | --- | --- | --- | --- |
-# | naive | the whole batch, stage after stage | (p-1)/p | 1 batch |
-# | GPipe (Huang et al., 2019) | m microbatches: all forwards, then all backwards | (p-1)/(m+p-1) | m microbatches |
-# | 1F1B (PipeDream-Flush, Narayanan et al., 2021) | after a short warm-up, alternate one forward and one backward | (p-1)/(m+p-1) | at most p |
+# | naive | the whole batch, stage after stage | $(p-1)/p$ | 1 batch |
+# | GPipe (Huang et al., 2019) | $m$ microbatches: all forwards, then all backwards | $(p-1)/(m+p-1)$ | $m$ microbatches |
+# | 1F1B (PipeDream-Flush, Narayanan et al., 2021) | after a short warm-up, alternate one forward and one backward | $(p-1)/(m+p-1)$ | at most $p$ |
 #
 # Every stage function you write gets a `stage` module (this rank's layers) that **records its own
 # schedule**: each call `stage(a)` is one microbatch's forward, and the backward through its output
@@ -246,6 +246,34 @@ check_gpipe(gpipe_step, world_size=2, num_microbatches=3, batch=6, num_layers=5,
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ### Before 1F1B: when does a blocking `send` return?
+#
+# Your naive and GPipe steps used blocking `dist.send`. Does it return once the data is handed to
+# the backend, or only once the peer has posted its `recv`? Measure it rather than assume it:
+# below, rank 0 times a send of each size while rank 1 posts its `recv` 200 ms late. Predict
+# first: at which sizes will the send take about 200 ms?
+
+# %% nbgrader={"grade": false, "grade_id": "send_probe", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+import time
+from distlab.labs.pipeline.probe import send_probe
+from distlab.runtime.devices import device
+
+def send_times(rank, world_size, sizes, delay):
+    took = []
+    for size in sizes:
+        buf = torch.zeros(size // 4, device=device())      # float32: `size` bytes
+        if rank == 1:
+            time.sleep(delay)                               # the receiver is busy elsewhere
+            dist.recv(buf, src=0)
+        else:
+            start = time.perf_counter()
+            dist.send(buf, dst=1)
+            took.append(time.perf_counter() - start)
+    return took
+
+print(send_probe(send_times, sizes=[64, 4096, 2**16, 2**20, 16 * 2**20], delay=0.2))
+
+# %% [markdown]
 # ## 4. Exercise 4 — 1F1B (3 points)
 #
 # GPipe holds the activations of **all m microbatches** until the backward phase: activation
@@ -255,10 +283,10 @@ check_gpipe(gpipe_step, world_size=2, num_microbatches=3, batch=6, num_layers=5,
 # **Build** `one_f_one_b_step(rank, world_size, stage, x, target, num_microbatches)`, same inputs
 # and outputs as `gpipe_step`.
 #
-# **Contract.** Gradients and loss as GPipe's. Stage s never holds more than **min(p - s, m)**
+# **Contract.** Gradients and loss as GPipe's. Stage $s$ never holds more than $\min(p-s, m)$
 # microbatches' activations at once (forward started, backward not yet finished), independent of
-# m once m ≥ p. After its warm-up a stage strictly alternates one forward and one backward (stage
-# 0 of 3 with m = 4 runs F F F B F B B B). Allowed: `send`/`recv`/`isend`/`irecv` between
+# $m$ once $m \ge p$. After its warm-up a stage strictly alternates one forward and one backward
+# (stage 0 of 3 with $m = 4$ runs F F F B F B B B). Allowed: `send`/`recv`/`isend`/`irecv` between
 # neighbours; the step must not deadlock on gloo or NCCL. The check reads the passes your stages
 # recorded, on 2 and 4 stages (hidden: 3 to 8 microbatches).
 #
@@ -280,11 +308,11 @@ check_gpipe(gpipe_step, world_size=2, num_microbatches=3, batch=6, num_layers=5,
 #
 # <details><summary>Hint 3</summary>
 #
-# **Deadlocks.** In the steady state stage s sends an activation to s+1 and then waits for a
-# gradient from s+1, while s+1 sends a gradient to s and waits for the next activation. With
-# blocking `send` on both sides both wait for each other forever. On gloo a large `send` blocks
-# the calling thread until the peer posts its `recv`. On NCCL `dist.send` returns to the host at
-# once; the deadlock is on the GPU, where the send kernel waits for the matching receive on its
+# **Deadlocks.** In the steady state stage $s$ sends an activation to $s+1$ and then waits for a
+# gradient from $s+1$, while $s+1$ sends a gradient to $s$ and waits for the next activation.
+# What did the probe above show a blocking `send` on gloo doing until the peer posts its `recv`,
+# and at which sizes? Then both sides' blocking sends wait for each other forever. On NCCL
+# `dist.send` returns to the host at once; the deadlock is on the GPU, where the send kernel waits for the matching receive on its
 # stream and everything queued behind it waits too, so the hang shows up at the next
 # synchronisation (a `.item()`, a `wait()`, the optimizer step). Post sends with `dist.isend`,
 # keep the returned work objects, and `wait()` them all at the end. Likewise, never `recv` a
@@ -355,18 +383,20 @@ check_1f1b(one_f_one_b_step, world_size=4, num_microbatches=3, batch=6, num_laye
 #
 # Before measuring, the ideal: every forward takes one time unit, every backward two, messages are
 # free. Each stage runs its list of ops as early as its inputs allow. Count the idle slots of one
-# stage: it waits for p-1 forwards of the pipeline's fill (stage s before its first forward, the
-# last stages' forwards after it) and for p-1 backwards of the drain, whatever the schedule. With
-# t_b = 2 t_f that is **(p-1)(t_f + t_b) = 3(p-1) units on every stage**, not 2(p-1): the
-# backwards' slots are idle too. The step lasts (m+p-1)(t_f + t_b), of which the stage computes
-# m(t_f + t_b), hence a bubble of **(p-1)/(m+p-1) of the step** (Huang et al. 2019, §2.3;
-# Narayanan et al. 2021, §2.2). GPipe and 1F1B have the same bubble; they differ in how many
+# stage: it waits for $p-1$ forwards of the pipeline's fill (stage $s$ before its first forward,
+# the last stages' forwards after it) and for $p-1$ backwards of the drain, whatever the schedule.
+# With $t_b = 2t_f$ that is **$(p-1)(t_f + t_b) = 3(p-1)$ units on every stage**, not $2(p-1)$:
+# the backwards' slots are idle too. The step lasts $(m+p-1)(t_f + t_b)$, of which the stage
+# computes $m(t_f + t_b)$, hence a bubble of **$(p-1)/(m+p-1)$ of the step** (Huang et al. 2019,
+# §2.3; Narayanan et al. 2021, §2.2). GPipe and 1F1B have the same bubble; they differ in how many
 # microbatches each stage holds (read "in flight" in the titles).
 #
 # **Two conventions, one idle time.** This lab states the bubble as a share of the step,
-# (p-1)/(m+p-1). Labs 6 and 7 follow the Megatron paper and state it relative to the *compute*:
-# (p-1)/m, the factor 1 + (p-1)/m by which the compute time is stretched. Same idle time, other
-# denominator: a ratio r = (p-1)/m is r/(1+r) = (p-1)/(m+p-1) of the step.
+# $(p-1)/(m+p-1)$, the form of GPipe (Huang et al. 2019, §2.3); so does Lab 7. Megatron's PTD-P
+# paper (Narayanan et al. 2021, §2.2) states it relative to the *compute*: $(p-1)/m$, the factor
+# $1 + (p-1)/m$ by which the compute time is stretched, and Lab 7's step-time estimate adds the
+# bubble in that form. Same idle time, other denominator: a ratio $r = (p-1)/m$ is
+# $r/(1+r) = (p-1)/(m+p-1)$ of the step.
 
 # %% nbgrader={"grade": false, "grade_id": "bubble_accounting", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from distlab.labs.pipeline import simulate
@@ -557,13 +587,16 @@ print(check_bubble_bar(budget_step, world_size=4, num_microbatches=8, max_in_fli
 # %% [markdown]
 # ## 6. The schedules measured, and `torch.distributed.pipelining`
 #
-# Now your three functions run on an 8-block model (width 512, batch 256, m = 4) on 2 ranks, cut
-# into stages by your `partition`: one untimed warm-up step, then one timed step. Beside them, the
-# two classic schedules of PyTorch's own pipelining library (`PipelineStage` + `ScheduleGPipe` /
-# `Schedule1F1B`, given the same stage module) on the same model, as the course's machine recorded
-# them (the course's driver of the library would answer Exercises 3 and 4, so your handout has the
-# recording, not the driver; its times come from that machine). Each chart is what the stages
-# recorded.
+# Now your three functions run on an 8-block model (width 512, batch 256, $m = 4$) on 2 ranks, cut
+# into stages by your `partition`: one untimed warm-up step, then five timed steps. One step's
+# time on a shared CPU is noise as much as schedule (four single steps once put GPipe anywhere
+# from 167 to 239 ms and 1F1B from 168 to 641 ms), so the table shows the median step and, in
+# brackets, the spread over the five; each chart is the median step, as the stages recorded it.
+# Beside them, the two classic schedules of PyTorch's own pipelining library (`PipelineStage` +
+# `ScheduleGPipe` / `Schedule1F1B`, given the same stage module) on the same model, as the
+# course's machine recorded them: one step, on another machine (the course's driver of the
+# library would answer Exercises 3 and 4, so your handout has the recording, not the driver).
+# Compare the library's rows with yours only in the columns that do not depend on time.
 
 # %% [markdown]
 # ### Exercise 6 — predict the bytes before measuring them (1 point)
@@ -606,12 +639,12 @@ check_predicted_traffic(predict_sent_bytes, seed=fresh_seed())  # 8 cases drawn 
 spec = PipeSpec(num_layers=8, hidden=512, batch=256, seed=0)
 runs = run_schedules({"naive": (naive_step, None), "GPipe": (gpipe_step, 4),
                       "1F1B": (one_f_one_b_step, 4)}, 2, spec,
-                     bounds=partition(spec.num_layers, 2), warmup=1)
+                     bounds=partition(spec.num_layers, 2), warmup=1, steps=5)
 runs |= stored_library_runs()    # torch GPipe and torch 1F1B, recorded on the course's machine
 plot_runs(runs);
 
 # %% [markdown]
-# The table: step time; bubble measured (1 − busy time / (p × step span)) against (p-1)/(m+p-1);
+# The table: step time; bubble measured ($1 - \text{busy time} / (p \times \text{step span})$) against $(p-1)/(m+p-1)$;
 # the most microbatches alive at once on each rank; the most activation memory autograd held on
 # rank 0 (measured by counting the tensors saved for backward); the bytes rank 0 sent; and the
 # largest difference of any gradient from the single-process step: for your schedules, from your
@@ -629,15 +662,17 @@ print(f"rank 0 sent, your prediction: {predicted / 1024:.0f} KiB; measured: "
 # %% [markdown]
 # Read the charts and the table together:
 #
-# - **The bubble is larger than theory.** The formula counts only compute. Here every message
+# - **Time: read the spread before the median.** Where two schedules' brackets overlap, this
+#   machine cannot tell them apart, whatever their medians say. What stays above the noise: every
+#   measured bubble is far above theory. The formula counts only compute; here every message
 #   costs time, Python adds overhead per op, the two ranks share a 2-core machine, and a blocking
-#   `send` (the naive and GPipe functions) waits until the next stage posts its `recv`: look at
-#   the gaps between rank 0's GPipe forwards, each waiting for rank 1 to finish one. 1F1B's
-#   `isend` lets a stage run on.
-# - **Activations.** GPipe and the library's GPipe hold all m microbatches on every rank; 1F1B
-#   holds at most p - s, and the measured activation memory on rank 0 drops accordingly.
+#   `send` (the naive and GPipe functions) waits until the next stage posts its `recv`, as the
+#   probe before Exercise 4 showed.
+# - **Activations** (independent of time): GPipe and the library's GPipe hold all $m$
+#   microbatches on every rank; 1F1B holds at most $p-s$, and the measured activation memory on
+#   rank 0 drops accordingly.
 # - **Bytes sent are the same for every schedule**: microbatching cuts the same `(b, h)` batch into
-#   m messages of `(b/m, h)`; it changes when data moves, not how much.
+#   $m$ messages of `(b/m, h)`; it changes when data moves, not how much.
 # - The library's schedules compute the same gradients (the last column) with the same stage.
 #
 # ## 7. Where pipelines sit in 3D parallelism
@@ -662,25 +697,30 @@ print(boundary_traffic(batch=1, seq=2048, hidden=12288, layers_per_stage=12, tp=
 # ## Closing note: what we measured
 #
 # `python bench/pipeline.py` on a shared 2-core CPU (gloo; 8 blocks of width 512, batch 256;
-# median of 3 steps). Bubble measured from the recorded events, against (p-1)/(m+p-1):
+# median of 3 steps; single steps of one schedule on this machine spread from 167 to 239 ms
+# for GPipe and from 168 to 641 ms for 1F1B over four runs, so a few tens of ms between two rows
+# is noise). The two torch rows are the
+# recording the lab shows (one step, the course's machine), not the bench's. Bubble measured from
+# the recorded events, against $(p-1)/(m+p-1)$:
 #
 # | p | m | schedule | step ms | bubble | theory | in flight per rank | activations KiB, rank 0 |
 # | --- | --- | --- | --- | --- | --- | --- | --- |
 # | 2 | 1 | naive | 151 | 0.54 | 0.50 | 1/1 | 4096 |
 # | 2 | 4 | GPipe | 210 | 0.45 | 0.20 | 4/4 | 4096 |
 # | 2 | 4 | 1F1B | 198 | 0.37 | 0.20 | 2/1 | 2304 |
-# | 2 | 4 | torch GPipe | 205 | 0.47 | 0.20 | 4/4 | 4096 |
-# | 2 | 4 | torch 1F1B | 208 | 0.40 | 0.20 | 2/1 | 2304 |
+# | 2 | 4 | torch GPipe | 291 | 0.59 | 0.20 | 4/4 | 4096 |
+# | 2 | 4 | torch 1F1B | 190 | 0.44 | 0.20 | 2/1 | 2304 |
 # | 2 | 8 | 1F1B | 225 | 0.34 | 0.11 | 2/1 | 1408 |
 # | 4 | 8 | GPipe | 204 | 0.75 | 0.27 | 8/8/8/8 | 2048 |
 # | 4 | 8 | 1F1B | 215 | 0.70 | 0.27 | 4/3/2/1 | 1280 |
 #
 # What held: gradients equal to the single-process step up to float32 rounding (the table's bound,
 # < 1e-04) for every schedule, the library's included; 1F1B's microbatches in flight are exactly
-# p - s and its activation memory falls with them, while GPipe's grows with m; every schedule sends
-# the same 512 KiB per step. What did not: the bubble is far above theory and microbatching made
-# the step *slower* than the naive one. On this machine a microbatch's forward is a few
+# $p-s$ and its activation memory falls with them, while GPipe's grows with $m$; every schedule
+# sends the same bytes per step, the figure you predicted in Exercise 6. What did not: the bubble
+# is far above theory, and microbatching did not make the step faster than the naive one. On this
+# machine a microbatch's forward is a few
 # milliseconds, so per-message latency and Python overhead are a large share of it, smaller matrix
-# products run less efficiently, and with p = 4 four ranks share two cores, so "idle" ranks are
+# products run less efficiently, and with $p = 4$ four ranks share two cores, so "idle" ranks are
 # really waiting for a core. The formula holds when a microbatch's compute dwarfs a message's
 # latency: on GPUs, with real layer sizes.
