@@ -555,6 +555,20 @@ def test_graded_solution_full_untouched_zero_and_capped_1f1b_loses_only_the_bar(
     assert float(capped["score"]) == float(solution["max_score"]) - 2
 
 
+@pytest.mark.slow
+def test_graded_design_cells_print_the_figures_not_none(graded_samples):
+    """Under the grader a passing check's verdict line comes back from the judge: the cell shows
+    the student's bubble beside the budget, the bar and the bound, never a bare None."""
+    import nbformat
+    nb = nbformat.read(graded_samples["autograded"]("solution", lab05.LAB), as_version=4)
+    for grade_id, verdict in (("test_budget_step", "within the budget"),
+                              (BAR, "within the bar")):
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert verdict in text and "the bound 0.500" in text, text
+        assert "None" not in text.split(), text
+
+
 
 def test_the_prediction_is_asked_before_anything_answers_it():
     """Nothing above Exercise 6's prediction cell, and no docstring of Lab 5's checks and helpers

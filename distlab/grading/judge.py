@@ -55,6 +55,7 @@ from distlab.grading.judge_channels import Channels
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
+VERDICT_LINE = 4000            # characters of a passing check's returned line sent back
 OUTPUT_TAIL = 8000            # characters of rank output sent back to the kernel with a verdict
 
 
@@ -263,9 +264,12 @@ class Judge:
         try:
             with contextlib.redirect_stdout(output), self.launcher.active(), \
                     call_guard.guarding(guard_of(check)):
-                check(*args, **kwargs)
+                value = check(*args, **kwargs)
             status, ename, message = "pass", "", ""
+            # a check's verdict line (a str) goes back to the test cell, which prints it
+            line = value[:VERDICT_LINE] if isinstance(value, str) else None
         except Exception as exc:  # noqa: BLE001 - every failure is a verdict
+            line = None
             status, ename, message = status_of_exception(exc), type(exc).__name__, str(exc)
             if isinstance(exc, SubmittedError) and status == "error":
                 ename = exc.exc_type
@@ -275,7 +279,8 @@ class Judge:
         with self.lock:
             self.verdicts[cell].append(Verdict(name, status, message, seed))
         tail = output.getvalue()[-OUTPUT_TAIL:]
-        return {"status": status, "ename": ename, "message": message, "output": tail}
+        return {"status": status, "ename": ename, "message": message, "output": tail,
+                "value": line}
 
     def _unpack(self, data: bytes):
         from distlab.runtime.safe_pickle import loads_message, loads_value

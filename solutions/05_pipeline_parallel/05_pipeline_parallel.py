@@ -628,11 +628,10 @@ def predict_sent_bytes(rank: int, world_size: int, batch: int, hidden: int,
 
 
 # %% nbgrader={"grade": true, "grade_id": "test_predict_sent_bytes", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-check_predicted_traffic(predict_sent_bytes)
-print("predict_sent_bytes: equals the formula; rank 0 of the measured run will send",
-      predict_sent_bytes(0, 2, 256, 512, 4) // 1024, "KiB")
+print(check_predicted_traffic(predict_sent_bytes))
+print("rank 0 of the measured run will send", predict_sent_bytes(0, 2, 256, 512, 4) // 1024, "KiB")
 ### BEGIN HIDDEN TESTS
-check_predicted_traffic(predict_sent_bytes, seed=fresh_seed())  # 8 cases drawn afresh: 2-8 stages, m from 1 to 16
+print(check_predicted_traffic(predict_sent_bytes, seed=fresh_seed()))  # 8 cases drawn afresh: 2-8 stages, m from 1 to 16
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "measure", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
