@@ -446,7 +446,7 @@ def test_visible_design_checks_need_no_answer_of_the_course(monkeypatch):
                                   max_in_flight=1)
 
 
-GRADED_CASES = [(4, 8, 2), (4, 4, 3), (4, 6, 2), (2, 4, 1), (4, 8, 3)]   # the lab's test cells
+GRADED_CASES = [(4, 8, 2), (4, 4, 3), (4, 6, 2), (2, 4, 1), (4, 6, 3)]   # the lab's test cells
 
 
 def _planned(p, m, k):
