@@ -6,7 +6,8 @@ torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B, on real ranks.
 
 For each (p, m) one launch runs every schedule: a warm-up step, then ``--repeats`` timed steps;
 the table reports the median step time and the bubble of that median step, measured from the
-forward/backward events every stage recorded, next to (p-1)/(m+p-1). On a machine with fewer
+forward/backward events every stage recorded, each with the spread over the steps (min-max),
+next to (p-1)/(m+p-1). On a machine with fewer
 cores than ranks, ranks share cores and the measured bubble says more about the CPU than about
 the schedule.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -30,12 +30,8 @@ def measure(p: int, m: int, spec: PipeSpec, repeats: int) -> dict:
                  "1F1B": (sol["one_f_one_b_step"], m),
                  "torch GPipe": (library_step("ScheduleGPipe"), m),
                  "torch 1F1B": (library_step("Schedule1F1B"), m)}
-    trials = [run_schedules(schedules, p, spec, warmup=1, timeout=300) for _ in range(repeats)]
-    median = {}
-    for name in schedules:  # the run whose step time is the median of the repeats
-        ordered = sorted((t[name] for t in trials), key=lambda r: r.step_time)
-        median[name] = ordered[len(ordered) // 2]
-    return median
+    # one launch: a warm-up step, then ``repeats`` timed steps; each run keeps its median step
+    return run_schedules(schedules, p, spec, warmup=1, steps=repeats, timeout=300)
 
 
 def main(argv=None) -> None:

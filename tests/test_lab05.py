@@ -18,7 +18,7 @@ from distlab.course.solutions import solution_functions
 from distlab.labs.pipeline import (SCHEDULES, PipeSpec, TimedStage, measured_bubble, library_step,
                               loss_fn, partition_layers, peak_in_flight, reference_step,
                               run_schedules, schedule_order, schedule_table, simulate, stage_layers,
-                              theoretical_bubble)
+                              theoretical_bubble, replay)
 from distlab.labs.tables import residue
 
 
@@ -152,7 +152,8 @@ def _withhold(monkeypatch, *targets):
 def test_visible_checks_need_no_answer_of_the_course(sol, monkeypatch):
     """In a handout the visible tests read the stored partitions and gradients, and the ranks get
     their stage's layers as data: no partition_layers, reference step or library there. The hidden
-    path computes them (in the judge, which has them)."""
+    path computes them (in the judge, which has them); in a handout, it says there are no stored
+    values for that case and which cases are stored."""
     import distlab.labs.pipeline.model as model
     import distlab.labs.pipeline.runs as runs_module
     _withhold(monkeypatch, (lab05, "partition_layers"), (lab05, "reference_step"),
@@ -161,10 +162,16 @@ def test_visible_checks_need_no_answer_of_the_course(sol, monkeypatch):
     lab05.check_partition(sol["partition"])
     lab05.check_naive(sol["naive_step"], world_size=2)
     lab05.check_gpipe(sol["gpipe_step"], world_size=4, num_microbatches=2)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(CheckFailed, match="no stored expected values for 23 layers on 6 stages"):
         lab05.check_partition(sol["partition"], seed=5)
-    with pytest.raises(NotImplementedError):
+    # a case without stored values: the check says so and names the stored ones, not the stub
+    with pytest.raises(CheckFailed, match=r"no stored expected values for seed=5.*Stored: the "
+                                          r"model and batch of seed 505"):
         lab05.check_naive(sol["naive_step"], world_size=2, seed=5)
+    with pytest.raises(CheckFailed, match=r"no stored expected values for 6 layers on 3 stages"
+                                          r".*\(6, 2\), \(6, 4\)") as info:
+        lab05.check_naive(sol["naive_step"], world_size=3)
+    assert "partition_layers" not in str(info.value)
 
 
 def test_stages_follow_the_bounds_they_are_given(sol):
@@ -363,10 +370,11 @@ def test_every_stage_idles_p_minus_1_forward_and_backward_slots(p, m):
 
 
 def _budget_with_warmups(warmups: str):
-    """The lab's budget_step with another number of warm-up forwards (a textual edit)."""
-    return solutions.solution_namespace(lab05.LAB, [(
-        "budget_step", "warmup = min(max_in_flight - 1, world_size - rank - 1, m)",
-        f"warmup = {warmups}")])["budget_step"]
+    """Hint 3's design (1F1B, its warm-up capped) handed in as budget_step, with ``warmups``
+    warm-up forwards (a textual edit of the solution's cell: ``CAPPED``)."""
+    (cell, old, new), = CAPPED
+    capped = new.replace("min(max_in_flight - 1, world_size - rank - 1, m)", warmups)
+    return solutions.solution_namespace(lab05.LAB, [(cell, old, capped)])["budget_step"]
 
 
 def test_the_design_exercise_and_the_prediction_pass_with_the_solution(sol):
@@ -377,6 +385,12 @@ def test_the_design_exercise_and_the_prediction_pass_with_the_solution(sol):
     line = lab05.check_memory_budget(f["budget_step"], world_size=4, num_microbatches=8,
                                      max_in_flight=2)
     assert "in flight per stage 2/2/2/1" in line
+    # the verdict shows the student's bubble beside Hint 3's design's, the bar and the bound
+    fig = lab05_design.figures(4, 8, 2, visible=True)
+    assert (f"Hint 3's design {fig['hinted']:.3f}, the bar {fig['bar']:.3f}, the bound "
+            f"{fig['bound']:.3f}: within the budget") in line
+    assert "within the bar" in lab05.check_bubble_bar(f["budget_step"], world_size=4,
+                                                      num_microbatches=8, max_in_flight=2)
     lab05.check_memory_budget(f["budget_step"], world_size=2, num_microbatches=4,
                               max_in_flight=1, seed=5)
     from distlab.checks.stored import EXACT64
@@ -402,7 +416,9 @@ def test_planted_uncapped_1f1b_loses_only_the_design_test():
 def test_design_check_rejects_one_microbatch_at_a_time():
     # Within the memory budget, but it idles more than the budget allows; the message says how much.
     one_at_a_time = _budget_with_warmups("0")
-    with pytest.raises(CheckFailed, match=r"idles 0\.750 of the step; the budget .* is 0\.652"):
+    with pytest.raises(CheckFailed, match=r"bubble on paper 0\.750; Hint 3's design 0\.652, the "
+                                          r"bar 0\.576, the bound 0\.500. This test's limit is "
+                                          r"the budget, 0\.652"):
         lab05.check_memory_budget(one_at_a_time, world_size=4, num_microbatches=8,
                                   max_in_flight=2)
 
@@ -420,5 +436,163 @@ def test_visible_design_checks_need_no_answer_of_the_course(monkeypatch):
     f = solution_functions(lab05.LAB, ("budget_step", "predict_sent_bytes"))
     lab05.check_predicted_traffic(f["predict_sent_bytes"])
     lab05.check_memory_budget(f["budget_step"], world_size=4, num_microbatches=4, max_in_flight=3)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(CheckFailed, match="no stored expected values for the cases drawn from "
+                                          "seed=3") as info:
         lab05.check_predicted_traffic(f["predict_sent_bytes"], seed=3)
+    assert "_boundary_bytes" not in str(info.value)
+    with pytest.raises(CheckFailed, match=r"world_size=4, num_microbatches=2, max_in_flight=1.*"
+                                          r"Stored: world_size=4, num_microbatches=8"):
+        lab05.check_memory_budget(f["budget_step"], world_size=4, num_microbatches=2,
+                                  max_in_flight=1)
+
+
+GRADED_CASES = [(4, 8, 2), (4, 4, 3), (4, 6, 2), (2, 4, 1), (4, 6, 3)]   # the lab's test cells
+
+
+def _planned(p, m, k):
+    """The solution's plan, replayed on paper: what its ranks run, timed as the check times it."""
+    plan = solutions.solution_namespace(lab05.LAB, [(
+        "budget_step", "    first, last, m = rank == 0, rank == world_size - 1, num_microbatches\n",
+        "    return budget_plan(world_size, num_microbatches, max_in_flight)\n")])["budget_step"]
+    return replay(plan(0, p, None, None, None, m, k))
+
+
+@pytest.mark.parametrize("p,m,k", GRADED_CASES)
+def test_the_solution_reaches_the_bar_and_no_schedule_beats_the_bound(p, m, k):
+    from distlab.checks import lab05_design
+    from distlab.labs.pipeline_bubble import budget_bound
+    events = _planned(p, m, k)
+    bubble, fig = measured_bubble(events, p), lab05_design.figures(p, m, k, visible=False)
+    assert max(peak_in_flight(events).values()) <= k
+    assert fig["bound"] - 1e-9 <= bubble <= fig["bar"] + 1e-9 <= fig["hinted"] + 1e-9
+    assert fig["bound"] == budget_bound(p, m, k)
+    # the bound is the stage-0 floor where the cap binds, the flushed pipeline's where it does not
+    assert budget_bound(4, 8, 2) == 0.5 and budget_bound(4, 8, 4) == theoretical_bubble(4, 8)
+
+
+def test_the_bound_holds_for_every_order_of_a_small_case():
+    """Every per-stage order of p = 2, m = 3 within k = 1 and k = 2, replayed: none beats it."""
+    import itertools
+    from distlab.labs.pipeline_bubble import budget_bound
+    ops = [("F", i) for i in range(3)] + [("B", i) for i in range(3)]
+    orders = [o for o in itertools.permutations(ops)
+              if all(o.index(("F", i)) < o.index(("B", i)) for i in range(3))]
+    for k in (1, 2):
+        best = 1.0
+        for first, second in itertools.product(orders, repeat=2):
+            try:
+                events = replay([list(first), list(second)])
+            except RuntimeError:
+                continue
+            if max(peak_in_flight(events).values()) <= k:
+                best = min(best, measured_bubble(events, 2))
+        assert best >= budget_bound(2, 3, k) - 1e-9
+
+
+def test_planted_capped_1f1b_meets_the_budget_and_misses_the_bar():
+    """Hint 3's design alone: the first test passes, the second fails, showing the figures."""
+    capped = _budget_with_warmups("min(max_in_flight - 1, world_size - rank - 1, m)")
+    line = lab05.check_memory_budget(capped, world_size=4, num_microbatches=8, max_in_flight=2)
+    assert "bubble on paper 0.652" in line and "within the budget" in line
+    with pytest.raises(CheckFailed, match=r"bubble on paper 0\.652; Hint 3's design 0\.652, the "
+                                          r"bar 0\.576, the bound 0\.500. This test's limit is "
+                                          r"the bar"):
+        lab05.check_bubble_bar(capped, world_size=4, num_microbatches=8, max_in_flight=2)
+
+
+def test_messages_say_what_happened():
+    from distlab.checks.lab05_messages import assert_equal_split, deadlock_advice
+    with pytest.raises(CheckFailed, match=r"x\.chunk\(5\) returns 4 piece\(s\) of \[2, 2, 2, 2\] "
+                                          r"rows.*\(1, 2, 4, 8\)"):
+        assert_equal_split(8, 5)
+    assert_equal_split(8, 4)
+    both_send = ("  rank 0: in send #1 to rank 1 on [64] float32, entered and never returned\n"
+                 "  rank 1: in send #1 to rank 0 on [64] float32, entered and never returned")
+    advice = deadlock_advice(both_send)
+    assert advice.startswith("rank 0 is stuck in send to rank 1; rank 1 is stuck in send to "
+                             "rank 0. Each is sending and none is receiving")
+    assert "recv) for a message" not in advice
+    both_recv = both_send.replace("send #1 to", "recv #1 from")
+    assert "Each is receiving" in deadlock_advice(both_recv)
+
+
+# ----------------------------------------------------------------------------- graded for real
+
+SAMPLE_KINDS = ()
+BAR = "test_budget_step_bar"
+# Hint 3's design handed in as budget_step: the solution's plan replaced by capped 1F1B.
+CAPPED = [("budget_step", "    for op, i in budget_plan(world_size, m, max_in_flight)[rank]:\n"
+           "        if op == \"F\":\n            forward(i)\n        else:\n"
+           "            backward()                                  # the oldest held: the plan's i\n",
+           "    w = min(max_in_flight - 1, world_size - rank - 1, m)\n"
+           "    for i in range(w):\n        forward(i)\n    for i in range(w, m):\n"
+           "        forward(i)\n        backward()\n    for _ in range(w):\n        backward()\n")]
+
+
+def own_graded_samples() -> dict:
+    """{(student, lab): notebook}: the solution, the untouched lab and Hint 3's design alone."""
+    import submissions
+    return {("solution", lab05.LAB): submissions.solved(lab05.LAB),
+            ("untouched", lab05.LAB): submissions.student(lab05.LAB),
+            ("mistake_capped_1f1b", lab05.LAB): submissions.edited_cells(lab05.LAB, CAPPED)}
+
+
+@pytest.fixture(scope="module")
+def graded(graded_samples):
+    return {student: row for (student, lab), row in graded_samples["rows"].items()
+            if lab == lab05.LAB}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_graded_solution_full_untouched_zero_and_capped_1f1b_loses_only_the_bar(graded):
+    solution, capped = graded["solution"], graded["mistake_capped_1f1b"]
+    tests = [t for t in solution if t.startswith("test_")]
+    assert BAR in tests and all(solution[t] == "pass" for t in tests), solution
+    assert float(solution["score"]) == float(solution["max_score"])
+    assert float(graded["untouched"]["score"]) == 0
+    assert {t for t in tests if capped[t] != "pass"} == {BAR}, capped
+    assert float(capped["score"]) == float(solution["max_score"]) - 2
+
+
+@pytest.mark.slow
+def test_graded_design_cells_print_the_figures_not_none(graded_samples):
+    """Under the grader a passing check's verdict line comes back from the judge: the cell shows
+    the student's bubble beside the budget, the bar and the bound, never a bare None."""
+    import nbformat
+    nb = nbformat.read(graded_samples["autograded"]("solution", lab05.LAB), as_version=4)
+    for grade_id, verdict in (("test_budget_step", "within the budget"),
+                              (BAR, "within the bar")):
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert verdict in text and "the bound 0.500" in text, text
+        assert "None" not in text.split(), text
+
+
+
+def test_the_prediction_is_asked_before_anything_answers_it():
+    """Nothing above Exercise 6's prediction cell, and no docstring of Lab 5's checks and helpers
+    (kept in a handout), states the bytes it predicts or the formula that gives them."""
+    import ast
+    from pathlib import Path
+    from distlab import paths
+    answer = lab05_answer_bytes()
+    answers = (str(answer), f"{answer // 1024} KiB", "b*h*4", "b * h * 4", "batch * hidden * 4",
+               "whatever m", "changes nothing in the sum")
+    source = paths.lab_source(lab05.LAB).read_text()
+    above = source[:source.index('"grade_id": "predict_sent_bytes"')]
+    assert not [a for a in answers if a in above]
+    root = Path(lab05.__file__).parents[1]
+    files = [*root.glob("checks/lab05*.py"), *root.glob("labs/pipeline/*.py"),
+             root / "labs" / "pipeline_bubble.py"]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node) or ""
+                assert not [a for a in answers if a in doc], (path.name, getattr(node, "name", ""))
+
+
+def lab05_answer_bytes() -> int:
+    """The measured section's rank 0 bytes, as the solution's prediction computes them."""
+    predict = solution_functions(lab05.LAB, ("predict_sent_bytes",))["predict_sent_bytes"]
+    return predict(0, 2, 256, 512, 4)

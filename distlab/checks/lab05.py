@@ -21,6 +21,7 @@ import distlab
 from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.crossed import assert_crossed_as_recorded
+from distlab.checks.lab05_messages import assert_equal_split, course_value, deadlock_advice
 from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, partition_layers,
                                    reference_step, run_schedules)
 from distlab.runtime.per_rank import reference
@@ -72,12 +73,16 @@ def _cut_key(num_layers: int, num_stages: int) -> str:
     return f"L{num_layers}_p{num_stages}"
 
 
-def _expected_partition(num_layers: int, num_stages: int, visible: bool) -> list[tuple[int, int]]:
+def _expected_partition(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     """The course's layer ranges: stored for the visible cases (a student's handout has no
-    ``partition_layers``), computed for hidden ones (in the judge, which has it)."""
-    stored = load_stored(LAB, "partition") if visible else {}
+    ``partition_layers``), computed for others (in the judge, which has it). Stored cuts serve
+    hidden cases too: a cut depends on the layers and stages, not on the seed."""
+    stored = load_stored(LAB, "partition")
     if _cut_key(num_layers, num_stages) not in stored:
-        return partition_layers(num_layers, num_stages)
+        return course_value(partition_layers, num_layers, num_stages,
+                       what=f"{num_layers} layers on {num_stages} stages",
+                       stored="layers and world sizes " + ", ".join(
+                           f"({n}, {p})" for n, p in PARTITION_CASES + VISIBLE_CUTS))
     stored = stored[_cut_key(num_layers, num_stages)]
     return [(int(a), int(b)) for a, b in stored.tolist()]
 
@@ -139,7 +144,9 @@ def _expected(spec: PipeSpec) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and gradients a step of ``spec`` must give: stored for the visible test (a
     student's handout has no reference step), computed for hidden ones."""
     if spec != VISIBLE:
-        return _reference(spec)
+        return course_value(_reference, spec, what=f"seed={spec.seed} ({spec.num_layers} layers, "
+                       f"batch {spec.batch})", stored=f"the model and batch of seed {VISIBLE.seed} "
+                       f"(no seed argument), on 2 or 4 ranks")
     stored = load_stored(LAB, "visible")
     x, target = spec.data()
     # The stored inputs must be the ones the ranks get, or the comparison means nothing.
@@ -175,7 +182,7 @@ def check_partition(partition, *, seed: int | None = None) -> None:
             raise CheckFailed(f"{what} returned {got!r}: expected a list of (start, stop) pairs.")
         if len(got) != p:
             raise CheckFailed(f"{what} returned {len(got)} ranges: expected one per stage, {p}.")
-        expected = _expected_partition(num_layers, p, visible=seed is None)
+        expected = _expected_partition(num_layers, p)
         bounds = [a for a, _ in got] + [got[-1][1]]
         if bounds[0] != 0 or bounds[-1] != num_layers or any(got[s][1] != got[s + 1][0]
                                                              for s in range(p - 1)):
@@ -194,17 +201,13 @@ def check_partition(partition, *, seed: int | None = None) -> None:
 def _run(fn, name, world_size, spec, m) -> ScheduleRun:
     # The stage cut is computed here and reaches the ranks as data: the ranks that run a
     # student's step hold the student's package, without partition_layers.
-    bounds = _expected_partition(spec.num_layers, world_size, visible=spec == VISIBLE)
+    bounds = _expected_partition(spec.num_layers, world_size)
     try:
         return run_schedules({name: (fn, m)}, world_size, spec, bounds=bounds, timeout=TIMEOUT,
                              check=lambda out: assert_crossed_as_recorded(out, name))[name]
     except distlab.HangError as err:
-        raise CheckFailed(
-            f"{name} did not finish on {world_size} ranks: the ranks are waiting on each other.\n"
-            f"{err}\nA pipeline deadlocks when a stage waits (recv) for a message that the other "
-            "stage will only send after it has itself received something: check, for each pair "
-            "of neighbouring stages, that every recv has a matching send issued before the "
-            "sender blocks.") from err
+        raise CheckFailed(f"{name} did not finish on {world_size} ranks: the ranks are waiting "
+                          f"on each other.\n{err}\n{deadlock_advice(str(err))}") from err
 
 
 def _check_grads(run: ScheduleRun, spec: PipeSpec, m: int) -> None:
@@ -228,7 +231,7 @@ def _check_grads(run: ScheduleRun, spec: PipeSpec, m: int) -> None:
                  hint="With microbatches, return the sum of the scaled microbatch losses.")
 
 
-def _check_microbatches(run: ScheduleRun, m: int) -> None:
+def _check_microbatches(run: ScheduleRun, m: int, batch: int) -> None:
     for rank in range(run.num_stages):
         for kind, word in (("F", "forward"), ("B", "backward")):
             got = sorted(e.mb for e in run.events if e.rank == rank and e.kind == kind)
@@ -236,7 +239,8 @@ def _check_microbatches(run: ScheduleRun, m: int) -> None:
                 raise CheckFailed(
                     f"{run.name}: rank {rank} ran {len(got)} {word} pass(es) of its stage, "
                     f"expected {m}, one per microbatch. Split x and target into {m} microbatches "
-                    f"(x.chunk({m})) and call the stage once per microbatch.")
+                    f"(x.chunk({m}): {m} pieces of {batch // m} rows here) and call the "
+                    f"stage once per microbatch.")
 
 
 def check_naive(fn, *, world_size: int = 2, seed: int | None = None, num_layers: int = 6,
@@ -246,7 +250,7 @@ def check_naive(fn, *, world_size: int = 2, seed: int | None = None, num_layers:
     spec = _spec(seed, num_layers, batch)
     run = _run(fn, "naive_step", world_size, spec, None)
     _check_grads(run, spec, 1)
-    _check_microbatches(run, 1)
+    _check_microbatches(run, 1, spec.batch)
     return run
 
 
@@ -255,9 +259,10 @@ def check_gpipe(fn, *, world_size: int = 2, num_microbatches: int = 4, seed: int
     """``fn(rank, world_size, stage, x, target, num_microbatches)``: all forwards, then all
     backwards, gradients accumulated over microbatches, equal to the single-process step."""
     spec, m = _spec(seed, num_layers, batch), num_microbatches
+    assert_equal_split(spec.batch, m)
     run = _run(fn, "gpipe_step", world_size, spec, m)
     _check_grads(run, spec, m)
-    _check_microbatches(run, m)
+    _check_microbatches(run, m, spec.batch)
     for rank in range(world_size):
         last_f = max(e.end for e in run.events if e.rank == rank and e.kind == "F")
         first_b = min(e.start for e in run.events if e.rank == rank and e.kind == "B")
@@ -274,9 +279,10 @@ def check_1f1b(fn, *, world_size: int = 2, num_microbatches: int = 4, seed: int 
     activations (measured: forward started, backward not yet finished), and after its
     min(p - s - 1, m) warm-up forwards it alternates one forward and one backward."""
     spec, m = _spec(seed, num_layers, batch), num_microbatches
+    assert_equal_split(spec.batch, m)
     run = _run(fn, "one_f_one_b_step", world_size, spec, m)
     _check_grads(run, spec, m)
-    _check_microbatches(run, m)
+    _check_microbatches(run, m, spec.batch)
     for rank, alive in run.in_flight.items():
         bound = min(world_size - rank, m)
         if alive > bound:
@@ -313,31 +319,49 @@ def _check_alternation(run: ScheduleRun, rank: int, world_size: int, m: int) -> 
 # ----------------------------------------------------------------------------- prediction, design
 
 
-def check_predicted_traffic(predict_sent_bytes, *, seed: int | None = None) -> None:
+def check_predicted_traffic(predict_sent_bytes, *, seed: int | None = None) -> str:
     """``predict_sent_bytes(rank, world_size, batch, hidden, num_microbatches)``: the bytes the
-    stage sends in one step, against the formula (``lab05_design``) on fixed and fresh cases."""
+    stage sends in one step, against the formula (``lab05_design``) on fixed and fresh cases.
+    Returns the line the test cell prints."""
     from distlab.checks.lab05_design import grade_traffic
-    grade_traffic(predict_sent_bytes, seed)
+    return grade_traffic(predict_sent_bytes, seed)
+
+
+def _design_run(fn, world_size, num_microbatches, max_in_flight, seed, num_layers, batch, level):
+    import functools
+    from distlab.checks.lab05_design import grade_schedule_properties
+    spec, m = _spec(seed, num_layers, batch), num_microbatches
+    assert_equal_split(spec.batch, m)
+    step = functools.partial(fn, max_in_flight=max_in_flight)
+    run = _run(step, "budget_step", world_size, spec, m)
+    _check_grads(run, spec, m)
+    _check_microbatches(run, m, spec.batch)
+    return grade_schedule_properties(run, world_size=world_size, num_microbatches=m,
+                                     max_in_flight=max_in_flight, batch=spec.batch,
+                                     hidden=spec.hidden, visible=spec == VISIBLE, level=level)
 
 
 def check_memory_budget(fn, *, world_size: int = 4, num_microbatches: int = 8,
                         max_in_flight: int = 2, seed: int | None = None, num_layers: int = 6,
                         batch: int = 8) -> str:
-    """The open design exercise: ``fn(rank, world_size, stage, x, target, num_microbatches,
-    max_in_flight)``, a schedule of the student's own. Graded by its properties on real ranks:
-    single-process gradients, at most ``max_in_flight`` microbatches alive on every stage, the
-    boundary's bytes and no more, and a bubble (its recorded order replayed on paper) within the
-    budget. Returns the line the test cell prints."""
-    import functools
-    from distlab.checks.lab05_design import grade_schedule_properties
-    spec, m = _spec(seed, num_layers, batch), num_microbatches
-    step = functools.partial(fn, max_in_flight=max_in_flight)
-    run = _run(step, "budget_step", world_size, spec, m)
-    _check_grads(run, spec, m)
-    _check_microbatches(run, m)
-    return grade_schedule_properties(run, world_size=world_size, num_microbatches=m,
-                            max_in_flight=max_in_flight, batch=spec.batch, hidden=spec.hidden,
-                            visible=spec == VISIBLE)
+    """The open design exercise, its first test: ``fn(rank, world_size, stage, x, target,
+    num_microbatches, max_in_flight)``, a schedule of the student's own. Graded by its properties
+    on real ranks: single-process gradients, at most ``max_in_flight`` microbatches alive on every
+    stage, the boundary's bytes and no more, and a bubble (its recorded order replayed on paper)
+    within the budget: Hint 3's design's. Returns the line the test cell prints: the
+    student's bubble beside that design's, the bar and the bound."""
+    return _design_run(fn, world_size, num_microbatches, max_in_flight, seed, num_layers, batch,
+                       "hinted")
+
+
+def check_bubble_bar(fn, *, world_size: int = 4, num_microbatches: int = 8,
+                     max_in_flight: int = 2, seed: int | None = None, num_layers: int = 6,
+                     batch: int = 8) -> str:
+    """The open design exercise, its second test: as ``check_memory_budget``, with the bubble
+    within the bar, halfway from Hint 3's design to the bound no schedule beats
+    (``distlab.labs.pipeline_bubble.budget_bound``)."""
+    return _design_run(fn, world_size, num_microbatches, max_in_flight, seed, num_layers, batch,
+                       "bar")
 
 
 def design_budgets() -> str:
@@ -360,7 +384,7 @@ from distlab.checks.course_code import names  # noqa: E402
 DESIGN = names("distlab.checks.lab05_design", "_boundary_bytes", "_capped_order")
 COURSE_CODE = dict.fromkeys([
     "check_partition", "check_naive", "check_gpipe", "check_1f1b", "check_predicted_traffic",
-    "check_memory_budget"],
+    "check_memory_budget", "check_bubble_bar"],
     CourseCode(forbidden=LAB5_SHIPPED + DESIGN))
 # Graded on values handed in (the runs of torch's own pipelining library, made by the lab, not an answer): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.

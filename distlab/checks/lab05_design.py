@@ -1,16 +1,18 @@
 """Lab 5's prediction and its open design exercise (called from ``distlab.checks.lab05``, which
 the judge serves).
 
-- The prediction: the bytes stage ``s`` of ``p`` sends in one step of a ``(b, h)`` float32 batch.
-  Each boundary carries the activation forward and its gradient back, one ``(b/m, h)`` message
-  per microbatch: ``b*h*4`` bytes per direction, whatever ``m`` (Huang et al. 2019, sec. 2.2;
-  Narayanan et al. 2021, sec. 2.2). Stage 0 sends only forward, the last stage only backward.
+- The prediction: the bytes stage ``s`` of ``p`` sends in one step of a ``(b, h)`` float32 batch
+  (its formula is the student's to find: it is in ``_boundary_bytes``'s body, which a handout
+  leaves out).
 - The design exercise: a schedule that holds at most ``k`` microbatches on every stage. Graded by
   its properties: the gradients (``distlab.checks.lab05``), the microbatches in flight on each
   stage (measured from the events the stages recorded), the bytes each rank sent, and the bubble
   of the order the stages actually ran, replayed on paper (t_f = 1, t_b = 2, messages free:
-  ``distlab.labs.pipeline.replay``) against a budget: the bubble of 1F1B with its warm-up capped
-  at k - 1 forwards, on the same p, m, k (what the course's schedule reaches; yours may beat it).
+  ``distlab.labs.pipeline.replay``), on a scale of two tests: the first at the bubble of the
+  lab's Hint 3 (1F1B with its warm-up capped at k - 1 forwards, on the same p, m, k), the
+  second at a bar halfway from it to the bound no schedule beats
+  (``distlab.labs.pipeline_bubble.budget_bound``, derived in the lab). The course's solution
+  reaches the bar (tests/test_lab05.py); the hint's design alone does not where the two differ.
 
 Visible tests read their expected values from ``data/05_pipeline_parallel/design.pt`` (a
 student's handout has neither formula); hidden ones compute them in the judge.
@@ -22,8 +24,9 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.lab05_messages import course_value
 from distlab.labs.pipeline import measured_bubble, recorded_orders, replay
-from distlab.labs.pipeline_bubble import idle_per_stage
+from distlab.labs.pipeline_bubble import budget_bound, idle_per_stage
 
 LAB = "05_pipeline_parallel"
 SEED = 505
@@ -49,9 +52,10 @@ def traffic_cases(seed: int) -> list[dict]:
 
 
 def _boundary_bytes(rank, world_size, batch, hidden, num_microbatches) -> int:
-    """Bytes stage ``rank`` sends in one step: its ``(b, h)`` output forward unless it is the
-    last stage, the ``(b, h)`` gradient of its input back unless it is the first; microbatching
-    cuts each into m messages of ``(b/m, h)`` and changes nothing in the sum."""
+    """The prediction's expected value: the bytes stage ``rank`` sends in one step."""
+    # Its (b, h) output forward unless it is the last stage, the (b, h) gradient of its input
+    # back unless it is the first; microbatching cuts each into m messages of (b/m, h) and
+    # changes nothing in the sum (Huang et al. 2019, sec. 2.2; Narayanan et al. 2021, sec. 2.2).
     return batch * hidden * ELEMENT * ((rank < world_size - 1) + (rank > 0))
 
 
@@ -93,10 +97,14 @@ def _stored() -> dict:
     return load(LAB, "design")
 
 
-def grade_traffic(predict, seed: int | None = None) -> None:
+def grade_traffic(predict, seed: int | None = None) -> str:
     cases = traffic_cases(SEED if seed is None else seed)
     expected = (_stored()["traffic"].tolist() if seed is None
-                else [_boundary_bytes(**case) for case in cases])
+                else [course_value(lambda c=case: _boundary_bytes(**c),
+                                what=f"the cases drawn from seed={seed}",
+                                stored="the ten cases of check_predicted_traffic(predict_sent_bytes)")
+                      for case in cases])
+    answers = []
     for case, want in zip(cases, expected):
         call = "predict_sent_bytes(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")"
         try:
@@ -112,15 +120,39 @@ def grade_traffic(predict, seed: int | None = None) -> None:
                 f"{call} returned {got}, the formula gives {want}. One (b, h) float32 tensor is "
                 f"b*h*4 = {b * h * ELEMENT} bytes; count which directions stage {case['rank']} "
                 f"of {case['world_size']} sends in (activations forward, gradients back).{hint}")
+        answers.append(got)
+    return (f"predict_sent_bytes: all {len(cases)} cases ({'fixed' if seed is None else 'drawn'}; "
+            f"first, middle and last stages of 2 to 8, m from 1 to 16) equal the formula; the "
+            f"measured section's rank 0 and rank 1: {answers[0]} and {answers[1]} bytes")
+
+
+VISIBLE_DESIGN = ", ".join(f"world_size={p}, num_microbatches={m}, max_in_flight={k}"
+                           for p, m, k in DESIGN_CASES)
 
 
 def bubble_budget_of(world_size: int, num_microbatches: int, max_in_flight: int,
-              visible: bool) -> float:
-    """The bubble budget of a case: stored for visible cases, computed (in the judge) else."""
+                     visible: bool) -> float:
+    """The hinted design's bubble for a case: stored for visible cases, computed (in the judge)
+    else."""
     key = f"budget.{_key(world_size, num_microbatches, max_in_flight)}"
     stored = _stored() if visible else {}
-    return float(stored[key]) if key in stored else _budget(world_size, num_microbatches,
-                                                            max_in_flight)
+    if key in stored:
+        return float(stored[key])
+    return course_value(_budget, world_size, num_microbatches, max_in_flight,
+                     what=f"world_size={world_size}, num_microbatches={num_microbatches}, "
+                          f"max_in_flight={max_in_flight}",
+                     stored=VISIBLE_DESIGN)
+
+
+def bar_of(hinted: float, bound: float) -> float:
+    """The design exercise's second test: halfway from the hinted design's bubble to the bound."""
+    return hinted - (hinted - bound) / 2
+
+
+def figures(p: int, m: int, k: int, visible: bool) -> dict[str, float]:
+    """The bubbles a student's is shown beside: the hinted design's, the bar and the bound."""
+    hinted, bound = bubble_budget_of(p, m, k, visible), budget_bound(p, m, k)
+    return {"hinted": hinted, "bar": bar_of(hinted, bound), "bound": bound}
 
 
 def _sent(world_size, num_microbatches, max_in_flight, batch, hidden, visible) -> list[int]:
@@ -128,15 +160,25 @@ def _sent(world_size, num_microbatches, max_in_flight, batch, hidden, visible) -
     stored = _stored() if visible else {}
     if key in stored:
         return stored[key].tolist()
-    return [_boundary_bytes(r, world_size, batch, hidden, num_microbatches)
+    return [course_value(_boundary_bytes, r, world_size, batch, hidden, num_microbatches,
+                      what=f"world_size={world_size}, num_microbatches={num_microbatches}, "
+                          f"max_in_flight={max_in_flight}",
+                      stored=VISIBLE_DESIGN)
             for r in range(world_size)]
 
 
+def _comparison(bubble: float, fig: dict[str, float]) -> str:
+    return (f"bubble on paper {bubble:.3f}; Hint 3's design {fig['hinted']:.3f}, "
+            f"the bar {fig['bar']:.3f}, the bound {fig['bound']:.3f}")
+
+
 def grade_schedule_properties(run, *, world_size: int, num_microbatches: int, max_in_flight: int,
-                     batch: int, hidden: int, visible: bool) -> str:
-    """The schedule's memory, traffic and bubble (its gradients are checked before); returns the
-    line the test cell prints."""
+                              batch: int, hidden: int, visible: bool, level: str = "hinted") -> str:
+    """The schedule's memory, traffic and bubble (its gradients are checked before), the bubble
+    against ``level``: "hinted" (Hint 3's design) or "bar"; returns the line the test cell
+    prints."""
     p, m, k, name = world_size, num_microbatches, max_in_flight, run.name
+    case = f"p = {p}, m = {m}, max_in_flight = {k}"
     for rank, alive in sorted(run.in_flight.items()):
         if alive > k:
             raise CheckFailed(
@@ -157,25 +199,32 @@ def grade_schedule_properties(run, *, world_size: int, num_microbatches: int, ma
     except RuntimeError as err:
         raise CheckFailed(f"{name}: the order your stages ran cannot be replayed ({err}): stage s "
                           "must handle microbatches in the order stage s-1 sent them.") from None
-    bubble, budget = measured_bubble(events, p), bubble_budget_of(p, m, k, visible)
+    bubble, fig = measured_bubble(events, p), figures(p, m, k, visible)
+    limit = fig[level]
     ran = "; ".join(f"stage {s}: {''.join(op for op, _ in order)}" for s, order in enumerate(orders))
-    if bubble > budget + 1e-9:
+    if bubble > limit + 1e-9:
         idle = idle_per_stage(events, p)
+        where = ("Hint 3's design reaches it" if level == "hinted" else
+                 "halfway from Hint 3's design to the bound; the course's schedule "
+                 "reaches it")
         raise CheckFailed(
-            f"{name}: the order your stages ran ({ran}), replayed on paper (forward 1 unit, "
-            f"backward 2, messages free), idles {bubble:.3f} of the step; the budget for p = {p}, "
-            f"m = {m}, max_in_flight = {k} is {budget:.3f}. Idle units per stage: "
-            + ", ".join(f"{s}: {v:g}" for s, v in idle.items())
-            + ". A stage idles while it waits for its first gradient: within the cap, what could "
-            "it run before that arrives?")
-    return (f"{name} (p = {p}, m = {m}, at most {k} in flight): bubble on paper {bubble:.3f} "
-            f"<= budget {budget:.3f}; in flight per stage "
-            + "/".join(str(run.in_flight[r]) for r in sorted(run.in_flight)))
+            f"{name} ({case}): the order your stages ran ({ran}), replayed on paper (forward "
+            f"1 unit, backward 2, messages free): {_comparison(bubble, fig)}. This test's limit "
+            f"is the {'budget' if level == 'hinted' else 'bar'}, {limit:.3f} ({where}). Idle "
+            "units per stage: " + ", ".join(f"{s}: {v:g}" for s, v in idle.items())
+            + ". Which stage's waits set the step's length, and what is it waiting for?")
+    return (f"{name} ({case}): {_comparison(bubble, fig)}: within the "
+            f"{'budget' if level == 'hinted' else 'bar'}; in flight per stage "
+            + "/".join(str(run.in_flight[r]) for r in sorted(run.in_flight))
+            + f" (cap {k}); each rank sent its boundary's bytes")
 
 
 def budgets_table() -> str:
-    """The visible design cases' budgets, as stored (the lab prints them before the exercise)."""
-    stored = _stored()
-    return "\n".join(f"p = {p}, m = {m}, max_in_flight = {k}: bubble budget "
-                     f"{float(stored[f'budget.{_key(p, m, k)}']):.3f} of the step (on paper)"
-                     for p, m, k in DESIGN_CASES)
+    """The visible design cases' figures, as stored (the lab prints them before the exercise):
+    Hint 3's design (the first test's budget), the bar (the second's) and the bound."""
+    lines = []
+    for p, m, k in DESIGN_CASES:
+        fig = figures(p, m, k, visible=True)
+        lines.append(f"p = {p}, m = {m}, max_in_flight = {k}: bubble budget {fig['hinted']:.3f}, "
+                     f"bar {fig['bar']:.3f}, bound {fig['bound']:.3f} (of the step, on paper)")
+    return "\n".join(lines)

@@ -55,6 +55,7 @@ from distlab.grading.judge_channels import Channels
 from distlab.grading.statuses import status_of_exception
 
 READ_TIMEOUT = 60             # seconds a kernel may take to send its request once connected
+VERDICT_LINE = 4000            # characters of a passing check's returned line sent back
 OUTPUT_TAIL = 8000            # characters of rank output sent back to the kernel with a verdict
 
 
@@ -264,7 +265,7 @@ class Judge:
             with contextlib.redirect_stdout(output), self.launcher.active(), \
                     call_guard.guarding(guard_of(check)):
                 _, line = run_check(check, *args, **kwargs)
-            status, ename, message = "pass", "", str(line)
+            status, ename, message = "pass", "", str(line)[:VERDICT_LINE]
         except Exception as exc:  # noqa: BLE001 - every failure is a verdict
             status, ename, message = status_of_exception(exc), type(exc).__name__, str(exc)
             if isinstance(exc, SubmittedError) and status == "error":

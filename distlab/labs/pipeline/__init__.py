@@ -3,8 +3,7 @@
 A model of ``L`` equal blocks is cut into ``p`` contiguous *stages*, one per rank. Stage ``s``
 receives its input activation from rank ``s-1`` and sends its output to rank ``s+1``; in backward
 the gradient of the stage's output comes from ``s+1`` and the gradient of its input goes to ``s-1``.
-Only stage boundaries communicate: one ``(b, h)`` activation forward and one ``(b, h)`` gradient
-backward per microbatch (``b*s*h`` elements for a transformer with sequence length ``s``).
+Only stage boundaries communicate: activations forward, gradients backward.
 
 With ``m`` equal microbatches, forward time ``t_f`` and backward time ``t_b`` per microbatch and
 stage, GPipe and 1F1B both take ``(m + p - 1)(t_f + t_b)`` for work worth ``m (t_f + t_b)``, so each

@@ -62,6 +62,10 @@ class ScheduleRun:
     # A run stored with the course (``grads`` left out): the largest difference of its gradients
     # from the single-process step, measured when it was recorded.
     grad_error: float | None = None
+    # With several timed steps: each one's wall time and bubble (``events`` and ``step_time``
+    # are then the median step's, by time); one step's time alone is noise on a shared CPU.
+    step_times: list[float] = dataclasses.field(default_factory=list)
+    step_bubbles: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def bubble(self) -> float:
@@ -81,10 +85,11 @@ def _call(fn, rank, world_size, stage, x, target, m):
         fn(rank, world_size, stage, x, target, m)
 
 
-def _rank_schedules(rank, world_size, inputs, schedules, warmup):
+def _rank_schedules(rank, world_size, inputs, schedules, warmup, steps=1):
     """On each rank: copy this rank's stage (``inputs``: its layers, and the batch with what the
-    stage must not read NaN) once per schedule, run ``warmup`` untimed steps and one timed
-    step, and return what ``ScheduleRun`` needs."""
+    stage must not read NaN) once per schedule, run ``warmup`` untimed steps and ``steps``
+    timed ones, and return what ``ScheduleRun`` needs (the last step's gradients, every timed
+    step's events and times)."""
     device = rank_device()
     layers, x, target = inputs
     layers = layers.to(device)
@@ -92,22 +97,25 @@ def _rank_schedules(rank, world_size, inputs, schedules, warmup):
     results = {}
     for name, (fn, m) in schedules.items():
         stage = TimedStage(copy.deepcopy(layers), rank)
-        for _ in range(warmup + 1):
+        timed = []
+        for step in range(warmup + steps):
             stage.zero_grad(set_to_none=True)
             stage.reset()
             dist.barrier()  # all ranks start the step together
             start = time.perf_counter()
             loss = _call(fn, rank, world_size, stage, x, target, m)
             end = time.perf_counter()
+            if step >= warmup:
+                timed.append(dict(events=list(stage.events), start=start, end=end,
+                                  act=stage.peak_activation_bytes))
         grads = {n: p.grad.detach().cpu() if p.grad is not None else None
                  for n, p in stage.layers.named_parameters()}
-        results[name] = dict(grads=grads, loss=loss, events=stage.events, start=start, end=end,
-                             act=stage.peak_activation_bytes)
+        results[name] = dict(grads=grads, loss=loss, steps=timed)
     return results
 
 
 def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(), *,
-                  bounds: list[tuple[int, int]] | None = None, warmup: int = 0,
+                  bounds: list[tuple[int, int]] | None = None, warmup: int = 0, steps: int = 1,
                   timeout: float = 60, check=None) -> dict[str, ScheduleRun]:
     """Run each schedule on ``world_size`` ranks, one stage per rank, in a single launch.
 
@@ -121,6 +129,8 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
     ``bounds``: the ``(start, stop)`` layers of every stage, e.g. your ``partition(L, p)``;
     computed here, never on the ranks, which receive them as data. Without them,
     ``partition_layers``'s (not in a student's handout of Lab 5: pass your own).
+    ``steps`` timed steps follow ``warmup`` untimed ones; the run keeps the median step's
+    events and time, and every step's time and bubble (``step_times``, ``step_bubbles``).
     ``check(out)``, if given, sees the ranks' results first (a grader's: that their records
     account for what crossed, before the sent bytes are read from them).
     """
@@ -129,22 +139,31 @@ def run_schedules(schedules: dict, world_size: int, spec: PipeSpec = PipeSpec(),
                              partition_layers(spec.num_layers, world_size),
                              spec.num_layers, world_size)
     out = distlab.run(_rank_schedules, world_size, _stage_inputs(spec, world_size, bounds),
-                      schedules, warmup, timeout=timeout)
+                      schedules, warmup, steps, timeout=timeout)
     if check is not None:
         check(out)
-    runs = {}
-    for name, (_, m) in schedules.items():
-        per_rank = [out[r][name] for r in range(world_size)]
-        sent = [sum(c.bytes for c in out.comms[r] if c.op in ("send", "isend")
-                    and per_rank[r]["start"] <= c.start <= per_rank[r]["end"])
-                for r in range(world_size)]
-        runs[name] = ScheduleRun(
-            name=name, num_stages=world_size, num_microbatches=m,
-            grads=[r["grads"] for r in per_rank], loss=per_rank[-1]["loss"],
-            events=[e for r in per_rank for e in r["events"]],
-            step_time=max(r["end"] for r in per_rank) - min(r["start"] for r in per_rank),
-            activation_bytes=[r["act"] for r in per_rank], sent_bytes=sent)
-    return runs
+    return {name: _schedule_run(name, m, out, world_size) for name, (_, m) in schedules.items()}
+
+
+def _schedule_run(name: str, m: int | None, out, world_size: int) -> ScheduleRun:
+    """One schedule's ``ScheduleRun`` from every rank's timed steps: the median step by time."""
+    per_rank = [out[r][name] for r in range(world_size)]
+    steps = []
+    for k in range(len(per_rank[0]["steps"])):
+        step = [r["steps"][k] for r in per_rank]
+        start, end = min(s["start"] for s in step), max(s["end"] for s in step)
+        events = [e for s in step for e in s["events"]]
+        steps.append(dict(time=end - start, events=events, act=[s["act"] for s in step],
+                          sent=[sum(c.bytes for c in out.comms[r] if c.op in ("send", "isend")
+                                    and step[r]["start"] <= c.start <= step[r]["end"])
+                                for r in range(world_size)]))
+    median = sorted(steps, key=lambda s: s["time"])[(len(steps) - 1) // 2]
+    return ScheduleRun(
+        name=name, num_stages=world_size, num_microbatches=m,
+        grads=[r["grads"] for r in per_rank], loss=per_rank[-1]["loss"],
+        events=median["events"], step_time=median["time"], activation_bytes=median["act"],
+        sent_bytes=median["sent"], step_times=[s["time"] for s in steps],
+        step_bubbles=[measured_bubble(s["events"], world_size) for s in steps])
 
 
 def _stage_inputs(spec: PipeSpec, world_size: int, bounds: list[tuple[int, int]]):
@@ -204,17 +223,29 @@ def schedule_table(runs: dict[str, ScheduleRun], spec: PipeSpec | None = None, *
         # against their largest |value|): its digits would differ from CPU to CPU.
         scale = max(g.abs().max().item() for g in reference.values())
         eps = max(torch.finfo(g.dtype).eps for g in reference.values())
-    head = (f"{'schedule':<14}{'p':>3}{'m':>4}{'step ms':>10}{'bubble':>9}{'theory':>9}"
+    spread = any(len(run.step_times) > 1 for run in runs.values())
+    time_w, bubble_w = (20, 18) if spread else (10, 9)
+    head = (f"{'schedule':<14}{'p':>3}{'m':>4}{'step ms':>{time_w}}{'bubble':>{bubble_w}}"
+            f"{'theory':>9}"
             f"{'in flight':>11}{'act KiB r0':>12}{'sent KiB r0':>13}"
             + (f"{'max |dgrad|':>13}" if errors else ""))
     rows = [head, "-" * len(head)]
     for run in runs.values():
         flight = run.in_flight
         rows.append(f"{run.name:<14}{run.num_stages:>3}{run.num_microbatches or 1:>4}"
-                    f"{run.step_time * 1e3:>10.1f}{run.bubble:>9.2f}{run.theory:>9.2f}"
+                    f"{_spread(run.step_time * 1e3, [t * 1e3 for t in run.step_times], '.1f'):>{time_w}}"
+                    f"{_spread(run.bubble, run.step_bubbles, '.2f'):>{bubble_w}}{run.theory:>9.2f}"
                     f"{'/'.join(str(flight[r]) for r in sorted(flight)):>11}"
                     f"{run.activation_bytes[0] / 1024:>12.0f}{run.sent_bytes[0] / 1024:>13.0f}"
                     + (f"{residue(grad_error(run, spec, reference), scale, eps):>13}"
                        if errors else ""))
     return "\n".join(rows)
+
+
+def _spread(median: float, values: list[float], fmt: str) -> str:
+    """``median`` alone for one step; with several, ``median (min-max)``: the spread says how
+    much of a difference between two schedules is noise."""
+    if len(values) <= 1:
+        return format(median, fmt)
+    return f"{median:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
