@@ -191,9 +191,16 @@ def test_a_ring_that_keeps_its_finished_requests_holds_one_block_too_many():
 
 
 def test_ulysses_refuses_heads_that_do_not_divide():
+    """Said as the failing case: its heads and ranks, what to raise and what came instead (a
+    collective is stopped before it can hang or fail the ranks)."""
     ns = solution_namespace(("ulysses", "    if q.shape[1] % p:", "    if False:"))
-    with pytest.raises(CheckFailed, match="expected a ValueError|the ranks failed|hung|never"):
+    with pytest.raises(CheckFailed, match=r"^3 heads over 2 ranks: raise ValueError.*Rank 0 gave "
+                                          r"a collective called first"):
         lab10.check_ulysses(ns["ulysses_attention"])
+    vague = solution_namespace(("ulysses", "    if q.shape[1] % p:\n        raise ValueError(",
+                                "    if q.shape[1] % p:\n        raise ValueError('no') or ValueError("))
+    with pytest.raises(CheckFailed, match=r"gave a ValueError that does not name them: 'no'"):
+        lab10.check_ulysses(vague["ulysses_attention"])
 
 
 # ---------------------------------------------------------------------------------------------

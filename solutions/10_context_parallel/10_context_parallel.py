@@ -443,10 +443,11 @@ ring_gradients(ring_attention, ring_attention_backward);
 #
 # Under causal attention a token at position i attends to i + 1 keys: late tokens cost more than
 # early ones. In the ring, at step t rank r computes its queries against the block of rank
-# (r − t) mod p, and no rank can start step t + 1 before the block it needs has come from its left
-# neighbour, which finishes step t first: **every step lasts as long as its slowest rank's
-# block**. The ring's time is its **critical path**: over the p steps, the largest block work of
-# the step (in (query, key) score pairs), summed.
+# (r − t) mod p, and the ranks move from step to step together: each step's exchange ties every
+# rank to its neighbours, and no rank holds more than the block it computes and the one arriving
+# (Exercise 2's contract), so none can run ahead. **Every step lasts as long as its slowest
+# rank's block**, and the ring's time is its **critical path**: over the p steps, the largest
+# block work of the step (in (query, key) score pairs), summed.
 #
 # **The bound.** At each step the largest block is at least the step's mean over the p ranks, and
 # the means of the p steps add up to all the score pairs of the sequence divided by p. So no split
