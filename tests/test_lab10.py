@@ -245,6 +245,9 @@ def test_balance_is_counted_on_the_critical_path():
     text = _prose()
     assert f"({lab10_layout.contiguous_penalty_limit(4):.2f} at p = 4)" in text
     assert "about 2 − 1/p times the ideal" in text and "about 2p−1 times rank 0's work" in text
+    import inspect
+    per_rank = inspect.signature(layout.penalty_table).parameters["tokens_per_rank"].default
+    assert f"p = 2, 4 and 8 with s/p = {per_rank:,} tokens" in text
 
 
 def test_the_hinted_design_and_its_stated_numbers():

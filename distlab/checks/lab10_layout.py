@@ -79,7 +79,7 @@ def grade_penalty_prediction(predict, seed: int | None = None) -> str:
                 f"times the ideal.{mistaken} Count one step at a time: which blocks does some "
                 f"rank compute at step 0, and at each later step? How much work is each, in "
                 f"(s/p)² units, against the ideal's?")
-        shown.append(f"p = {p}: {got:.4f} (layouts: {want:.4f})")
+        shown.append(f"p = {p}: {got:.4f} (layouts: {round(want, 6):.4f})")   # one rounding
     return "predict_contiguous_penalty: " + "; ".join(shown)
 
 

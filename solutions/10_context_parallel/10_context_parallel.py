@@ -178,7 +178,7 @@ def predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch, 
 # %% nbgrader={"grade": true, "grade_id": "test_predict_ring_bytes", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 from distlab.checks.lab10 import check_ring_bytes_prediction
 check_ring_bytes_prediction(predict_ring_bytes)
-print("predict_ring_bytes: the formula's bytes on every case")
+print("predict_ring_bytes: the formula's bytes on the visible cases")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_ring_bytes_prediction(predict_ring_bytes, seed=fresh_seed())   # sizes drawn afresh
