@@ -151,7 +151,7 @@ def grade_cp_degree(smallest_cp, seed: int | None = None) -> None:
         call = (f"smallest_cp({model.name}, Job(seq_len={job.seq_len}, global_batch="
                 f"{job.global_batch}, zero_stage={job.zero_stage}, recompute={job.recompute!r}), "
                 f"tp={tp}, pp={pp}, dp={dp}, gpu_mem_gb={mem:g})")
-        call = ("the visible case " if seed is None else f"a hidden case (seed {seed}), ") + call
+        call = ("a visible case, " if seed is None else f"a hidden case (seed {seed}), ") + call
         got = smallest_cp(model, job, tp, pp, dp, mem)
         if got != want:
             at = (f"at CP = {want}: {_gb(model, job, tp, pp, dp, want):.1f} GB" if want else
