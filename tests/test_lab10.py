@@ -96,10 +96,10 @@ def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) 
                                                                 world_size, seed, **sizes),
         "test_predict_contiguous_penalty": lambda: lab10.check_penalty_prediction(
             ns["predict_contiguous_penalty"], seed),
-        "test_causal_layout": lambda: lab10.check_causal_layout(ns["causal_layout"], world_size,
-                                                                seq),
+        "test_causal_layout": lambda: lab10.check_causal_layout(ns["causal_layout"],
+                                                                ((world_size, seq),)),
         "test_causal_layout_better": lambda: lab10.check_causal_layout_better(
-            ns["causal_layout"], world_size, seq),
+            ns["causal_layout"], ((world_size, seq),)),
         "test_ulysses": lambda: lab10.check_ulysses(ns["ulysses_attention"], world_size, seed,
                                                     **sizes),
     }
@@ -274,11 +274,14 @@ def test_the_scale_separates_the_hinted_design_from_the_bar():
     """At every size the lab's layout cells grade, the hinted design is above the bar and the
     course's split at the bound; a contiguous split fails the hinted design's step."""
     from distlab.checks import lab10_layout
-    calls = re.findall(r"check_causal_layout(_better)?\(causal_layout(?:, world_size=(\d+), "
-                       r"seq_len=(\d+))?\)", SOURCE.read_text())
-    assert len(calls) == 7
-    for better, p, s in calls:
-        p, s = (int(p), int(s)) if p else ((4, 64) if better else (2, 64))
+    import ast
+    calls = re.findall(r"check_causal_layout(_better)?\(causal_layout(?:, sizes=(.*?))?\)\s",
+                       SOURCE.read_text())
+    assert len(calls) == 4
+    sizes = [size for better, given in calls for size in
+             (ast.literal_eval(given) if given else [(4, 64) if better else (2, 64)])]
+    assert len(sizes) == 7
+    for p, s in sizes:
         bars = lab10_layout.layout_bars(s, p)
         assert bars["bound"] < bars["better"] < bars["hinted"]
         assert context.layout.critical_path(answers.causal_layout(s, p)) == bars["bound"]

@@ -264,19 +264,19 @@ def check_ring_backward(ring_attention_backward, world_size: int = 2, seed: int 
 # Exercise 4: the causal layout (the open design exercise, on a scale) and its prediction
 # (``lab10_layout``: the judge serves only this module's check_* functions)
 
-def check_causal_layout(causal_layout, world_size: int = 2, seq_len: int = 64) -> None:
-    """causal_layout(seq_len, world_size) -> positions (p, s/p), every position once, whose ring
-    critical path is at most the hinted design's (``lab10_layout``); prints the figures."""
+def check_causal_layout(causal_layout, sizes=((2, 64),)) -> None:
+    """causal_layout(seq_len, world_size) -> positions (p, s/p) for each (world_size, seq_len):
+    every position once, a ring critical path at most the hinted design's; prints the figures."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_causal_layout
-    print(grade_causal_layout(causal_layout, world_size, seq_len, "hinted"))
+    print(grade_causal_layout(causal_layout, sizes, "hinted"))
 
 
-def check_causal_layout_better(causal_layout, world_size: int = 4, seq_len: int = 64) -> None:
+def check_causal_layout_better(causal_layout, sizes=((4, 64),)) -> None:
     """The same, the critical path at most halfway from the hinted design's to the bound."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_causal_layout
-    print(grade_causal_layout(causal_layout, world_size, seq_len, "better"))
+    print(grade_causal_layout(causal_layout, sizes, "better"))
 
 
 def check_penalty_prediction(predict_contiguous_penalty, seed: int | None = None) -> None:

@@ -28,6 +28,25 @@ PENALTY_CASES = (2, 4, 8)          # the visible prediction's world sizes
 LONG = 1024                        # tokens per rank of the "long sequence" the limit is taken at
 
 
+def _call_each(rank, world_size, fn, calls):
+    """Rank body: ``fn(*args)`` for each args of ``calls``, in one rank (one launch per check,
+    not per case); plain data back, compared in the judge."""
+    return [fn(*args) for args in calls]
+
+
+def answers(fn, calls: list[tuple], name: str) -> list:
+    """What the student's ``fn`` returns on each args of ``calls``, run on one rank."""
+    import distlab
+    from distlab.checks.rank_failures import ranks_failed
+    from distlab.checks.ranks import rank_timeout
+    from distlab.runtime.outcome import DistributedError
+    try:
+        return list(distlab.run(_call_each, 1, fn, calls, backend="gloo",
+                                timeout=rank_timeout())[0])
+    except DistributedError as err:
+        raise ranks_failed(f"{name} on {', '.join(map(str, calls))}", err, "") from None
+
+
 def _penalty_and_error(world_size: int) -> tuple[float, float]:
     """The contiguous split's penalty as s/p grows, extrapolated from s/p = LONG and 2·LONG (its
     gap to the limit shrinks as 1/(s/p)), and a bound on the error left: their difference."""
@@ -61,9 +80,9 @@ def grade_penalty_prediction(predict, seed: int | None = None) -> str:
                                      lambda p, i=i: _penalty_and_error(p)[i])
                      for i, key in enumerate(("penalty", "error"))))
     shown = []
-    for p, (want, error) in zip(todo, expected):
+    got_all = answers(predict, [(p,) for p in todo], "predict_contiguous_penalty")
+    for p, (want, error), got in zip(todo, expected, got_all):
         call = f"predict_contiguous_penalty(world_size={p})"
-        got = predict(p)
         try:
             got = float(got)
         except (TypeError, ValueError):
@@ -91,11 +110,17 @@ def layout_bars(seq_len: int, world_size: int) -> dict:
     return {"hinted": hinted, "better": (hinted + bound) / 2, "bound": bound}
 
 
-def grade_causal_layout(causal_layout, world_size: int, seq_len: int, bar: str) -> str:
-    """``causal_layout(seq_len, world_size)``: a permutation of the positions, (p, s/p), whose
-    critical path is at most ``layout_bars(...)[bar]``. Returns the verdict line."""
+def grade_causal_layout(causal_layout, sizes, bar: str) -> str:
+    """``causal_layout(seq_len, world_size)`` for each (world_size, seq_len) of ``sizes``: a
+    permutation of the positions, (p, s/p), whose critical path is at most
+    ``layout_bars(...)[bar]``. Returns the verdict lines."""
+    sizes = [(int(p), int(s)) for p, s in sizes]
+    got_all = answers(causal_layout, [(s, p) for p, s in sizes], "causal_layout")
+    return "\n".join(_grade_layout(got, p, s, bar) for (p, s), got in zip(sizes, got_all))
+
+
+def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> str:
     what = f"causal_layout(seq_len={seq_len}, world_size={world_size})"
-    got = causal_layout(seq_len, world_size)
     n = seq_len // world_size
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != (world_size, n) \
             or got.is_floating_point():

@@ -574,17 +574,14 @@ def causal_layout(seq_len, world_size):
 # %% nbgrader={"grade": true, "grade_id": "test_causal_layout", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_causal_layout(causal_layout)
 ### BEGIN HIDDEN TESTS
-check_causal_layout(causal_layout, world_size=4, seq_len=256)
-check_causal_layout(causal_layout, world_size=8, seq_len=512)
-check_causal_layout(causal_layout, world_size=2, seq_len=128)
+check_causal_layout(causal_layout, sizes=((4, 256), (8, 512), (2, 128)))   # (world_size, seq_len)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_causal_layout_better", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 from distlab.checks.lab10 import check_causal_layout_better
 check_causal_layout_better(causal_layout)
 ### BEGIN HIDDEN TESTS
-check_causal_layout_better(causal_layout, world_size=8, seq_len=128)
-check_causal_layout_better(causal_layout, world_size=4, seq_len=96)
+check_causal_layout_better(causal_layout, sizes=((8, 128), (4, 96)))   # (world_size, seq_len)
 ### END HIDDEN TESTS
 
 # %% [markdown]
