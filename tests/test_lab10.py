@@ -240,6 +240,9 @@ def test_balance_is_counted_on_the_critical_path():
         assert abs(limit - (2 - 1 / p)) < error / 100                # the extrapolation holds
         assert layout.penalty(answers.causal_layout(s, p)) == 1.0
         work = layout.step_work(layout.striped_layout(s, p)).double()
+        small = torch.randperm(8 * p, generator=torch.Generator().manual_seed(p)).view(p, 8)
+        assert layout.step_work(small).tolist() == [       # the batched count, pair by pair
+            [layout.block_work(small[r], small[(r - t) % p]) for r in range(p)] for t in range(p)]
         assert (work.max(1).values >= work.mean(1)).all()
         assert work.sum() == s * (s + 1) / 2
     text = _prose()

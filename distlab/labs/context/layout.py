@@ -50,10 +50,12 @@ def block_work(q_pos: torch.Tensor, k_pos: torch.Tensor) -> int:
 def step_work(positions: torch.Tensor) -> torch.Tensor:
     """(p steps, p ranks) int64: rank r's block work at ring step t (the block of rank
     (r − t) mod p)."""
-    positions = torch.as_tensor(positions).long()
+    positions = torch.as_tensor(positions).long().contiguous()
+    keys = positions.sort(dim=1).values                                  # (p, s/p), each row sorted
     p = positions.shape[0]
-    return torch.tensor([[block_work(positions[r], positions[(r - t) % p]) for r in range(p)]
-                         for t in range(p)], dtype=torch.int64)
+    src = [(torch.arange(p) - t) % p for t in range(p)]                  # whose block, per rank
+    return torch.stack([torch.searchsorted(keys[src[t]], positions, right=True).sum(dim=1)
+                        for t in range(p)])                              # (p steps, p ranks)
 
 
 def critical_path(positions: torch.Tensor) -> int:
