@@ -107,19 +107,27 @@ def assert_close(got, expected, *, what: str, rank: int | None = None,
         raise CheckFailed(f"{what}{where}: expected shape {list(expected.shape)}, "
                           f"got shape {list(got.shape)}.{tail}")
     got_f, exp_f = got.detach().cpu().double(), expected.detach().cpu().double()
-    err = (got_f - exp_f).abs()
+    # Equal infinities (both −∞: a fully masked row) and NaN against NaN are equal, not an
+    # error of nan; NaN against a number is wrong (a comparison with NaN is never "within").
+    same = (got_f == exp_f) | (torch.isnan(got_f) & torch.isnan(exp_f))
+    err = torch.where(same, torch.zeros_like(got_f), (got_f - exp_f).abs())
     finite = exp_f[torch.isfinite(exp_f)].abs()
     scale = max(1.0, finite.max().item()) if finite.numel() else 1.0
-    # NaN where a number was expected counts as wrong (a comparison with NaN is never "over").
-    bad = (err > atol * scale + rtol * exp_f.abs()) | (torch.isnan(got_f) & ~torch.isnan(exp_f))
-    if bool(bad.any()) or bool(torch.isnan(got_f).any() != torch.isnan(exp_f).any()):
-        idx = tuple(int(i) for i in torch.nonzero(bad)[0]) if bool(bad.any()) else ()
+    bad = ~same & ~(err <= atol * scale + rtol * exp_f.abs())
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
         scaled = f" x {scale:.3g} (the largest |expected|)" if scale > 1 else ""
         first = (f" First wrong element at index {list(idx)}: expected {exp_f[idx].item():.6g}, "
                  f"got {got_f[idx].item():.6g}." if idx or got_f.dim() == 0 else "")
+        wrong = err[bad]
+        nans = int(torch.isnan(wrong).sum())
+        largest = (f"max abs error {wrong[~torch.isnan(wrong)].max().item():.3g}"
+                   if nans < wrong.numel() else "every one nan against a number")
+        if 0 < nans < wrong.numel():
+            largest += f"; {nans} of them nan against a number"
         raise CheckFailed(
             f"{what}{where}: {int(bad.sum())} of {bad.numel()} elements differ "
-            f"(max abs error {err.max().item():.3g}, allowed {atol:g}{scaled} + {rtol:g}*|expected|)."
+            f"({largest}, allowed {atol:g}{scaled} + {rtol:g}*|expected|)."
             f"{first}{tail}")
     compared = torch.isfinite(err)   # NaN (or -inf) where both are: no error to show
     err, allowed = err[compared], (atol * scale + rtol * exp_f.abs())[compared]

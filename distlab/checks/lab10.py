@@ -4,9 +4,10 @@ Exercises (rank r holds the tokens at ``positions[r]`` of every sequence; 2 rank
 hidden; float64 against plain attention on one process, ``distlab.labs.context.dense``):
 1. ``merge_partials(out_a, lse_a, out_b, lse_b)`` -> ``(out, lse)``: the online softmax.
 2. ``ring_attention(q, k, v, positions, group)`` -> ``(out, lse)``: Ring Attention's forward; K/V
-   go to the right neighbour with isend/irecv, p-1 times.
+   go to the right neighbour with isend/irecv.
 3. ``ring_attention_backward(dout, q, k, v, out, lse, positions, group)`` -> ``(dq, dk, dv)``.
-4. ``causal_layout(seq_len, world_size)`` -> positions (p, s/p): balanced causal work.
+4. ``causal_layout(seq_len, world_size)`` -> positions (p, s/p): a short ring critical path,
+   graded on a scale (``lab10_layout``, with the prediction before it).
 5. ``ulysses_attention(q, k, v, group, causal)`` -> out: all-to-all to head shards and back.
 The measurements' graded prediction and planner question are ``lab10_plan``'s, served from here
 (``check_ring_bytes_prediction``, ``check_cp_degree``).
@@ -20,20 +21,18 @@ import torch
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.common import describe_comms, rank_device, split_phases
 from distlab.checks.crossed import assert_crossed_as_recorded
-from distlab.checks.lab10_watch import RingWatch
+from distlab.checks.lab10_watch import RingWatch, refusal
 from distlab.checks.lab10_problems import (BACKWARD_EXPECTED, FORWARD_EXPECTED,  # noqa: F401
                                            LAB, MERGE_CASES, SEED, SHAPE, at, context_problem,
                                            layouts, with_expected, merge_problem, problem_case,
                                            rank_tokens, shape_of)
 from distlab.checks.rank_failures import ranks_failed
 from distlab.checks.ranks import run_each_backend
-from distlab.labs.context.layout import causal_work
 from distlab.runtime.outcome import DistributedError
 from distlab.runtime.per_rank import PerRank, reference
 
 RANK_IMPORTS = ()
 ATOL = RTOL = 1e-9
-BALANCE = 1.05      # exercise 4: the most loaded rank may do at most 5% more work than the least
 P2P = {"isend", "irecv"}
 ALL_TO_ALL = {"all_to_all", "all_to_all_single"}
 
@@ -51,7 +50,9 @@ def make_references() -> dict[str, dict]:
     demo["causal.out"] = dense_attention(demo["q"], demo["k"], demo["v"], True)[0]
     demo.update({f"grad.{key}": t for key, t in grad.items()})
     demo["grad.dw"] = plain_weight_grad(dense_attention, grad, GRAD_DEMO["heads"])
-    return {**lab10_plan.make_references(), "attention": problem,
+    from distlab.checks.lab10_layout import penalty_prediction_set
+    return {**lab10_plan.make_references(), "penalty_prediction": penalty_prediction_set(),
+            "attention": problem,
             "merge": {"seed": SEED, **merge_problem(problem)}, "demos": {"seed": 0, **demo}}
 
 
@@ -176,8 +177,8 @@ def check_ring_forward(ring_attention, world_size: int = 2, seed: int | None = N
                        heads=4, seq=16, dim=4) -> None:
     """ring_attention(q, k, v, positions, group) -> (out, lse) of this rank's queries over the
     whole sequence: equal to plain attention (not causal; causal on a contiguous split and on a
-    random permutation). Record: only isend/irecv, to rank+1 and from rank-1 mod p, (p-1)·2·B
-    bytes sent per rank (B = one K block, b·h·(s/p)·d·8 bytes). Memory: no tensor larger than
+    random permutation). Record: only isend/irecv, to rank+1 and from rank-1 mod p, the bytes
+    of Exercise 2's contract (the lab's prediction before it). Memory: no tensor larger than
     a score block (b·h·(s/p)²) or a stacked K/V block (2·b·h·(s/p)·d), and at most two received
     K/V blocks (2·2·B bytes) alive whenever a receive starts (the current one and the next)."""
     __tracebackhide__ = True  # noqa: F841
@@ -260,29 +261,29 @@ def check_ring_backward(ring_attention_backward, world_size: int = 2, seed: int 
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 4: the causal layout (the open design exercise)
+# Exercise 4: the causal layout (the open design exercise, on a scale) and its prediction
+# (``lab10_layout``: the judge serves only this module's check_* functions)
 
-def check_causal_layout(causal_layout, world_size: int = 2, seq_len: int = 64) -> None:
-    """causal_layout(seq_len, world_size) -> positions (p, s/p): every position once, s/p per
-    rank, and the ranks' causal work (``distlab.labs.context.layout.causal_work``, the score
-    pairs a rank's queries see) within ``BALANCE`` of each other (max/min)."""
+def check_causal_layout(causal_layout, sizes=((2, 64),)) -> None:
+    """causal_layout(seq_len, world_size) -> positions (p, s/p) for each (world_size, seq_len):
+    every position once, a ring critical path at most the hinted design's; prints the figures."""
     __tracebackhide__ = True  # noqa: F841
-    what = f"causal_layout(seq_len={seq_len}, world_size={world_size})"
-    got = causal_layout(seq_len, world_size)
-    n = seq_len // world_size
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (world_size, n) \
-            or got.is_floating_point():
-        raise CheckFailed(f"{what}: expected an integer tensor of shape [{world_size}, {n}], got "
-                          f"{got!r:.200}")
-    if not torch.equal(got.flatten().sort().values, torch.arange(seq_len)):
-        raise CheckFailed(f"{what}: every position 0..{seq_len - 1} must appear exactly once.")
-    work = causal_work(got)
-    ratio = float(work.max()) / float(work.min())
-    if ratio > BALANCE:
-        raise CheckFailed(
-            f"{what}: the ranks' causal work (score pairs seen by their queries: Σ (position+1)) "
-            f"is {work.tolist()}, max/min = {ratio:.3f}; at most {BALANCE} is allowed. Give every "
-            f"rank as many early positions (cheap) as late ones (expensive).")
+    from distlab.checks.lab10_layout import grade_causal_layout
+    print(grade_causal_layout(causal_layout, sizes, "hinted"))
+
+
+def check_causal_layout_better(causal_layout, sizes=((4, 64),)) -> None:
+    """The same, the critical path at most halfway from the hinted design's to the bound."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab10_layout import grade_causal_layout
+    print(grade_causal_layout(causal_layout, sizes, "better"))
+
+
+def check_penalty_prediction(predict_contiguous_penalty, seed: int | None = None) -> None:
+    """predict_contiguous_penalty(world_size): the contiguous split's penalty (lab10_layout)."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab10_layout import grade_penalty_prediction
+    print(grade_penalty_prediction(predict_contiguous_penalty, seed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,11 +301,7 @@ def _ulysses_on_rank(rank, world_size, ulysses_attention, qkv):
             results[causal] = ulysses_attention(q, k, v, None, causal)
         dist.barrier()
     bad = [t[:, :1].expand(-1, world_size + 1, -1, -1).contiguous() for t in (q, k, v)]
-    try:
-        ulysses_attention(*bad, None, False)
-        results["refused"] = None
-    except ValueError as err:
-        results["refused"] = str(err)
+    results["refused"] = refusal(ulysses_attention, bad)
     return results
 
 
@@ -336,13 +333,17 @@ def check_ulysses(ulysses_attention, world_size: int = 2, seed: int | None = Non
                        f"{what}: out", rank,
                        "After the first all-to-all a rank holds h/p heads of the whole sequence, "
                        "in position order: plain attention on them, then the reverse all-to-all.")
-            message = res["refused"]
-            if message is None or str(world_size + 1) not in message or "head" not in message.lower():
+            kind, message = res["refused"]
+            if kind != "ValueError" or str(world_size + 1) not in message \
+                    or "head" not in message.lower():
+                got = {"ValueError": f"a ValueError that does not name them: {message!r}",
+                       "collective": "a collective called first (it would hang or fail the "
+                                     "ranks)", "no error": "no error"}.get(
+                    kind, f"{kind}: {message!r:.200}")
                 raise CheckFailed(
-                    f"ulysses_attention with {world_size + 1} heads on {world_size} ranks, rank "
-                    f"{rank}: expected a ValueError that says the heads ({world_size + 1}) do not "
-                    f"divide over the ranks, got {'no error' if message is None else repr(message)}."
-                    f" Check before any all-to-all, and say what to do.")
+                    f"{world_size + 1} heads over {world_size} ranks: raise ValueError, saying how "
+                    f"many heads there are ({world_size + 1}), on which rank and what to do, before "
+                    f"any collective. Rank {rank} gave {got}.")
 
 
 def _expect_ulysses(comms, rank: int, block: int, what: str) -> None:
@@ -388,10 +389,12 @@ LAB10_SHIPPED = (names(ANSWERS, "merge_partials", "ring_attention", "ring_attent
                        "_all_to_all", "_neighbours", "_wait")
                  + names("distlab.labs.context.dense", "dense_attention"))
 COURSE_CODE = dict.fromkeys(["check_merge", "check_ring_forward", "check_ring_backward",
-                             "check_causal_layout", "check_ulysses"],
+                             "check_causal_layout", "check_causal_layout_better", "check_ulysses"],
                             CourseCode(forbidden=LAB10_SHIPPED))
 from distlab.checks import lab10_plan  # noqa: E402
 COURSE_CODE.update(dict.fromkeys(["check_ring_bytes_prediction", "check_cp_degree"],
                                  CourseCode(forbidden=lab10_plan.PLAN_SHIPPED)))
+from distlab.checks import lab10_layout  # noqa: E402
+COURSE_CODE["check_penalty_prediction"] = CourseCode(forbidden=lab10_layout.LAYOUT_SHIPPED)
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

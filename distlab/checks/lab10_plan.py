@@ -2,10 +2,9 @@
 judge serves and which defines the ``check_*`` wrappers):
 
 - the graded prediction, ``predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim,
-  batch, itemsize)``: the bytes one rank sends in one ring-attention forward,
-  (p−1)·2·(s/p)·h_kv·d·b·batch
-  (Liu et al., arXiv 2310.01889 §3: p−1 hops of this rank's K and V blocks), against
-  ``ring_bytes_formula``; the lab then prints it beside the records (``traffic.measure_bytes``);
+  batch, itemsize)``: the bytes one rank sends in one ring-attention forward (Liu et al., arXiv
+  2310.01889 §3), against ``ring_bytes_formula``; the lab then prints it beside the records
+  (``traffic.measure_bytes``);
 - the planner question, ``smallest_cp(model, job, tp, pp, dp, gpu_mem_gb)``: the smallest
   power-of-two context-parallel degree whose memory per GPU (``planning.context.cp_memory_per_gpu``)
   fits, against ``reference_smallest_cp``; the lab's case is Llama 3 405B's 128K-token stage at
@@ -46,9 +45,7 @@ MODELS = {m.name: m for m in (LLAMA3_8B, LLAMA3_70B, LLAMA3_405B)}
 
 def ring_bytes_formula(seq_len: int, world_size: int, q_heads: int, kv_heads: int, head_dim: int,
                        batch: int, itemsize: int) -> int:
-    """(p−1) hops, each sending this rank's current K and V blocks, (s/p)·h_kv·d numbers each per
-    sequence of the batch: (p−1)·2·(s/p)·h_kv·d·itemsize·batch bytes. The queries never travel,
-    so their head count does not enter (grouped-query attention shrinks only K and V)."""
+    """The bytes one rank sends in one ring-attention forward (the prediction's reference)."""
     del q_heads
     return (world_size - 1) * 2 * (seq_len // world_size) * kv_heads * head_dim * itemsize * batch
 
@@ -154,6 +151,7 @@ def grade_cp_degree(smallest_cp, seed: int | None = None) -> None:
         call = (f"smallest_cp({model.name}, Job(seq_len={job.seq_len}, global_batch="
                 f"{job.global_batch}, zero_stage={job.zero_stage}, recompute={job.recompute!r}), "
                 f"tp={tp}, pp={pp}, dp={dp}, gpu_mem_gb={mem:g})")
+        call = ("a visible case, " if seed is None else f"a hidden case (seed {seed}), ") + call
         got = smallest_cp(model, job, tp, pp, dp, mem)
         if got != want:
             at = (f"at CP = {want}: {_gb(model, job, tp, pp, dp, want):.1f} GB" if want else

@@ -1,7 +1,7 @@
 """What a rank's ring attention makes, watched while it runs (``distlab.checks.lab10``'s memory
 bounds): the largest tensor any operation made, and the most bytes of receive buffers alive at
 once. A dispatch mode sees every operation, the receives (``c10d.recv_``) included, whatever
-code issued it."""
+code issued it. And what a rank's Ulysses does with heads that do not divide (``refusal``)."""
 from __future__ import annotations
 
 import weakref
@@ -31,3 +31,32 @@ class RingWatch(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.numel() > self.numel:
                 self.numel, self.shape = t.numel(), tuple(t.shape)
         return out
+
+
+class _Early(Exception):
+    """A collective called where the heads do not divide: stopped before it can hang."""
+
+
+def refusal(ulysses_attention, bad) -> tuple[str, str]:
+    """(what the call with heads that do not divide did, its message): ("ValueError", ...), or
+    ("collective", ...) when it called a collective first (stopped here, where it would hang or
+    fail the ranks), ("no error", "") or (another exception's name, its message)."""
+    import contextlib
+    from unittest import mock
+    import torch.distributed as dist
+
+    def early(*args, **kwargs):
+        raise _Early()
+    with contextlib.ExitStack() as stack:
+        for name in ("all_to_all", "all_to_all_single", "all_gather", "all_reduce", "broadcast",
+                     "send", "recv", "isend", "irecv", "batch_isend_irecv"):
+            stack.enter_context(mock.patch.object(dist, name, early))
+        try:
+            ulysses_attention(*bad, None, False)
+        except ValueError as err:
+            return ("ValueError", str(err))
+        except _Early:
+            return ("collective", "")
+        except Exception as err:   # noqa: BLE001  (reported to the student)
+            return (type(err).__name__, str(err))
+    return ("no error", "")

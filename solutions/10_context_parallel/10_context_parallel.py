@@ -33,7 +33,8 @@
 # 2. write **ring attention**'s forward: K/V blocks travel around a ring of ranks, the next one in
 #    flight while the current one computes (Liu et al., 2023, arXiv 2310.01889);
 # 3. write its **backward**: dK and dV travel the ring too and come home;
-# 4. design a **causal split** of the sequence that gives every rank the same work (open design);
+# 4. predict what a contiguous causal split costs a ring, then design a **causal split** that
+#    shortens the ring's critical path (open design, graded on a scale);
 # 5. write **DeepSpeed-Ulysses**: an all-to-all from sequence shards to head shards and back
 #    (Jacobs et al., 2023, arXiv 2309.14509);
 #
@@ -61,20 +62,22 @@ from distlab.labs.tables import format_table
 # %% [markdown]
 # ## 1. Exercise 1 — merging partial attention (2 points)
 #
-# For one query with scores z_j = q·k_j/√d over keys j, attention is out = Σ_j softmax(z)_j v_j.
-# Split the keys into two disjoint blocks A and B. Attention over A alone gives out_A and its
-# **log-sum-exp** lse_A = log Σ_{j∈A} exp(z_j); the same for B. The two partial results hold
-# everything needed for the whole row: the softmax over A ∪ B is the softmax over A reweighted by
-# exp(lse_A)/(exp(lse_A) + exp(lse_B)). This is the **online softmax** (Milakov & Gimelshein,
-# 2018, arXiv 1805.02867), the identity FlashAttention (Dao et al., 2022, arXiv 2205.14135, §3.1)
-# and every ring-attention kernel is built on.
+# For one query with scores $z_j = q \cdot k_j / \sqrt{d}$ over keys $j$, attention is
+# $\mathrm{out} = \sum_j \mathrm{softmax}(z)_j \, v_j$. Split the keys into two disjoint blocks A
+# and B. Attention over A alone gives $\mathrm{out}_A$ and its **log-sum-exp**
+# $\mathrm{lse}_A = \log \sum_{j \in A} e^{z_j}$; the same for B. The two partial results hold
+# everything needed for the whole row: the softmax over $A \cup B$ is the softmax over A reweighted
+# by $e^{\mathrm{lse}_A} / (e^{\mathrm{lse}_A} + e^{\mathrm{lse}_B})$. This is the **online
+# softmax** (Milakov & Gimelshein, 2018, arXiv 1805.02867), the identity FlashAttention (Dao et
+# al., 2022, arXiv 2205.14135, §3.1) and every ring-attention kernel is built on.
 #
 # **Build** `merge_partials(out_a, lse_a, out_b, lse_b) -> (out, lse)`.
 #
-# **Contract.** Inputs: out_a, out_b (b, h, s_q, d) and lse_a, lse_b (b, h, s_q), attention of the
-# same queries over two disjoint key blocks. Output: attention over both blocks, out (b, h, s_q,
-# d) and lse (b, h, s_q). A query that sees no key of a block has lse = −∞ and out = 0 there;
-# one that sees no key of either must come out as lse = −∞, out = 0 (not nan). No collective.
+# **Contract.** Inputs: `out_a`, `out_b` $(b, h, s_q, d)$ and `lse_a`, `lse_b` $(b, h, s_q)$,
+# attention of the same queries over two disjoint key blocks. Output: attention over both blocks,
+# out $(b, h, s_q, d)$ and lse $(b, h, s_q)$. A query that sees no key of a block has lse = −∞
+# and out = 0 there; one that sees no key of either must come out as lse = −∞, out = 0 (not nan).
+# No collective.
 # The check compares out and lse with attention over the union of the blocks on three cases:
 # causal halves (fully masked rows in one block), two blocks fully masked for half the queries,
 # and **large logits**, scores up to 1000, where exp overflows even in float64.
@@ -85,15 +88,17 @@ from distlab.labs.tables import format_table
 #
 # <details><summary>Hint 1</summary>
 #
-# lse = log(exp(lse_a) + exp(lse_b)), and out is the average of out_a and out_b weighted by
-# exp(lse_a − lse) and exp(lse_b − lse). Now make it survive exp(1000).
+# $\mathrm{lse} = \log(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b})$, and out is the average of
+# $\mathrm{out}_a$ and $\mathrm{out}_b$ weighted by $e^{\mathrm{lse}_a - \mathrm{lse}}$ and
+# $e^{\mathrm{lse}_b - \mathrm{lse}}$. Now make it survive $e^{1000}$.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Subtract m = max(lse_a, lse_b) before exponentiating: the weights become exp(lse_a − m) and
-# exp(lse_b − m), at most 1. Where m is −∞ (both blocks masked) use 0 for m instead, so that no
-# −∞ − (−∞) appears; divide only where the sum of the weights is positive.
+# Subtract $m = \max(\mathrm{lse}_a, \mathrm{lse}_b)$ before exponentiating: the weights become
+# $e^{\mathrm{lse}_a - m}$ and $e^{\mathrm{lse}_b - m}$, at most 1. Where m is −∞ (both blocks
+# masked) use 0 for m instead, so that no −∞ − (−∞) appears; divide only where the sum of the
+# weights is positive.
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "merge", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -112,7 +117,7 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
 
 # %% nbgrader={"grade": true, "grade_id": "test_merge", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_merge(merge_partials)
-print("merge_partials: out and lse equal attention over both blocks, masked rows and large logits included")
+print("merge_partials: out and lse equal attention over both blocks on the visible cases, masked rows and large logits included")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_merge(merge_partials, seed=fresh_seed(), batch=1, heads=3, seq=24, dim=8)
@@ -120,26 +125,82 @@ check_merge(merge_partials, seed=fresh_seed(), batch=2, heads=2, seq=12, dim=4)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 2. Exercise 2 — ring attention, forward (4 points)
+# ## 2. The ring, and what it sends
 #
 # Arrange the p ranks in a ring. Each starts with its own K/V block; at every step it computes
 # its queries against the block it holds, merges the result into its running (out, lse), and
-# passes the block to its right neighbour while receiving the left one's. After p steps every
-# rank has seen every block. The transfer of the next block runs while the current one computes
-# (Ring Attention, Liu et al., 2023, §3): if a block's compute takes longer than its transfer,
-# the communication costs no time at all.
+# passes the block to its right neighbour while receiving the left one's, until every rank has
+# seen every block. The transfer of the next block runs while the current one computes (Ring
+# Attention, Liu et al., 2023, §3): if a block's compute takes longer than its transfer, the
+# communication costs no time at all.
+#
+# Real models differ from the blocks of the checks in one respect: Llama 3 405B has 128 query
+# heads but only **8 key/value heads** of 128 dimensions (grouped-query attention, Llama 3 paper,
+# arXiv 2407.21783, Table 3): each K/V head serves 16 query heads.
+#
+# ### Prediction — the ring's bytes (2 points)
+#
+# **Build** `predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch,
+# itemsize)`: the bytes one rank sends in one ring-attention forward, for a model with `q_heads`
+# query heads and `kv_heads` key/value heads, before you write the ring and before the cell that
+# measures it.
+#
+# **Contract.** Every argument is an int; `seq_len` is divisible by `world_size`; return a
+# number of bytes. The check compares it with the formula on the sizes measured after Exercise 2,
+# on the K/V of Llama 3 405B's 128K stage (8 K/V heads of 128 dimensions, CP 16, bf16) and on an
+# odd case (hidden: sizes drawn afresh); the measurement after Exercise 2 prints your prediction
+# beside the bytes of every rank's `isend`s in `out.comms`.
+#
+# **Why it matters.** A volume you can predict is a volume you can plan: the planner at the end
+# of this lab charges context parallelism by such a formula.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which of q, k and v travel around the ring, and which stay home? How many heads does each have?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# One block first: how many elements does a K block of s/p tokens hold? Per step a rank sends
+# two blocks (K and V, stacked or not); which steps need to send at all?
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_ring_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch, itemsize):
+    """Bytes one rank sends in one ring-attention forward."""
+    ### BEGIN SOLUTION
+    # only K and V travel: (b, h_kv, s/p, d) each; the queries stay on their rank
+    block = batch * kv_heads * (seq_len // world_size) * head_dim * itemsize
+    return (world_size - 1) * 2 * block
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_ring_bytes", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab10 import check_ring_bytes_prediction
+check_ring_bytes_prediction(predict_ring_bytes)
+print("predict_ring_bytes: the formula's bytes on the visible cases")
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_ring_bytes_prediction(predict_ring_bytes, seed=fresh_seed())   # sizes drawn afresh
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Exercise 2 — ring attention, forward (4 points)
+#
+# Now write the ring of the prediction above.
 #
 # **Build** `ring_attention(q, k, v, positions=None, group=None) -> (out, lse)`.
 #
 # **Contract.** Inputs: this rank's q, k, v (b, h, s/p, d); `positions` None (not causal) or the
 # (p, s/p) table of every rank's global positions (causal: query i sees key j when
-# pos_j ≤ pos_i; the block that came from rank r has positions `positions[r]`). Output: out
+# $\mathrm{pos}_j \le \mathrm{pos}_i$; the block that came from rank r has positions `positions[r]`). Output: out
 # (b, h, s/p, d) and lse (b, h, s/p) of this rank's queries over the **whole** sequence.
 # Allowed: `dist.isend` / `dist.irecv` (or `dist.batch_isend_irecv`) only, each rank sending to
 # rank (r+1) mod p and receiving from (r−1) mod p. The check reads the collective record
-# (`out.comms`): per rank and forward, exactly (p−1)·2·B bytes sent (B = b·(s/p)·h·d·8 bytes, one
-# K block in float64: K and V, p−1 times), all to the right neighbour. It also watches every
-# tensor your function makes: none may be larger than a score block (b·h·(s/p)² elements) or a
+# (`out.comms`): per rank and forward, exactly (p−1)·2·B bytes sent, your prediction's count
+# (B = b·(s/p)·h·d·8 bytes, one K block in float64: K and V, p−1 times), all to the right
+# neighbour. It also watches every tensor your function makes: none may be larger than a score
+# block (b·h·(s/p)² elements) or a
 # stacked K/V block (2·b·h·(s/p)·d), so no rank ever holds the scores of a whole row; and
 # whenever a receive starts, the receive buffers still alive may hold at most two K/V blocks
 # (2·2·B bytes: the block being computed and the one arriving), besides the rank's own.
@@ -219,12 +280,9 @@ check_ring_forward(ring_attention, world_size=2, seed=fresh_seed(), batch=1, hea
 # %% [markdown]
 # ## What a ring forward sends, predicted and measured
 #
-# **The ring.** Rank r holds one K block and one V block of s/p tokens. At each of the first p−1
-# steps it passes the blocks it holds to its right neighbour; at the last step it keeps them
-# (every rank has then seen all p blocks), and every rank sends the same (Liu et al., 2023, §3).
-# Exercise 2's contract gave the count for blocks of as many heads as the queries. Real models
-# differ: Llama 3 405B has 128 query heads but only **8 key/value heads** of 128 dimensions
-# (grouped-query attention, Llama 3 paper, Table 3): each K/V head serves 16 query heads.
+# **The ring.** At each of the first p−1 steps a rank passes the blocks it holds to its right
+# neighbour; at the last step it keeps them (every rank has then seen all p blocks), and every
+# rank sends the same (Liu et al., 2023, §3).
 #
 # **The all-gather (Llama 3).** Llama 3's long-context stage does not use a ring: every rank
 # all-gathers K and V of the whole sequence, then attends for its own queries (Llama 3 paper,
@@ -234,52 +292,6 @@ check_ring_forward(ring_attention, world_size=2, seed=fresh_seed(), batch=1, hea
 # s·h·d·b·i bytes, for K and for V, 2·(p−1)/p·s·h·d·b·i bytes in all. The record counts the whole
 # gathered buffer (nccl-tests' convention, Lab 1), so the table below takes (p−1)/p of it.
 #
-# ### Prediction — the ring's bytes (2 points)
-#
-# **Build** `predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch,
-# itemsize)`: the bytes one rank sends in one ring-attention forward, for a model with `q_heads`
-# query heads and `kv_heads` key/value heads, before the cell that measures it.
-#
-# **Contract.** Every argument is an int; `seq_len` is divisible by `world_size`; return a
-# number of bytes. The check compares it with the formula on the sizes measured below, on the
-# K/V of Llama 3 405B's 128K stage (8 K/V heads of 128 dimensions, CP 16, bf16) and on an odd
-# case (hidden: sizes drawn afresh); the cell after it prints your prediction beside the bytes
-# of every rank's `isend`s in `out.comms`.
-#
-# **Why it matters.** A volume you can predict is a volume you can plan: the planner at the end
-# of this lab charges context parallelism by such a formula.
-#
-# <details><summary>Hint 1</summary>
-#
-# Which of q, k and v travel around the ring, and which stay home? How many heads does each have?
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# One block first: how many elements does a K block of s/p tokens hold? Per step a rank sends
-# two blocks (K and V, stacked or not); count the steps that send.
-# </details>
-
-# %% nbgrader={"grade": false, "grade_id": "predict_ring_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch, itemsize):
-    """Bytes one rank sends in one ring-attention forward."""
-    ### BEGIN SOLUTION
-    # only K and V travel: (b, h_kv, s/p, d) each; the queries stay on their rank
-    block = batch * kv_heads * (seq_len // world_size) * head_dim * itemsize
-    return (world_size - 1) * 2 * block
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "test_predict_ring_bytes", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-from distlab.checks.lab10 import check_ring_bytes_prediction
-check_ring_bytes_prediction(predict_ring_bytes)
-print("predict_ring_bytes: the formula's bytes on every case")
-### BEGIN HIDDEN TESTS
-from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_ring_bytes_prediction(predict_ring_bytes, seed=fresh_seed())   # sizes drawn afresh
-### END HIDDEN TESTS
-
-# %% [markdown]
 # One forward of your `ring_attention` and of the course's `allgather_attention` on 2 and 4 ranks
 # (float32, b = 2, h = 4, d = 8, s/p from 8 to 32 tokens), each rank's bytes read from its
 # record: the ring's `isend`s (formula: your prediction), (p−1)/p of the all-gathers' buffers.
@@ -294,13 +306,16 @@ print(bytes_table(byte_rows))
 # The two columns agree on every rank, and the ring and the all-gather move **the same bytes**:
 # (p−1)·2·(s/p) = 2·(p−1)/p·s. The ring's advantage is not volume. It is that no rank ever holds
 # more than two K/V blocks, and that each block's transfer can run while the previous block
-# computes. It hides when a step's compute, 4·(s/p)²·h·d FLOPs (q·kᵀ and the weights times v,
-# 2·(s/p)²·d each per head), takes longer than its transfer, 2·(s/p)·h·d·i bytes: their ratio,
-# 2·(s/p)·B/(F·i) at F FLOP/s and B bytes/s, grows with s/p. The transfer hides from
-# s/p = F·i/(2B) tokens on: in bf16 (i = 2), a block of F/B tokens, Liu et al.'s condition (§3).
-# The table puts numbers on it for the H100s of Lab 7 (`H100_16x8`: 989 TFLOP/s at the course's
-# 40% kernel efficiency, 450 GB/s over NVLink, 50 GB/s between nodes), one layer of 128 heads of
-# 128 dimensions, causal masks left out (they halve the compute of the diagonal blocks).
+# computes. It hides when a step's compute, 4·(s/p)²·h·d FLOPs for a full block (q·kᵀ and the
+# weights times v, 2·(s/p)²·d each per head), takes longer than its transfer, 2·(s/p)·h·d·i bytes:
+# their ratio, 2·(s/p)·β/(F·i) at F FLOP/s and β bytes/s of link bandwidth, grows with s/p. The
+# transfer hides from s/p = F·i/(2β) tokens on: in bf16 (i = 2), a block of F/β tokens, Liu et
+# al.'s condition (§3). Under a causal mask a block is not full: a split that balances the ring's
+# steps (section 4) gives each step half the score pairs of a full block, half the compute
+# against the same transfer, and the crossover **doubles**, to F·i/β. The table puts numbers on
+# that causal case for the H100s of Lab 7 (`H100_16x8`: 989 TFLOP/s at the course's 40% kernel
+# efficiency, 450 GB/s over NVLink, 50 GB/s between nodes), one layer of 128 heads of 128
+# dimensions.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_overlap", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 from distlab.labs.context.traffic import ring_overlap_table
@@ -308,13 +323,14 @@ from distlab.labs.planning import H100_16x8
 print(ring_overlap_table(H100_16x8))
 
 # %% [markdown]
-# Inside a node the ring hides its transfers from about 900 tokens per rank on; between nodes it
-# needs about 8,000, since the network is 9 times slower. Llama 3's CP 16 gives each rank 8,192
-# tokens of a 128K sequence, right at the crossover between nodes. Grouped-query attention
-# changes the balance (your prediction's Llama case): with 8 K/V heads for 128 query heads, K and
-# V are 16 times smaller than Q and the transfer 16 times cheaper against the same compute;
-# that is why Llama 3 can afford an all-gather, which does not overlap, and gains masks of any
-# shape for it (§3.3.2).
+# Inside a node the causal ring hides its transfers from about 1,760 tokens per rank on; between
+# nodes it needs about 15,800, since the network is 9 times slower. Llama 3's CP 16 gives each
+# rank 8,192 tokens of a 128K sequence: about half the crossover between nodes, well below it, so
+# a ring with as many K/V heads as query heads would wait on the network there. Grouped-query
+# attention changes the balance (your prediction's Llama case): with 8 K/V heads for 128 query
+# heads, K and V are 16 times smaller than Q and the transfer 16 times cheaper against the same
+# compute (the crossover between nodes falls to about 990 tokens); that is why Llama 3 can afford
+# an all-gather, which does not overlap, and gains masks of any shape for it (§3.3.2).
 
 # %% [markdown]
 # ## 3. Exercise 3 — ring attention, backward (4 points)
@@ -344,7 +360,7 @@ print(ring_overlap_table(H100_16x8))
 #
 # <details><summary>Hint 1</summary>
 #
-# Write the block gradients first, as a function of (dout, q, k_block, v_block, lse, δ, masks);
+# Write the block gradients first, as a function of (`dout, q, k_block, v_block, lse, delta, masks`);
 # check it on one rank against `torch.autograd.grad` of your own block computation.
 # </details>
 #
@@ -423,53 +439,131 @@ check_ring_backward(ring_attention_backward, world_size=2, seed=fresh_seed(), ba
 ring_gradients(ring_attention, ring_attention_backward);
 
 # %% [markdown]
-# ## 4. Exercise 4 — a balanced causal split (open design, 3 points)
+# ## 4. Balance on the ring's critical path
 #
 # Under causal attention a token at position i attends to i + 1 keys: late tokens cost more than
-# early ones. Split the sequence contiguously and rank p−1, holding the last s/p positions, does
-# about 2p−1 times the work of rank 0, which holds the first; in a ring every step waits for the
-# slowest rank. `causal_work(positions)` counts, per rank, the (query, key) score pairs its
-# queries see: Σ over its tokens of (position + 1).
-
-# %% nbgrader={"grade": false, "grade_id": "contiguous_work", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-print(format_table(work_table({f"contiguous, p = {p}": contiguous_layout(64, p) for p in (2, 4)})))
-
-# %% [markdown]
-# **Goal.** Write `causal_layout(seq_len, world_size) -> positions`: any assignment of the s
-# positions to the p ranks you like, that balances the causal work.
+# early ones. In the ring, at step t rank r computes its queries against the block of rank
+# (r − t) mod p, and the ranks move from step to step together: each step's exchange ties every
+# rank to its neighbours, and no rank holds more than the block it computes and the one arriving
+# (Exercise 2's contract), so none can run ahead. **Every step lasts as long as its slowest
+# rank's block**, and the ring's time is its **critical path**: over the p steps, the largest
+# block work of the step (in (query, key) score pairs), summed.
 #
-# **Contract.** Input: s and p (the check uses s divisible by 2p). Output: a (p, s/p) integer
-# tensor in which every position 0 … s−1 appears exactly once. The check computes `causal_work`
-# of your layout and requires max/min ≤ 1.05 (the most loaded rank does at most 5% more than the
-# least), for p = 2 (s = 64, visible) and p = 2, 4, 8 at other lengths (hidden). Your ring
-# attention must then give plain causal attention on your layout: the cell after the check runs
-# it on 4 ranks.
+# **The bound.** At each step the largest block is at least the step's mean over the p ranks, and
+# the means of the p steps add up to all the score pairs of the sequence divided by p. So no split
+# does better than the **ideal**, $s(s+1)/2$ pairs spread evenly: $s(s+1)/(2p)$. The
+# **penalty** of a split is its critical path over the ideal (1 at best).
+# `distlab.labs.context.layout` counts them for any `positions`: `critical_path`, `ideal_path`,
+# `penalty`, and `steps_table` (each rank's block work at each step).
 #
-# **Why it matters.** Balance is speed: Llama 3 cuts each sequence into 2·CP chunks for exactly
-# this reason (arXiv 2407.21783, §3.3.2). There is more than one good answer; the check grades
-# the balance, not the method.
+# ### Prediction — the contiguous split's penalty (1 point)
+#
+# **Build** `predict_contiguous_penalty(world_size)`: the penalty of the contiguous split (rank r
+# holds positions [r·s/p, (r+1)·s/p)) on p = `world_size` ranks, for a long sequence (s/p large),
+# before the cell that counts it.
+#
+# **Contract.** `world_size` is an int ≥ 2; return a number. The check compares it with the
+# layouts' own count as s/p grows, at p = 2, 4 and 8 (hidden: other p); the cell after it prints
+# your prediction beside the count.
+#
+# **Why it matters.** The penalty is what a ring pays for an unbalanced split: the time of the
+# attention layer, step after step.
 #
 # <details><summary>Hint 1</summary>
 #
-# Pair each expensive position with a cheap one: position i costs i + 1, position s − 1 − i costs
-# s − i; together they cost s + 1, whatever i is.
+# At step 0 every rank computes its queries against its own block: how many score pairs is that,
+# in units of (s/p)², for s/p large? At a later step, which ranks hold a block of earlier
+# positions than their own, and what does such a block cost?
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# Cut the sequence into 2p equal chunks and give each rank two of them, one from each end.
+# The ideal in the same units: all $s(s+1)/2 \approx s^2/2$ pairs over p ranks, with s = p·(s/p).
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "predict_contiguous_penalty", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_contiguous_penalty(world_size):
+    """The contiguous split's critical path over the ideal, for long sequences."""
+    ### BEGIN SOLUTION
+    # step 0: a half-full diagonal block; each later step: some rank has a full earlier block
+    return (0.5 + (world_size - 1)) / (world_size / 2)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_contiguous_penalty", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab10 import check_penalty_prediction
+check_penalty_prediction(predict_contiguous_penalty)
+print("predict_contiguous_penalty: the layouts' count on the visible cases")
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_penalty_prediction(predict_contiguous_penalty, seed=fresh_seed())   # other world sizes
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The contiguous split on 4 ranks (s = 64), step by step: each rank's block work and the step's
+# slowest; then the contiguous split at p = 2, 4 and 8 with s/p = 1,024 tokens: the max/min of
+# the ranks' total work, the critical path against the ideal, and your prediction.
+
+# %% nbgrader={"grade": false, "grade_id": "contiguous_work", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+from distlab.labs.context.layout import penalty_table, steps_table
+print(format_table(steps_table(contiguous_layout(64, 4))))
+print()
+print(format_table(penalty_table(contiguous_layout, predict_contiguous_penalty)))
+
+# %% [markdown]
+# Rank p−1 does about 2p−1 times rank 0's work in all (the max/min column), yet the ring takes
+# only about 2 − 1/p times the ideal (1.75 at p = 4): a ring waits for the slowest block of each
+# step, not for the busiest rank's total. At step 0 every rank computes a half-full diagonal
+# block; at every later step some rank holds a full block of earlier positions, (s/p)² pairs:
+# $(1/2 + (p-1))(s/p)^2$ against the ideal's $(p/2)(s/p)^2$. The steps table shows it: the
+# slowest of every step after the first is a full block, while rank 0 sits idle.
+#
+# ## Exercise 4 — a causal split for the ring (open design, 2 + 1 points)
+#
+# **Goal.** Write `causal_layout(seq_len, world_size) -> positions`: any assignment of the s
+# positions to the p ranks you like, with as short a critical path as you can make it.
+#
+# **Contract.** Input: s and p (the checks use s divisible by 2p). Output: a (p, s/p) integer
+# tensor in which every position 0 … s−1 appears exactly once. Graded on a scale; each test
+# prints your critical path beside the hinted design's (Hint 2), the bar and the bound:
+#
+# - `test_causal_layout` (2 points): a critical path at most the hinted design's, for p = 2
+#   (s = 64, visible) and p = 2, 4, 8 at other lengths (hidden);
+# - `test_causal_layout_better` (1 point): at most the **bar**, halfway from the hinted design's
+#   critical path to the bound (the ideal), for p = 4 (s = 64, visible) and p = 4, 8 at other
+#   lengths (hidden).
+#
+# Your ring attention must then give plain causal attention on your layout: the cell after the
+# checks runs it on 4 ranks.
+#
+# **Why it matters.** Balance is speed: at every step the ring waits for its slowest rank, and a
+# long-context job runs the ring in every layer. There is more than one good answer; the checks
+# grade the critical path, not the method.
+#
+# <details><summary>Hint 1</summary>
+#
+# Which positions are cheap, and which expensive? How could every rank hold as many of each?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Deal the positions out like cards: rank r takes r, r + p, r + 2p, … (Striped Attention, Brandon
+# et al., 2023, arXiv 2311.09431). Its penalty is 1 + (p − 1)/(s + 1): at the lab's demo size
+# (s = 64, p = 4) 1.046 on the critical path (1.097 by each rank's total work, max/min). It
+# balances as s grows: within 5% of the ideal once s + 1 ≥ 20·(p − 1) (s ≥ 59 at p = 4, s ≥ 139
+# at p = 8). It meets the first test, not the second.
 # </details>
 #
 # <details><summary>Hint 3</summary>
 #
-# Rank r takes chunks r and 2p − 1 − r (the "zigzag" split). Another balanced design deals the
-# positions out like cards, r, r + p, r + 2p, … (Striped Attention, Brandon et al., 2023,
-# arXiv 2311.09431); compare its max/min with the zigzag's at small s.
+# Print `steps_table` of the dealt layout. At a step, what makes one rank's block cost more than
+# another's? Could the blocks of every two *different* ranks cost the same, leaving the unequal
+# part to the one step where every rank computes its own block?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "causal_layout", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def causal_layout(seq_len, world_size):
-    """positions (p, s/p): a split of the sequence with balanced causal work."""
+    """positions (p, s/p): every position once, with a short ring critical path."""
     ### BEGIN SOLUTION
     chunks = torch.arange(seq_len).view(2 * world_size, -1)           # (2p, s/2p)
     return torch.stack([torch.cat([chunks[r], chunks[2 * world_size - 1 - r]])
@@ -477,18 +571,22 @@ def causal_layout(seq_len, world_size):
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_causal_layout", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_causal_layout", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_causal_layout(causal_layout)
-print("causal_layout: a permutation of the positions, causal work balanced within 5%")
 ### BEGIN HIDDEN TESTS
-check_causal_layout(causal_layout, world_size=4, seq_len=256)
-check_causal_layout(causal_layout, world_size=8, seq_len=512)
-check_causal_layout(causal_layout, world_size=2, seq_len=128)
+check_causal_layout(causal_layout, sizes=((4, 256), (8, 512), (2, 128)))   # (world_size, seq_len)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_causal_layout_better", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab10 import check_causal_layout_better
+check_causal_layout_better(causal_layout)
+### BEGIN HIDDEN TESTS
+check_causal_layout_better(causal_layout, sizes=((8, 128), (4, 96)))   # (world_size, seq_len)
 ### END HIDDEN TESTS
 
 # %% [markdown]
 # Your layout and your ring attention together, on 4 ranks (s = 64): every rank's output against
-# plain causal attention (stored), and the work per rank of both splits.
+# plain causal attention (stored), and the work of both splits.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_with_layout", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 ring_with_layout(ring_attention, causal_layout);
@@ -694,7 +792,7 @@ print(f"Llama 3 405B, 131,072 tokens, TP 8 PP 16 DP 8: smallest CP that fits = {
 # %% nbgrader={"grade": true, "grade_id": "test_smallest_cp", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 from distlab.checks.lab10 import check_cp_degree
 check_cp_degree(smallest_cp)
-print("smallest_cp: the planner's answer on every case")
+print("smallest_cp: the planner's answer on the 3 visible cases (the hidden ones follow)")
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_cp_degree(smallest_cp, seed=fresh_seed())   # other models, sequences and degrees
@@ -712,18 +810,22 @@ print(cp_table(LLAMA3_405B, cp_layouts(LLAMA3_405B, LLAMA3_405B_128K_JOB, 8, 16,
 
 # %% [markdown]
 # **The planner says CP 2; Meta used CP 16.** By the planner, without CP the first stage needs
-# 94.6 GB (68.7 GB of it activations), and CP 2 brings it to 57.7 GB: memory alone asks for CP 2,
-# not 16. Memory is not what chose 16. The second table shows what did: the GPUs are fixed at
+# 94.6 GB (68.7 GB of it activations), and CP 2 brings it to 57.7 GB: under the course's job,
+# with full recompute, memory alone asks for CP 2. That job is the course's assumption, not
+# Meta's, and Llama 3 says it uses CP to improve memory efficiency (§3.3.2): with selective
+# recompute instead of full (the course's count, as in Lab 7), CP 16 needs 94.1 GB and the
+# smallest CP that fits is 32, and Llama 3's own memory tricks (fewer layers on the first and
+# last stages, buffers freed early) are not modelled. So memory may well have asked for 16; the
+# second table shows what pushes the same way whatever the recompute: the GPUs are fixed at
 # 16,384 = TP 8 × PP 16 × CP × DP, and a step holds only 128 sequences, so every CP degree not
 # taken becomes data parallelism, and each DP rank's pipeline gets 128/DP micro-batches. There
 # even CP 1 fits (one micro-batch in flight per pipeline), but a pipeline of 16 stages running
 # one micro-batch idles 94% of the step; at CP 2 (DP 64) it runs 2 and idles 88%; at CP 16
 # (DP 8) it runs 16 and idles 48% (the course's non-interleaved count; Llama 3 interleaves its
-# stages, which shrinks it, §3.3.2). CP 16 also gives every GPU 8,192 tokens, the sequence of the 8K
-# stage before it, so each GPU runs the shapes that stage was tuned for. What the planner leaves
-# out would push the same way: with selective recompute instead of full (the course's count, as
-# in Lab 7), the smallest CP that fits is 32, and Llama 3's own memory tricks (fewer layers on the
-# first and last stages, buffers freed early) are not modelled.
+# stages, which shrinks it, §3.3.2). One more reading is the planner's inference, not the
+# paper's: CP 16 gives every GPU 8,192 tokens, the sequence length of the initial pre-training
+# (§3.4.1), so each GPU would run the shapes it ran there. The paper gives no such reason, and it
+# grows the context to 128K in six stages (§3.4.2), so the stage before the last was not 8K.
 
 # %% [markdown]
 # ## Summary
@@ -733,8 +835,11 @@ print(cp_table(LLAMA3_405B, cp_layouts(LLAMA3_405B, LLAMA3_405B_128K_JOB, 8, 16,
 # * Two partial attentions merge exactly through their log-sum-exps, with the larger one
 #   subtracted first (the online softmax); ring attention is that merge, p times, while K/V
 #   blocks move one neighbour to the right, and its backward sends dK/dV home.
-# * Causal work grows with position: a contiguous split overloads the last rank; pairing chunk r
-#   with chunk 2p−1−r balances it exactly (Llama 3, §3.3.2).
+# * Causal work grows with position, and a ring waits at every step for its slowest rank: a
+#   split is judged by its critical path against the ideal, s(s+1)/(2p) score pairs. The
+#   contiguous split costs about 2 − 1/p times the ideal (not the 2p − 1 of its busiest rank's
+#   total); dealing positions like cards costs 1 + (p − 1)/(s + 1); a better split reaches the
+#   bound (Llama 3 balances its causal split too, §3.3.2).
 # * Ulysses trades the ring's p−1 transfers for two all-to-alls and a limit of p ≤ heads.
 # * Llama 3 uses neither ring nor Ulysses in the end: it all-gathers K and V and computes its own
 #   query chunks, since the all-gather supports any attention mask (document masks) and its

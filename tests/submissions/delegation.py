@@ -131,6 +131,8 @@ DELEGATED = {
         "ring_forward": [("ring_attention", "distlab.labs.context.answers:ring_attention")],
         "ring_backward": [("ring_attention_backward",
                            "distlab.labs.context.answers:ring_attention_backward")],
+        "predict_contiguous_penalty": [("predict_contiguous_penalty",
+                                        "distlab.checks.lab10_layout:contiguous_penalty_limit")],
         "causal_layout": [("causal_layout", "distlab.labs.context.answers:causal_layout")],
         "ulysses": [("ulysses_attention", "distlab.labs.context.answers:ulysses_attention")],
         "predict_ring_bytes": [("predict_ring_bytes",
@@ -159,7 +161,8 @@ ZEROED = {
     "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss",
                            "test_predict_all_to_all_bytes"),
     "10_context_parallel": ("test_merge", "test_ring_forward", "test_ring_backward",
-                            "test_causal_layout", "test_ulysses", "test_predict_ring_bytes",
+                            "test_predict_contiguous_penalty", "test_causal_layout",
+                            "test_causal_layout_better", "test_ulysses", "test_predict_ring_bytes",
                             "test_smallest_cp"),
 }
 

@@ -75,10 +75,17 @@ def reach(lab: str, test: str) -> set[str]:
 def independent(lab: str, a: tuple[str, set[str]], b: tuple[str, set[str]]) -> bool:
     """Whether mistakes ``a`` and ``b`` ((the test it loses, the cells it edits)) may share a
     notebook: other tests, other cells, and neither test reaches what the other's cells define."""
-    (test_a, cells_a), (test_b, cells_b) = a, b
-    if test_a == test_b or cells_a & cells_b:
+    (tests_a, cells_a), (tests_b, cells_b) = (tests(a[0]), a[1]), (tests(b[0]), b[1])
+    if tests_a & tests_b or cells_a & cells_b:
         return False
-    return not (reach(lab, test_a) & cells_b or reach(lab, test_b) & cells_a)
+    return not (any(reach(lab, t) & cells_b for t in tests_a)
+                or any(reach(lab, t) & cells_a for t in tests_b))
+
+
+def tests(loses) -> set[str]:
+    """The tests a mistake loses: one (a str) or several (a tuple: a design that misses the
+    first step of a scale misses the bar beyond it too)."""
+    return {loses} if isinstance(loses, str) else set(loses)
 
 
 def pack(lab: str, mistakes: dict[str, tuple[str, set[str]]], alone=()) -> list[list[str]]:
@@ -117,4 +124,4 @@ def lost(samples: dict[str, list[str]], mistakes: dict[str, tuple[str, list]],
          mistake: str) -> tuple[str, set[str]]:
     """(the sample of ``grouped`` that holds ``mistake``, the tests its mistakes lose)."""
     sample = next(name for name, group in samples.items() if mistake in group)
-    return sample, {mistakes[name][0] for name in samples[sample]}
+    return sample, {t for name in samples[sample] for t in tests(mistakes[name][0])}

@@ -7,10 +7,10 @@ row r the global positions of the tokens rank r holds (None: not causal).
 - ``merge_partials``: two blocks' (out, lse) into one, the online softmax (Milakov & Gimelshein
   2018; FlashAttention, Dao et al. 2022, §3.1).
 - ``ring_attention`` / ``ring_attention_backward``: Ring Attention (Liu et al., arXiv 2310.01889):
-  K/V travel to the right neighbour p-1 times, the next block in flight while the current one
-  computes; in the backward dK/dV travel with them and take one more hop home.
-- ``causal_layout``: the 2×CP split (Llama 3, arXiv 2407.21783 §3.3.2): rank r holds chunks r and
-  2p-1-r of 2p, so every rank sees the same causal work.
+  K/V travel to the right neighbour, the next block in flight while the current one computes; in
+  the backward dK/dV travel with them and come home.
+- ``causal_layout``: a split of the sequence whose ring critical path (``layout.critical_path``)
+  is short.
 - ``ulysses_attention``: DeepSpeed-Ulysses (arXiv 2309.14509 §3): all-to-all from sequence shards to
   head shards, attention on h/p heads over the whole sequence, all-to-all back.
 """
@@ -111,7 +111,7 @@ def ring_attention_backward(dout, q, k, v, out, lse, positions=None, group=None)
 
 
 def causal_layout(seq_len, world_size):
-    """positions (p, s/p): rank r holds chunks r and 2p-1-r of the 2p equal chunks."""
+    """positions (p, s/p): every position once, with a short ring critical path."""
     if seq_len % (2 * world_size):
         raise ValueError(f"seq_len={seq_len} must be divisible by 2·world_size = {2 * world_size}")
     chunks = torch.arange(seq_len).view(2 * world_size, -1)       # (2p, s/2p)

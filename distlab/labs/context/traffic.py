@@ -3,7 +3,7 @@
 chunks of s/p tokens, on q, k, v of shape (batch, h, s/p, d) per rank, b bytes per element:
 
 - **ring** (Liu et al., arXiv 2310.01889 §3): every rank passes the K/V block it holds to its right
-  neighbour p−1 times (isend/irecv), so each rank sends (p−1)·2·(s/p)·h·d·b·batch bytes;
+  neighbour (isend/irecv); what that sends is the lab's prediction, so it is not written here;
 - **all-gather** (Llama 3, arXiv 2407.21783 §3.3.2): every rank all-gathers K and V, then attends
   for its own queries; each rank receives what it lacks, 2·(p−1)/p·s·h·d·b·batch bytes;
 - **Ulysses** (Jacobs et al., arXiv 2309.14509 §3): all-to-alls of q, k and v (sequence shards to
@@ -193,29 +193,30 @@ def plot_bytes_scaling(rows: list[dict], tokens_per_rank: int = 16,
 
 
 def ring_overlap(tokens_per_rank: int, heads: int, head_dim: int, tflops: float,
-                 bandwidth_gbs: float, itemsize: int = 2) -> dict:
+                 bandwidth_gbs: float, itemsize: int = 2, causal: bool = False) -> dict:
     """One ring step of one layer's forward on one rank (c = s/p tokens): compute 4·c²·h·d FLOPs
-    (q kᵀ and the weights times v, 2·c²·d each per head; causal blocks do half) at ``tflops``,
-    against sending 2·c·h·d·itemsize bytes (K and V) at ``bandwidth_gbs``. Their ratio,
-    2·c·B / (F·itemsize), grows with c: the transfer hides under the compute from
-    c* = F·itemsize / (2B) on (Liu et al. §3: a block of at least F/B tokens, in bf16)."""
+    (q kᵀ and the weights times v, 2·c²·d each per head) at ``tflops``, against sending
+    2·c·h·d·itemsize bytes (K and V) at ``bandwidth_gbs`` (Liu et al. §3: a block of at least F/B
+    tokens, in bf16). ``causal``: a causal split balanced on the ring's critical path, where every
+    step's block is half full (half the score pairs of a c × c block), so half the compute."""
     c = tokens_per_rank
-    compute = 4 * c * c * heads * head_dim / (tflops * 1e12)
+    share = 0.5 if causal else 1.0
+    compute = share * 4 * c * c * heads * head_dim / (tflops * 1e12)
     transfer = 2 * c * heads * head_dim * itemsize / (bandwidth_gbs * 1e9)
     return {"s/p": c, "compute us": compute * 1e6, "transfer us": transfer * 1e6,
             "compute / transfer": compute / transfer,
-            "crossover s/p": tflops * 1e12 * itemsize / (2 * bandwidth_gbs * 1e9)}
+            "crossover s/p": tflops * 1e12 * itemsize / (2 * share * bandwidth_gbs * 1e9)}
 
 
 def ring_overlap_table(cluster, tokens_per_rank=(256, 1024, 4096, 8192, 16384), heads: int = 128,
-                  head_dim: int = 128) -> str:
+                       head_dim: int = 128, causal: bool = True) -> str:
     """``ring_overlap`` on ``cluster``'s GPUs (peak × the course's kernel efficiency), over NVLink
-    (inside a node) and over the network (between nodes), bf16."""
+    (inside a node) and over the network (between nodes), bf16; causal, balanced, by default."""
     tflops = cluster.peak_tflops * cluster.kernel_efficiency
     rows = []
     for link, gbs in (("NVLink", cluster.intra_node_gbs), ("network", cluster.inter_node_gbs)):
         for c in tokens_per_rank:
-            r = ring_overlap(c, heads, head_dim, tflops, gbs)
+            r = ring_overlap(c, heads, head_dim, tflops, gbs, causal=causal)
             rows.append({"link": f"{link} {gbs:g} GB/s", "s/p": f"{c:,}",
                          "compute us": f"{r['compute us']:,.1f}",
                          "transfer us": f"{r['transfer us']:,.1f}",
