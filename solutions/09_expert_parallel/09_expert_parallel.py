@@ -436,14 +436,14 @@ check_predicted_bytes(predict_all_to_all_bytes, seed=fresh_seed())  # sizes draw
 #
 # Your prediction's first number, in the layer you wrote: per layer and rank, the dispatch sends
 # the rank's T·k assignments, T·k·h·b bytes (b bytes per element), and the combine sends back
-# what the rank received, which is T·k·h·b on average over the ranks; the backward repeats both. (GShard dispatches and combines with the same two
-# all-to-alls. Under balanced routing (p−1)/p of the bytes leave the rank; the rest is the rank's
-# own, which `all_to_all_single` still counts.) Tensor parallelism of the same layer
-# (every expert's f split over the ranks, Lab 3) assumes instead that every rank **already holds
-# all p·T tokens** (as the activations of a TP group are replicated between its blocks): each rank
-# computes its f/p slice of every expert for all of them and all-reduces the (p·T, h) output:
-# p·T·h·b bytes per all-reduce, one forward and one backward. Bringing the tokens together first
-# would be another collective, not counted here.
+# what the rank received, which is T·k·h·b on average over the ranks; the backward repeats both.
+# (GShard dispatches and combines with the same two all-to-alls. Under balanced routing (p−1)/p
+# of the bytes leave the rank; the rest is the rank's own, which `all_to_all_single` still
+# counts.) Tensor parallelism of the same layer (every expert's f split over the ranks, Lab 3)
+# assumes instead that every rank **already holds all p·T tokens** (as the activations of a TP
+# group are replicated between its blocks): each rank computes its f/p slice of every expert for
+# all of them and all-reduces the (p·T, h) output: p·T·h·b bytes per all-reduce, one forward and
+# one backward. Bringing the tokens together first would be another collective, not counted here.
 #
 # The table runs **your** `moe_forward` and a TP version of the same layer, one forward and
 # backward each, and lists every collective from the records (`out.comms`) beside the formula.
