@@ -79,7 +79,10 @@ PREDICTIONS = (
     Prediction("06_timelines", "test_predict_messages",
                (rf"\b2\s*(L|layers){MINUS}1\b[^.\n]{{0,20}}all[- ]reduce",
                 r"one message per micro-?batch each way",
-                r"skips the all-reduce of its backward")),
+                r"skips the all-reduce of its backward",
+                r"less the backward one of the first MLP",
+                r"all-reduce of the\s+\(b,\s*s,\s*h\)\s+activation\s+per\s+MLP",
+                r"per micro-?batch,?\s+the\s+\(b/m,\s*h\)\s+activation")),
     Prediction("07_3d_parallelism", "test_predict_traffic",
                (r"4h²\s*\+\s*h\s*[·*]\s*f", r"two row-parallel outputs in forward, four "
                                               r"column-parallel inputs in backward")),
@@ -99,16 +102,6 @@ PREDICTIONS = (
 OWNED_ELSEWHERE = {
     "05_pipeline_parallel": "Lab 5 (helper l5): distlab.checks.lab05_design's module docstring "
                             "states b*h*4 bytes per direction, whatever m",
-    "06_timelines": "Lab 6 (helper l69): Hint 2 above the prediction states the messages (the "
-                    "skipped all-reduce, one message per microbatch each way)",
-    "07_3d_parallelism": "Lab 7 (helper l78): Hint 2 above the prediction gives the per-TP-rank "
-                         "parameter count (4h² + h·f + f + f·h)/t",
-    "08_sharded_data_parallel": "Lab 8 (helper l78): the text above states 2Ψ / 3Ψ per scheme and "
-                                "'all-reduce 2x'; the stub's docstring and lab08/lab08_prediction "
-                                "docstrings too",
-    "09_expert_parallel": "Lab 9 (helper l69): Exercise 1's contract and sections above state "
-                          "T·k·h·4 bytes; lab09_design, lab09_prediction and labs.experts.traffic "
-                          "docstrings state T·k·h·b and E·C·h·4",
     "10_context_parallel": "Lab 10 (helper l10): Exercise 2's contract states (p−1)·2·B; "
                            "lab10.check_ring_forward, lab10_plan and labs.context.traffic "
                            "docstrings state the formula",

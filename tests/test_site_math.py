@@ -20,8 +20,6 @@ ITALIC_ELSEWHERE = {
 }
 SUBSCRIPTS_ELSEWHERE = {
     "05_pipeline_parallel": "Lab 5 (helper l5): t_f, t_b in the bubble's derivation",
-    "08_sharded_data_parallel": "Lab 8 (helper l78): P_i in Hint 2 of the prediction",
-    "09_expert_parallel": "Lab 9 (helper l69): W_r, Σ_j, i_j, y_t, x_t, gate_tj, L_aux",
     "10_context_parallel": "Lab 10 (helper l10): z_j, out_A, lse_A, lse_B, out_a, lse_a, s_q, "
                            "pos_i, pos_j",
 }

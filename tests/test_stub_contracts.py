@@ -26,8 +26,11 @@ METHOD = {
                                      r"\bbehind f\b", r"RowParallelLinear"),
     "05_pipeline_parallel": (r"warm-?up capped", r"min\(k\s*-\s*1"),
     "06_timelines": (r"start inside the same rank's forward range",),
+    "07_3d_parallelism": (r"min\(p\s*-\s*s,\s*m\)", r"weight_bytes\s*\*\s*phi",
+                          r"rank\s*=\s*\(\s*pp\b"),
     "08_sharded_data_parallel": (r"every block checkpointed",),
-    "09_expert_parallel": (r"slot-major", r"\bsort\b[^.]*\bby expert"),
+    "09_expert_parallel": (r"slot-major", r"\bsort\b[^.]*\bby expert",
+                           r"route, dispatch, local experts"),
     "10_context_parallel": (r"zig-?zag", r"chunks r and 2p\s*-\s*1\s*-\s*r", r"one last hop",
                             r"delta = rowsum"),
 }
@@ -35,14 +38,6 @@ METHOD = {
 OWNED_ELSEWHERE = {
     "05_pipeline_parallel": "Lab 5 (helper l5): lab05_design._capped_order names the hinted "
                             "design (1F1B, warm-up capped at min(k-1, p-s-1, m))",
-    "06_timelines": "Lab 6 (helper l69): reference_classify's docstring gives the rule step by "
-                    "step",
-    "08_sharded_data_parallel": "Lab 8 (helper l78): sharded.budget.course_design states the "
-                                "design (every block checkpointed and fully_shard-ed, then the "
-                                "root)",
-    "09_expert_parallel": "Lab 9 (helper l69): moe.reference_keep (slot-major, 'then'), "
-                          "parallel.plan_dispatch (sort by expert), ep_moe_forward (route, "
-                          "dispatch, local experts, combine, gate)",
     "10_context_parallel": "Lab 10 (helper l10): answers.causal_layout (chunks r and 2p-1-r), "
                            "ring_attention_backward (one last hop), block_grads (delta = "
                            "rowsum), ulysses_attention ('and back'), _all_to_all",
@@ -92,6 +87,8 @@ def test_the_scan_sees_every_lab_s_stubs_and_finds_a_method():
     assert len(method_found("10_context_parallel", planted)) == 2
     assert method_found("04_tensor_parallel_attention", [("x:f", "Split, then gather.")])
     assert not method_found("07_3d_parallelism", [("x:f", "Ties go to less t, then less p.")])
+    assert method_found("07_3d_parallelism", [("x:megatron_layout",
+                                              "The layout: rank = (pp * dp + dp_i) * tp + tp_i.")])
     assert not method_found("04_tensor_parallel_attention",
                             [("x:f", "Replicated (b, s, h) in and out; two all-reduces each "
                                      "way; on the first stage none.")])

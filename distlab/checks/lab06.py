@@ -67,8 +67,9 @@ def reference_overlap_fraction(timeline: Timeline, rank: int) -> float:
 
 
 def reference_classify(timeline: Timeline) -> str:
-    """Point-to-point messages: PP. Collectives that start inside the same rank's forward range:
-    TP (its row-parallel all-reduce). Collectives only after forward: DP."""
+    """"DP", "TP" or "PP": the parallelism that produced ``timeline``, read from what any
+    timeline shows (ops, counts, sizes, positions relative to the ranges), so the same at any
+    size of model, batch or world."""
     comms = [s for s in timeline.spans if s.kind == "comm" and s.op != "barrier"]
     if any(s.op in ("send", "recv", "send_recv") for s in comms):
         return "PP"

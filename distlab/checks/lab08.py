@@ -363,8 +363,8 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
 
 def check_step_bytes(predict, *, seed: int | None = None) -> None:
     """``predict(scheme, block_numels, world_size, itemsize)``: the bytes one rank's collectives
-    move per step (all-reduce 2x, all-gather and reduce-scatter 1x their buffer), against the
-    ZeRO paper's count with the flat layout's padding (``lab08_prediction``)."""
+    move per step, against the ZeRO paper's count (sec. 7) with the flat layout's padding
+    (``lab08_prediction``)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab08_prediction import grade_step_bytes
     grade_step_bytes(predict, seed=seed)

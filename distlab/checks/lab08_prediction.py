@@ -2,16 +2,12 @@
 ``predict_step_bytes(scheme, block_numels, world_size, itemsize)``, the bytes one rank's
 collectives move in one training step under data parallelism or a ZeRO stage, counted as the ZeRO
 paper counts them (Rajbhandari et al. 2020, sec. 7) and as the lab's volume table measures them
-from the collective record: an all-reduce 2x its tensor, an all-gather or a reduce-scatter 1x
-its whole (gathered) buffer.
+from the collective record: the ring's per-rank traffic (Lab 1) without its (W-1)/W factor.
 
-The formula (``formula_step_bytes``): DP all-reduces every gradient, 2 Psi. ZeRO-1 and ZeRO-2
-reduce-scatter each bucket's gradient and all-gather its parameters, each of W * ceil(P_i / W)
-elements (the flat layout pads): 2 such buffers per bucket. ZeRO-3 gathers each block twice
-(forward, backward) and reduce-scatters it once: 3. ``tests/test_lab08.py`` checks the formula
-against the volume table's measurement. Visible cases' values are stored in
-``data/08_sharded_data_parallel/prediction.pt`` (a handout has no formula); hidden ones are drawn
-from the seed and computed in the judge."""
+The formula is ``formula_step_bytes`` (a handout leaves its body out), with the flat layout's
+padding; ``tests/test_lab08.py`` checks it against the volume table's measurement. Visible
+cases' values are stored in ``data/08_sharded_data_parallel/prediction.pt`` (a handout has no
+formula); hidden ones are drawn from the seed and computed in the judge."""
 from __future__ import annotations
 
 import math
@@ -42,7 +38,7 @@ def prediction_cases(seed: int | None) -> list[tuple[str, tuple, int, int]]:
 
 
 def formula_step_bytes(scheme: str, block_numels, world_size: int, itemsize: int) -> int:
-    """Bytes one rank's collectives move per step (module doc)."""
+    """Bytes one rank's collectives move in one step of ``scheme`` (module doc)."""
     if scheme == "DP":
         return 2 * sum(block_numels) * itemsize
     padded = sum(world_size * math.ceil(n / world_size) for n in block_numels) * itemsize

@@ -5,8 +5,8 @@ do, every expert takes exactly C = ⌈c·T·k/E⌉ rows from every rank, kept as
 first served, the overflow dropped, the rest padding. Graded by its properties, on real ranks:
 
 - the collective record: exactly two all-to-alls of floating point (dispatch, combine), each of
-  the fixed size p·(E/p)·C·h elements (E·C·h·4 bytes in float32) on every rank, and no other
-  collective at all: no integer (count or size) exchange, no gather;
+  the fixed size Exercise 5's budget states (C rows for every expert, kept or padding) on every
+  rank, and no other collective at all: no integer (count or size) exchange, no gather;
 - ``keep`` (T, k): the capacity reference's drops (``reference_keep`` on the rank's own tokens);
 - ``y`` (T, h): the plain layer restricted to those kept assignments (``combine_reference``).
 

@@ -2,15 +2,14 @@
 tokens, hidden, experts, k, world_size, capacity_factor)``, the bytes of one dispatch all-to-all
 of a rank, as nccl-tests counts a message (the tensor the rank hands in), in float32:
 
-- ``"dropless"``: the uneven all-to-all of Exercise 1 sends the rank's T·k assignments, T·k·h·4
-  bytes whatever the routing (GShard §2.2 dispatches with one all-to-all);
-- ``"padded"``: a capacity-padded all-to-all (GShard §2.2, Switch Transformer §2.2) sends every
-  expert exactly C = ⌈c·T·k/E⌉ rows (Switch Transformer eq. 3, with k assignments a token), kept
-  or padding: E·C·h·4 bytes, the same on every rank and for every routing;
-- ``"padded_off_rank"``: equal splits send 1/p of that message to the rank itself, so (p−1)/p of
-  it leaves the rank, again whatever the routing.
+- ``"dropless"``: the message of Exercise 1's uneven all-to-all (GShard §2.2 dispatches with one
+  all-to-all);
+- ``"padded"``: the message of a capacity-padded all-to-all (GShard §2.2, Switch Transformer
+  §2.2), which gives every expert exactly C = ⌈c·T·k/E⌉ rows (Switch Transformer eq. 3, with k
+  assignments a token), kept or padding;
+- ``"padded_off_rank"``: the part of the padded message that leaves the rank.
 
-Visible values are stored in ``data/09_expert_parallel/prediction.pt`` (a handout has no
+The formulas are ``_a2a_bytes``'s. Visible values are stored in ``data/09_expert_parallel/prediction.pt`` (a handout has no
 ``_a2a_bytes``); hidden cases are drawn from the seed and computed in the judge."""
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def cross_node_bytes(result: dict, comms, rank: int, per_node: int, step: int = 
 
 
 def megatron_layout(shape: MeshShape) -> list:
-    """The layout ``init_device_mesh`` builds: rank = (pp * dp + dp_i) * tp + tp_i."""
+    """The layout ``init_device_mesh`` builds for ``shape``: layout[pp][dp][tp] = the global rank
+    it gives those coordinates (nested lists of shape (pp, dp, tp), every rank once)."""
     import torch
     return torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()
 

@@ -63,7 +63,7 @@ from distlab.labs.timelines.runs import (closing_note, link_model, predicted_vs_
 # | --- | --- | --- |
 # | DP naive | one blocking all-reduce per gradient, after backward | 2 |
 # | DP overlapped | the same all-reduces, started asynchronously from gradient hooks during backward | 2 |
-# | TP | one all-reduce of the (b, s, h) activation per MLP in forward, one in backward | 3 |
+# | TP | Megatron MLPs (column-, then row-parallel): all-reduces of the (b, s, h) activation in forward and backward | 3 |
 # | PP | GPipe: send/recv of each microbatch's activation forward and its gradient backward | 5 |
 #
 # On gloo, a collective runs on one of gloo's own threads and appears in the trace as a region
@@ -317,8 +317,8 @@ share_table(runs["TP"].timeline, comm_share, exposed_comm);
 #   the critical path;
 # - **DP**: few, large all-reduces of gradients at the end of (or overlapped with the end of)
 #   backward, none in forward;
-# - **PP**: point-to-point `send`/`recv` at the stage edges, one per microbatch each way, and idle
-#   time (the bubble) that shows up as long waits in `recv`.
+# - **PP**: point-to-point `send`/`recv` at the stage edges (activations forward, gradients
+#   back), and idle time (the bubble) that shows up as long waits in `recv`.
 #
 # **Build** `classify(timeline)`.
 #
@@ -613,11 +613,10 @@ print("gpu_answers: correct")
 # %% [markdown]
 # ## 8. Reading real numbers: measured against predicted
 #
-# The formulas of Labs 1–5 predict each run's communication: the messages per step (Lab 2: one
-# all-reduce per gradient, P bytes; Lab 3: two all-reduces of b·s·h per MLP, less the backward one
-# of the first MLP, whose input needs no gradient; Lab 5: one b/m × h
-# activation and one gradient per microbatch and stage edge), their time with Lab 1's model
-# t(S) = α + S/B, fitted below on a short all-reduce sweep on these ranks, and for PP the bubble:
+# The formulas of Labs 1–5 predict each run's communication: the messages per step (which
+# collectives, how many, how large: Labs 2, 3 and 5; Exercise 6 asks you for them), their time
+# with Lab 1's model t(S) = α + S/B, fitted below on a short all-reduce sweep on these ranks, and
+# for PP the bubble:
 # an idle (p−1)/m of the compute time (Lab 5 stated the same idle time as (p−1)/(m+p−1) of the
 # step: a ratio r to compute is r/(1+r) of the step). With the compute time measured on the
 # trace, the predicted share is predicted comm / (predicted comm + compute).
@@ -648,9 +647,9 @@ print("gpu_answers: correct")
 #
 # <details><summary>Hint 2</summary>
 #
-# The first MLP's input needs no gradient, so autograd skips the all-reduce of its backward.
-# A PP stage sends activations forward unless it is the last, gradients back unless it is the
-# first: one message per microbatch each way.
+# TP: does the first MLP's input need a gradient, and what does autograd do with a backward
+# collective whose result nobody needs? PP: which stages have a next stage to send activations
+# to, and which a previous one to send gradients back to? How often, per step?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "predict_messages", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -684,6 +683,12 @@ rows = predicted_vs_measured(runs, comm_share, alpha, bandwidth, merge_intervals
                              messages=predict_messages)    # formula B: your prediction
 
 # %% [markdown]
+# The formulas, now that you have written them: DP all-reduces every gradient once, P bytes in
+# all (Lab 2); TP all-reduces the `(b, s, h)` activation once per MLP in forward and once in
+# backward, less the first MLP's backward one, whose input needs no gradient (Lab 3): 2L − 1 in
+# all; PP sends one `(b/m, h)` activation per microbatch to the next stage unless it is the last,
+# and one gradient per microbatch back unless it is the first (Lab 5).
+#
 # The byte counts agree exactly: the trace and the formulas describe the same messages. The times
 # do not, and the way they disagree is the lesson of this lab:
 # - A collective's time on a timeline includes **waiting for the slowest rank**. On a shared CPU

@@ -725,9 +725,10 @@ for shape in (MeshShape(pp=1, dp=2, tp=2), MeshShape(pp=2, dp=2, tp=2)):
 #
 # <details><summary>Hint 2</summary>
 #
-# Per block and micro-batch: two row-parallel outputs in forward, four column-parallel inputs in
-# backward. Parameters of a block on one TP rank: two norms `4h`, then `(4h² + h·f + f + f·h)/t`,
-# plus `h` for the down projection's bias.
+# Per block and micro-batch: how many of your plan's layers are row-parallel (each all-reduces
+# its output in forward), and how many column-parallel (each all-reduces its input's gradient in
+# backward)? Per block on one TP rank: which of its parameters (norms, q, k, v, o, the MLP's
+# weights and biases) does your plan split over `t`, and which does every TP rank hold whole?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "predict_traffic", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -760,6 +761,11 @@ traced = traced_run(mesh_3d, tp_plan)
 print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the records'
 
 # %% [markdown]
+# The count behind the prediction: per block and micro-batch, the plan has two row-parallel
+# layers (`attn.o`, `mlp.down`: two all-reduces in forward) and four column-parallel ones (`attn.q`,
+# `attn.k`, `attn.v`, `mlp.up`: four in backward); a block's parameters on one TP rank are its two
+# norms `4h`, the split `(4h² + h·f + f + f·h)/t`, and the down projection's bias `h`, whole.
+#
 # ## 9. Exercise 6 — place the mesh on nodes (3 points, open design)
 #
 # A cluster numbers its ranks node by node: with 8 ranks on 2 nodes of 4, ranks 0–3 share

@@ -102,8 +102,8 @@ print(format_bytes_per_param(bytes_per_param(world_sizes=(4, 64))))
 #   1e-9). Hidden tests: blocks whose P elements W does not divide.
 #
 # **Why it matters.** The gradients are 2 to 4 of the 16 to 18 bytes per parameter of section 1.
-# ZeRO-2 divides them by W for no more traffic than data parallelism (section 6), but only if no
-# full gradient outlives the backward that made it.
+# ZeRO-2 divides them by W (section 6 counts what that costs in traffic), but only if no full
+# gradient outlives the backward that made it.
 #
 # <details><summary>Hint 1</summary>
 #
@@ -470,18 +470,15 @@ plot_memory_over_step(stages);
 # ## 6. Communication volume per step
 #
 # The ZeRO paper (sec. 7) counts what each rank sends per step in units of Ψ, the model's
-# parameter bytes: an all-reduce moves 2Ψ (a reduce-scatter Ψ and an all-gather Ψ, Lab 1).
-# Data parallelism all-reduces the gradients: **2Ψ**. ZeRO-1 and ZeRO-2 reduce-scatter the
-# gradients and all-gather the parameters: **2Ψ**, no more than data parallelism. ZeRO-3 gathers
-# the parameters twice (forward and backward) and reduce-scatters the gradients: **3Ψ**, 1.5×.
-# The table after the next exercise is measured from the collective records of section 5's
-# steps, counted as the paper counts: each all-reduce 2× its bytes, each all-gather and
-# reduce-scatter 1× its whole buffer (the ring's (W-1)/W dropped).
+# parameter bytes, with the ring's per-rank traffic of Lab 1 and its (W-1)/W factor dropped (an
+# all-gather or a reduce-scatter counted by its whole buffer). How many Ψ does each scheme send?
+# Predict it before the table after the next exercise measures it from the collective records
+# of section 5's steps, counted the same way.
 #
 # ### Exercise 4 — predict the bytes before they are measured (2 points)
 #
 # **Build** `predict_step_bytes(scheme, block_numels, world_size, itemsize)`: the bytes one
-# rank's collectives move in one step, counted as above, for `scheme` in `"DP"`, `"ZeRO-1"`,
+# rank's collectives move in one step, counted as the paper counts (above), for `scheme` in `"DP"`, `"ZeRO-1"`,
 # `"ZeRO-2"`, `"ZeRO-3"` run as section 5 runs them (DP: one all-reduce per parameter's gradient;
 # ZeRO-1 and your ZeRO-2: one bucket per block; ZeRO-3: your `Zero3Block` on every block), for
 # blocks of `block_numels[i]` parameters of `itemsize` bytes each on `world_size` ranks.
@@ -509,7 +506,7 @@ plot_memory_over_step(stages);
 # %% nbgrader={"grade": false, "grade_id": "predict_step_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_step_bytes(scheme: str, block_numels: list[int], world_size: int,
                        itemsize: int) -> int:
-    """Bytes one rank's collectives move per step: all-reduce 2x, gather/scatter 1x the buffer."""
+    """Bytes one rank's collectives move in one step of ``scheme``, counted as section 6 counts."""
     ### BEGIN SOLUTION
     if scheme == "DP":
         return 2 * itemsize * sum(block_numels)          # every gradient all-reduced once
@@ -530,6 +527,13 @@ check_step_bytes(predict_step_bytes, seed=fresh_seed())   # blocks and 2 to 8 ra
 print(format_volume(stages, predict=predict_step_bytes))   # predicted: your bytes
 
 # %% [markdown]
+# The paper's count, now that you have predicted it: an all-reduce moves 2Ψ (a reduce-scatter Ψ
+# and an all-gather Ψ, Lab 1). Data parallelism all-reduces the gradients: **2Ψ**. ZeRO-1 and
+# ZeRO-2 reduce-scatter the gradients and all-gather the parameters: **2Ψ**, no more than data
+# parallelism. ZeRO-3 gathers the parameters twice (forward and backward) and reduce-scatters the
+# gradients: **3Ψ**, 1.5×. With the flat layout, a bucket of P elements travels padded to
+# W·⌈P/W⌉ of them.
+#
 # Pipelines and ZeRO-2: a pipeline stage runs backward once per micro-batch and *accumulates* the
 # gradients of all m micro-batches before the step. ZeRO-2 reduce-scatters and drops the full
 # gradient after each backward, so it either reduce-scatters m times per step (m× the gradient

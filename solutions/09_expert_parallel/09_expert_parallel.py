@@ -80,7 +80,7 @@ show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
 
 # %% [markdown]
 # The load is uneven: the router decides, token by token, and nothing makes the experts' shares
-# equal. Sections 6 and 7 bound the consequences, section 8 fixes the cause.
+# equal. Sections 5 and 6 bound the consequences, section 8 fixes the cause.
 #
 # ## 2. Exercise 1 — dispatch (3 points)
 #
@@ -100,14 +100,15 @@ show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
 #   num_experts, group)` returns it; Exercise 2 builds on it.
 # - Collectives, read from each rank's record (`out.comms`): first **one** collective of
 #   integers, at most p·E of them (the counts: without them no rank could size its receive
-#   buffer), then exactly **one** `all_to_all_single` of the tokens, T·k·h·4 bytes; no gather,
-#   broadcast or all-reduce of tokens.
+#   buffer), then exactly **one** `all_to_all_single` of the tokens, carrying each of this rank's
+#   assignments once (no padding, no row twice; the check reads its bytes); no gather, broadcast
+#   or all-reduce of tokens.
 # - Visible test: the stored routing on 2 ranks (uneven splits). Hidden: 4 ranks with E = 8,
 #   k = 2, and 2 ranks with top-1 over 6 experts.
 #
 # **Why it matters.** An all-gather of every rank's tokens would give each rank what it needs
-# too, but it sends every token to every rank: the gathered p·T rows against the T·k an
-# all-to-all sends, p/k times the bytes, and memory that grows with p.
+# too, but it sends every token to every rank, whether or not that rank holds one of its
+# experts: bytes and memory that grow with p (Exercise 4 counts what the all-to-all sends).
 #
 # <details><summary>Hint 1</summary>
 #
@@ -134,7 +135,7 @@ show_routing(tokens=6, hidden=8, ffn=16, experts=4, k=2);
 
 # %% nbgrader={"grade": false, "grade_id": "dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def plan_dispatch(expert_idx, num_experts, group=None):
-    """Sort this rank's assignments by expert and exchange per-expert counts -> DispatchPlan."""
+    """This rank's DispatchPlan for its experts ``expert_idx`` (T, k), as the contract says."""
     ### BEGIN SOLUTION
     p = dist.get_world_size(group)
     flat = expert_idx.reshape(-1)                                     # (T*k,)
@@ -191,13 +192,13 @@ check_dispatch(dispatch, world_size=2, seed=fresh_seed(), tokens=9, hidden=6, ff
 #   all-to-alls (dispatch, combine); in the backward, exactly two token all-to-alls; no gather.
 # - The check compares every rank's outputs, input gradients and experts' gradients with the
 #   plain layer on all p·T tokens, and the router's gradients summed over the ranks (each rank's
-#   router sees only its own tokens; in training a DP all-reduce sums them, section 5).
+#   router sees only its own tokens; in training a DP all-reduce sums them, section 4).
 # - Hidden tests: 4 ranks with E = 8, k = 2; and 4 ranks, top-1, routed so that **rank 3's
 #   experts get no token at all**. That rank must still take part in every all-to-all of the
 #   backward, or every other rank waits in them forever.
 #
 # **Why it matters.** With this backward the distributed layer trains exactly like the
-# single-process one: the EP × DP step of section 5 and the training of section 9 run on your
+# single-process one: the EP × DP step of section 4 and the training of section 9 run on your
 # `moe_forward`.
 #
 # <details><summary>Hint 1</summary>
@@ -274,46 +275,7 @@ check_moe_layer(moe_forward, world_size=4, seed=fresh_seed(), tokens=7, hidden=6
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. What expert parallelism sends
-#
-# Per layer and rank, the dispatch sends the rank's T·k assignments, T·k·h·b bytes (b bytes per
-# element), and the combine sends back what the rank received, which is T·k·h·b on average over
-# the ranks; the backward repeats both. (GShard dispatches and combines with the same two
-# all-to-alls. Under balanced routing (p−1)/p of the bytes leave the rank; the rest is the rank's
-# own, which `all_to_all_single` still counts.) Tensor parallelism of the same layer
-# (every expert's f split over the ranks, Lab 3) assumes instead that every rank **already holds
-# all p·T tokens** (as the activations of a TP group are replicated between its blocks): each rank
-# computes its f/p slice of every expert for all of them and all-reduces the (p·T, h) output:
-# p·T·h·b bytes per all-reduce, one forward and one backward. Bringing the tokens together first
-# would be another collective, not counted here.
-#
-# The table runs **your** `moe_forward` and a TP version of the same layer, one forward and
-# backward each, and lists every collective from the records (`out.comms`) beside the formula.
-# Defaults: p = 2, T = 64, h = 32, E = 4, k = 2, float32.
-
-# %% nbgrader={"grade": false, "grade_id": "traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
-TRAFFIC = dict(world_size=2, tokens=64, hidden=32, ffn=64, experts=4, k=2)
-traffic_rows = measure_traffic(moe_forward, **TRAFFIC)
-traffic = traffic_summary(traffic_rows)
-print(format_wire_bytes(TRAFFIC["tokens"], TRAFFIC["hidden"], TRAFFIC["k"]))
-traffic
-
-# %% [markdown]
-# Every dispatch sends exactly T·k·h·4 bytes; the combines differ between ranks by the router's
-# imbalance and add up to the same total. The table counts messages: per rank, EP's four
-# all-to-alls carry 4·T·k·h·b per step against TP's two all-reduces of 2·p·T·h·b. **On the wire**
-# the two differ less: an all-to-all sends (p−1)/p of its message off the rank (balanced routing),
-# a ring all-reduce 2(p−1)/p of its message, so per rank EP sends 4·T·k·h·b·(p−1)/p and TP
-# 4·T·h·b·(p−1): EP sends **k/p of TP's bytes**, the same at k = p = 2 and less with more ranks
-# (the second table above, `wire_bytes` for p = 2, 4, 8). TP also computes every token's slice of
-# every expert on every rank; EP keeps each rank's tokens and each expert's weights whole and
-# local, but its all-to-alls are uneven and wait for the busiest rank. Where each goes is a
-# trade-off, not a rule: many setups keep the EP group inside a node's NVLink domain, where
-# all-to-all is cheap; DeepSeek-V3 (arXiv:2412.19437, §3.2) runs 64-way EP across 8 nodes and
-# bounds the cross-node traffic by node-limited routing (§2.1.2: each token's experts on at most
-# 4 nodes).
-#
-# ## 5. EP × DP on a 2 × 2 mesh
+# ## 4. EP × DP on a 2 × 2 mesh
 #
 # Four ranks on a (dp = 2, ep = 2) `DeviceMesh`, each with its own T tokens. Along **ep** the
 # experts are split (ranks (d, 0) hold experts 0–1, ranks (d, 1) experts 2–3) and your
@@ -329,7 +291,7 @@ traffic
 mesh_run = ep_dp_step(moe_forward)
 
 # %% [markdown]
-# ## 6. Exercise 3 — capacity (2 points)
+# ## 5. Exercise 3 — capacity (2 points)
 #
 # Compilers that need static shapes (XLA on the TPUs where GShard and Switch Transformer ran) give
 # every expert a buffer of fixed size. GPU stacks can be **dropless** instead: MegaBlocks (Gale et
@@ -359,7 +321,7 @@ mesh_run = ep_dp_step(moe_forward)
 # - The check compares both with the course's: `expert_capacity` on five cases, the mask on the
 #   stored routing at c = 1.0 (hidden: 4 ranks with E = 8 at c = 1.25, and top-1 at c = 1.0).
 #
-# **Why it matters.** Section 7 pads every expert's buffer to exactly this capacity, and section
+# **Why it matters.** Exercise 5 pads every expert's buffer to exactly this capacity, and section
 # 9's training drops by this mask.
 #
 # <details><summary>Hint 1</summary>
@@ -407,7 +369,7 @@ check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), 
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 7. Capacity without a count exchange
+# ## 6. Capacity without a count exchange
 #
 # The count exchange of Exercise 1 is small, but it is one more synchronisation per layer: no
 # rank can size its token buffer before every rank has routed, and the sizes change from step to
@@ -468,6 +430,46 @@ print("predict_all_to_all_bytes: equals the formulas")
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 check_predicted_bytes(predict_all_to_all_bytes, seed=fresh_seed())  # sizes drawn afresh, up to 8 ranks
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 7. What expert parallelism sends
+#
+# Your prediction's first number, in the layer you wrote: per layer and rank, the dispatch sends
+# the rank's T·k assignments, T·k·h·b bytes (b bytes per element), and the combine sends back
+# what the rank received, which is T·k·h·b on average over the ranks; the backward repeats both.
+# (GShard dispatches and combines with the same two all-to-alls. Under balanced routing (p−1)/p
+# of the bytes leave the rank; the rest is the rank's own, which `all_to_all_single` still
+# counts.) Tensor parallelism of the same layer (every expert's f split over the ranks, Lab 3)
+# assumes instead that every rank **already holds all p·T tokens** (as the activations of a TP
+# group are replicated between its blocks): each rank computes its f/p slice of every expert for
+# all of them and all-reduces the (p·T, h) output: p·T·h·b bytes per all-reduce, one forward and
+# one backward. Bringing the tokens together first would be another collective, not counted here.
+#
+# The table runs **your** `moe_forward` and a TP version of the same layer, one forward and
+# backward each, and lists every collective from the records (`out.comms`) beside the formula.
+# Defaults: p = 2, T = 64, h = 32, E = 4, k = 2, float32.
+
+# %% nbgrader={"grade": false, "grade_id": "traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+TRAFFIC = dict(world_size=2, tokens=64, hidden=32, ffn=64, experts=4, k=2)
+traffic_rows = measure_traffic(moe_forward, **TRAFFIC)
+traffic = traffic_summary(traffic_rows)
+print(format_wire_bytes(TRAFFIC["tokens"], TRAFFIC["hidden"], TRAFFIC["k"]))
+traffic
+
+# %% [markdown]
+# Every dispatch sends exactly T·k·h·4 bytes; the combines differ between ranks by the router's
+# imbalance and add up to the same total. The table counts messages: per rank, EP's four
+# all-to-alls carry 4·T·k·h·b per step against TP's two all-reduces of 2·p·T·h·b. **On the wire**
+# the two differ less: an all-to-all sends (p−1)/p of its message off the rank (balanced routing),
+# a ring all-reduce 2(p−1)/p of its message, so per rank EP sends 4·T·k·h·b·(p−1)/p and TP
+# 4·T·h·b·(p−1): EP sends **k/p of TP's bytes**, the same at k = p = 2 and less with more ranks
+# (the second table above, `wire_bytes` for p = 2, 4, 8). TP also computes every token's slice of
+# every expert on every rank; EP keeps each rank's tokens and each expert's weights whole and
+# local, but its all-to-alls are uneven and wait for the busiest rank. Where each goes is a
+# trade-off, not a rule: many setups keep the EP group inside a node's NVLink domain, where
+# all-to-all is cheap; DeepSeek-V3 (arXiv:2412.19437, §3.2) runs 64-way EP across 8 nodes and
+# bounds the cross-node traffic by node-limited routing (§2.1.2: each token's experts on at most
+# 4 nodes).
 
 # %% [markdown]
 # ### Exercise 5 — a capacity-padded all-to-all (open design, 3 points)
@@ -556,7 +558,7 @@ check_padded_moe(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20,
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your prediction beside the records: the padded layer on the traffic table's problem (section 4)
+# Your prediction beside the records: the padded layer on the traffic table's problem (section 7)
 # at three capacity factors, against the dropless dispatch measured there.
 
 # %% nbgrader={"grade": false, "grade_id": "padded_traffic", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
@@ -651,7 +653,7 @@ runs = compare_training(ToyTask(), aux_weight=0.3, aux_loss=load_balancing_loss,
 # "combine all-to-all" (from the last expert to the return), coloured, the compute, and gloo's
 # all-to-alls in the communication row (the first is the count exchange). A rank whose experts got fewer tokens
 # finishes its compute early and waits in the combine for the other: the load imbalance of
-# section 1 becomes idle time. As in section 5, the backward holds one all-to-all, the combine's.
+# section 1 becomes idle time. As in section 4, the backward holds one all-to-all, the combine's.
 
 # %% nbgrader={"grade": false, "grade_id": "timeline", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 profile = profile_moe_step(moe_forward, world_size=2)

@@ -87,8 +87,9 @@ def reference_capacity(tokens: int, k: int, num_experts: int, capacity_factor: f
 
 
 def reference_keep(idx: torch.Tensor, num_experts: int, capacity_factor: float) -> torch.Tensor:
-    """(T, k) bool: which assignments fit; slot-major (every token's first choice, then every
-    token's second), each slot in token order, as GShard's Algorithm 1 fills top-1 then top-2."""
+    """(T, k) bool: which assignments fit in their expert's capacity, first come first served
+    in GShard's order (Algorithm 1: every first choice has priority over any second choice, and
+    among the same choice an earlier token over a later one)."""
     tokens, k = idx.shape
     cap = reference_capacity(tokens, k, num_experts, capacity_factor)
     seen = [0] * num_experts

@@ -63,7 +63,7 @@ def padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traffic_rows: l
                      "off the rank, predicted": f"{predicted['padded_off_rank']:.0f}",
                      "dropped, per rank": str([f"{d:.0%}" for d in out])})
     print(format_table(rows))
-    print(f"\nmeasured, in bytes, from out.comms: dropless, each rank's dispatch (section 4's "
+    print(f"\nmeasured, in bytes, from out.comms: dropless, each rank's dispatch (section 7's "
           f"table); padded, the distinct sizes of every all-to-all (dispatch and combine) of "
           f"every rank. p = {world_size}, T = {tokens}, h = {hidden}, E = {experts}, k = {k}, "
           f"float32")

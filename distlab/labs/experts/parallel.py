@@ -36,8 +36,9 @@ class DispatchPlan(NamedTuple):
 
 def plan_dispatch(expert_idx: torch.Tensor, num_experts: int, group=None,
                   keep: torch.Tensor | None = None) -> DispatchPlan:
-    """Sort this rank's (kept) assignments by expert and exchange per-expert counts (one
-    all_to_all_single of E int64) so every rank knows what it will receive from whom."""
+    """This rank's DispatchPlan for its assignments ``expert_idx`` (T, k) (only those ``keep``
+    marks, if given), as Exercise 1 of Lab 9 states it: after it returns, every rank knows what
+    it sends to and receives from whom, the counts exchanged in one all_to_all_single of E int64."""
     p = dist.get_world_size(group)
     flat = expert_idx.reshape(-1)                                      # (T*k,)
     order = torch.argsort(flat, stable=True)                           # (T*k,) by expert
@@ -86,9 +87,10 @@ def run_local_experts(recv: torch.Tensor, recv_expert: torch.Tensor, experts) ->
 
 def ep_moe_forward(x, router, experts, num_experts: int, k: int, group=None,
                    capacity_factor: float | None = None, marks=None) -> torch.Tensor:
-    """This rank's MoE output (T, h) for its tokens x (T, h): route, dispatch, local experts,
-    combine, gate. ``marks(name)`` (optional) returns a context manager around each phase, for
-    the profiler's timeline."""
+    """This rank's MoE output (T, h) for its tokens x (T, h), the experts sharded over ``group``,
+    as Exercise 2 of Lab 9 states it (with ``capacity_factor``: over the assignments Exercise 3's
+    rule keeps). ``marks(name)`` (optional) returns a context manager around each named phase
+    ("dispatch all-to-all", "experts", "combine all-to-all"), for the profiler's timeline."""
     import contextlib
     from distlab.labs.experts.moe import reference_keep
     mark = marks or (lambda name: contextlib.nullcontext())

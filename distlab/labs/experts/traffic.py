@@ -3,15 +3,10 @@
 hidden dimension split over the ranks, Megatron-style, one all-reduce of the activations each
 way, Lab 3). Both run one forward and backward of the same layer on the same p·T tokens.
 
-Formulas (bytes as ``distlab.Comm.bytes`` counts them, b bytes per element):
-- EP dispatch, per rank: the T·k rows it sends, T·k·h·b (GShard: an all-to-all of the
-  dispatched tokens); the combine sends back what the rank received (T·k·h·b on average).
-- TP, per rank: an all-reduce of the (p·T, h) output, p·T·h·b, forward, and of dL/dx backward;
-  a ring moves 2(p−1)/p of it through each rank. TP assumes every rank already holds all p·T
-  tokens.
-- On the wire (``wire_bytes``): an all-to-all sends (p−1)/p of its message off the rank under
-  balanced routing, so per forward+backward EP sends 4·T·k·h·b·(p−1)/p and TP 4·T·h·b·(p−1):
-  EP/TP = k/p. An all-gather dispatch gathers p·T rows where the all-to-all sends T·k: p/k.
+The tables put the records beside the formulas of Lab 9's section 7 (bytes as
+``distlab.Comm.bytes`` counts them; on the wire, ``wire_bytes``, what leaves the rank: an
+all-to-all's off-rank part under balanced routing, a ring all-reduce's 2(p−1)/p). TP assumes
+every rank already holds all p·T tokens.
 """
 from __future__ import annotations
 
@@ -118,7 +113,7 @@ def measure_traffic(moe_forward, world_size: int = 2, tokens: int = 64, hidden: 
 
 def traffic_summary(rows: list[dict]) -> dict:
     """Per layout: token bytes one rank sends per forward+backward (mean over ranks) and the
-    formula's; EP's dispatch equals T·k·h·b exactly."""
+    formula's (section 7 of Lab 9)."""
     out = {}
     for layout in ("EP", "TP"):
         mine = [r for r in rows if r["layout"] == layout and r["what"] == "tokens"]

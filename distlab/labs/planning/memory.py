@@ -126,21 +126,10 @@ def _stage_memory(model: Model, cfg: ParallelConfig, stage: int) -> dict[str, fl
 
 
 def memory_per_gpu(model: Model, cfg: ParallelConfig) -> dict[str, float]:
-    """Bytes per GPU by term (see TERMS) and their "total", on the heaviest pipeline stage.
-
-    With phi = stage_params(model, t, p) (ceil(L/p) layers and one V x h matrix on both the first
-    and the last stage) and d the data-parallel degree:
-      weights        = weight_bytes * phi        / (d if ZeRO-3, unless resident)
-                       + under a sharding ZeRO-3 (d > 1), two whole layers gathered:
-                         weight_bytes * 2 * layer_params / t
-      gradients      = grad_bytes * phi          / (d if ZeRO >= 2, unless resident)
-      master_weights = 4 * phi                   / (d if ZeRO >= 1)
-      adam_m, adam_v = 4 * phi each              / (d if ZeRO >= 1)
-      activations    = activation_bytes_per_layer * ceil(L/p) * min(p - s, m)
-                       + the logits of one micro-batch on the last stage (s = p - 1)
-    The first stage (s = 0) and the last are computed; the larger total is returned (with p = 1
-    they are one stage).
-    """
+    """Bytes one GPU holds to train ``model`` with the layout ``cfg``, by term (``TERMS``) and
+    their "total", on whichever pipeline stage holds the most: section 1's count of Lab 7, with
+    the conventions of Exercise 1's contract (ZeRO stage and accumulation, recompute, sequence
+    parallelism, 1F1B)."""
     stages = {0, cfg.pp - 1}
     return max((_stage_memory(model, cfg, s) for s in sorted(stages)), key=lambda t: t["total"])
 

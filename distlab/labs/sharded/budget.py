@@ -174,7 +174,8 @@ def fsdp_design(model: nn.Sequential, mesh) -> nn.Module:
 
 
 def course_design(model: nn.Sequential, mesh) -> nn.Module:
-    """The course's answer: every block checkpointed and ``fully_shard``-ed, then the root."""
+    """The course's answer to Lab 8's design exercise: ``model`` made ready to train on ``mesh``
+    (what ``design(model, mesh)`` returns), the design whose peak the budget is measured from."""
     from torch.distributed.fsdp import fully_shard
     model = nn.Sequential(*map(_checkpointed, model))
     for block in model:

@@ -194,10 +194,9 @@ def profile_all(world_size: int = 2, spec: Spec = Spec(), steps: int = 3, warmup
 # What the formulas of labs 1-5 predict for these runs
 
 def formula_messages(run: str, spec: Spec, world_size: int, rank: int) -> list[tuple[str, int]]:
-    """The messages rank ``rank`` sends per step by the labs' formulas: (op, bytes).
-    DP (lab 2): one all-reduce per gradient, P bytes in all. TP (lab 3): one all-reduce of the
-    (b, s, h) activation per MLP in forward, one in backward. PP (lab 5): per microbatch, the
-    (b/m, h) activation to the next stage and its gradient back to the previous one."""
+    """The messages rank ``rank`` sends in one step of ``run`` (a profiled run, section 1 of
+    Lab 6) by the formulas of Labs 2, 3 and 5: a list of (op, bytes), op "all_reduce" or
+    "send", bytes the tensor's size as nccl-tests counts it."""
     item = 4  # float32
     if run.startswith("DP"):
         return [("all_reduce", p.numel() * item) for p in _mlp_stack(spec).parameters()]
