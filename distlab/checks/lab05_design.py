@@ -60,8 +60,8 @@ def _boundary_bytes(rank, world_size, batch, hidden, num_microbatches) -> int:
 
 
 def _capped_order(p: int, m: int, k: int) -> list[list[tuple[str, int]]]:
-    """1F1B with stage s's warm-up capped at min(k - 1, p - s - 1, m) forwards: the budget's
-    schedule, never more than k microbatches alive on a stage."""
+    """The budget's schedule (Hint 3's design): each stage's order of ("F", i) and ("B", i),
+    every microbatch once each way, never more than k microbatches alive on a stage."""
     orders = []
     for s in range(p):
         w = min(k - 1, p - s - 1, m)

@@ -75,7 +75,8 @@ def ring_attention(q, k, v, positions=None, group=None):
 
 
 def block_grads(dout, q, k, v, lse, delta, q_pos=None, k_pos=None):
-    """(dq, dk, dv) of one key block, from the whole row's lse and delta = rowsum(dout ∘ out)."""
+    """(dq, dk, dv) of one key block: this block's share of the attention's gradients, given the
+    whole row's lse and ``delta`` (one number per query row, the same for every block)."""
     scale = 1 / math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-2, -1) * scale                       # (b, h, s_q, s_k)
     if q_pos is not None and k_pos is not None:
@@ -88,8 +89,8 @@ def block_grads(dout, q, k, v, lse, delta, q_pos=None, k_pos=None):
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, positions=None, group=None):
-    """(dq, dk, dv) of this rank's chunk: K/V go around the ring as in the forward, dK/dV with
-    them, and one last hop brings each rank's dK/dV home."""
+    """(dq, dk, dv) of this rank's chunk of the sequence, equal to full attention's gradients
+    there, each on the rank that holds that chunk."""
     p, me, right, left = _neighbours(group)
     q_pos = None if positions is None else positions[me]
     delta = (dout * out).sum(-1)                                   # (b, h, s/p)
@@ -130,7 +131,8 @@ def _all_to_all(x, scatter_dim, gather_dim, group):
 
 
 def ulysses_attention(q, k, v, group=None, causal=False):
-    """(b, h, s/p, d) in and out: heads scattered, sequence gathered, attention, and back."""
+    """(b, h, s/p, d) in and out: this rank's chunk of full attention's output; ValueError
+    where the heads cannot be split over the ranks."""
     p, me = dist.get_world_size(group), dist.get_rank(group)
     heads = q.shape[1]
     if heads % p:
