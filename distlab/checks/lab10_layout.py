@@ -28,21 +28,13 @@ PENALTY_CASES = (2, 4, 8)          # the visible prediction's world sizes
 LONG = 256                         # tokens per rank of the "long sequence" the limit is taken at
 
 
-def _call_each(rank, world_size, fn, calls):
-    """Rank body: ``fn(*args)`` for each args of ``calls``, in one rank (one launch per check,
-    not per case); plain data back, compared in the judge."""
-    return [fn(*args) for args in calls]
-
-
 def answers(fn, calls: list[tuple], name: str) -> list:
     """What the student's ``fn`` returns on each args of ``calls``, run on one rank."""
-    import distlab
     from distlab.checks.rank_failures import ranks_failed
-    from distlab.checks.ranks import rank_timeout
+    from distlab.checks.ranks import call_each
     from distlab.runtime.outcome import DistributedError
     try:
-        return list(distlab.run(_call_each, 1, fn, calls, backend="gloo",
-                                timeout=rank_timeout())[0])
+        return list(call_each(fn, calls))
     except DistributedError as err:
         raise ranks_failed(f"{name} on {', '.join(map(str, calls))}", err, "") from None
 
