@@ -16,6 +16,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed, verified
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 
 LAB = "02_data_parallel"
@@ -51,10 +52,10 @@ def grade_state_bytes(predict, seed: int | None = None) -> None:
     todo = state_cases(seed)
     expected = expected_values(LAB, "prediction", "bytes", seed, todo,
                                lambda c: _state_bytes(*c))
-    for (numel, tensors, world, sharded), want in zip(todo, expected):
-        call = (f"predict_state_bytes(numel={numel}, num_tensors={tensors}, world_size={world}, "
-                f"sharded={sharded})")
-        got = predict(numel, tensors, world, sharded)
+    calls = [(f"predict_state_bytes(numel={numel}, num_tensors={tensors}, world_size={world}, "
+              f"sharded={sharded})") for numel, tensors, world, sharded in todo]
+    answers = call_each(predict, todo, names=calls)   # every case in one launch
+    for (numel, tensors, world, sharded), call, got, want in zip(todo, calls, answers, expected):
         try:
             got = int(got)
         except (TypeError, ValueError):

@@ -16,6 +16,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed, verified
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 from distlab.labs.tensor_parallel import megatron_comm_bytes, ring_bytes_per_rank
 
@@ -51,9 +52,10 @@ def grade_ring_bytes(predict, seed: int | None = None) -> None:
     todo = ring_cases(seed)
     expected = expected_values(LAB, "prediction", "bytes", seed, todo,
                                lambda c: _expected(*c))
-    for (b, s, h, p, variant), (fwd, bwd) in zip(todo, expected):
-        call = f"predict_ring_bytes(batch={b}, seq={s}, hidden={h}, world_size={p}, variant={variant!r})"
-        got = predict(b, s, h, p, variant)
+    calls = [f"predict_ring_bytes(batch={b}, seq={s}, hidden={h}, world_size={p}, variant={variant!r})"
+             for b, s, h, p, variant in todo]
+    answers = call_each(predict, todo, names=calls)   # every case in one launch
+    for (b, s, h, p, variant), call, got, (fwd, bwd) in zip(todo, calls, answers, expected):
         try:
             got = [float(got["forward"]), float(got["backward"])]
         except (TypeError, KeyError, ValueError):

@@ -10,6 +10,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, verified
 from distlab.checks.lab04_problems import LAB
+from distlab.checks.ranks import call_each
 from distlab.labs.tp_scaling import (cases, reference_predicted_step,
                                      reference_strong_scaling_efficiency, ring_all_reduce_time)
 
@@ -47,15 +48,19 @@ def _expected(seed: int | None) -> list[tuple[float, float, float]]:
 
 
 def check(predict, efficiency, seed: int | None = None) -> None:
-    done = []
-    for case, (expected, exp_eff, one) in zip(cases(SEED if seed is None else seed),
-                                              _expected(seed)):
-        args = _args(case)
-        call = (f"predict_step_time(t1={case['t1']:.4g}, n={case['n']}, alpha={case['alpha']:.3g}, "
-                f"bandwidth={case['bandwidth']:.3g}, batch={case['batch']}, seq={case['seq']}, "
-                f"hidden={case['hidden']})")
+    done, todo = [], list(zip(cases(SEED if seed is None else seed), _expected(seed)))
+    calls = [(f"predict_step_time(t1={case['t1']:.4g}, n={case['n']}, alpha={case['alpha']:.3g}, "
+              f"bandwidth={case['bandwidth']:.3g}, batch={case['batch']}, seq={case['seq']}, "
+              f"hidden={case['hidden']})") for case, _ in todo]
+    # Each function's cases in one launch; the efficiency's T_N is the model's, as before.
+    predicted = call_each(predict, [_args(case) for case, _ in todo], names=calls)
+    efficiencies = call_each(efficiency, [(case["t1"], ref[0], case["n"]) for case, ref in todo],
+                             names=[f"strong_scaling_efficiency(t1={case['t1']:.4g}, tn={ref[0]:.4g}, "
+                                    f"n={case['n']})" for case, ref in todo])
+    for (case, (expected, exp_eff, one)), call, answer, eff in zip(todo, calls, predicted,
+                                                                   efficiencies):
         try:
-            got = float(predict(*args))
+            got = float(answer)
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"{call} did not return a number: {err}")
         if not math.isclose(got, expected, rel_tol=1e-9):
@@ -65,7 +70,7 @@ def check(predict, efficiency, seed: int | None = None) -> None:
                 f"b*s*h*4 = {nbytes} bytes, each 2(N-1)*alpha + 2(N-1)/N * S/B = {one:.4g} s in "
                 f"Lab 1's ring model (none on one rank).")
         tn = expected
-        got_eff = float(efficiency(case["t1"], tn, case["n"]))
+        got_eff = float(eff)
         if not math.isclose(got_eff, exp_eff, rel_tol=1e-9):
             raise CheckFailed(
                 f"strong_scaling_efficiency(t1={case['t1']:.4g}, tn={tn:.4g}, n={case['n']}): "

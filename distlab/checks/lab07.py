@@ -44,7 +44,7 @@ from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.lab07_cases import (_candidate_memory, _degree_case, _memory_case,
                                         _memory_lookup, degree_cases, memory_cases, memory_rows)
-from distlab.checks.ranks import backends, rank_timeout
+from distlab.checks.ranks import backends, call_each, rank_timeout
 from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, mesh_shares,
                               reference_losses, train_on_mesh)
 from distlab.runtime.per_rank import PerRank, reference
@@ -114,10 +114,10 @@ def _stored(name: str, drawn: torch.Tensor) -> dict[str, torch.Tensor]:
 def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> None:
     """``fn(model, cfg)`` must return every term of TERMS and "total", in bytes."""
     ref = memory_cases(seed, count) if seed is not None else _stored("memory", memory_rows(SEED, count))
-    for row, expected in zip(ref["cases"], ref["expected"]):
-        model, cfg = _memory_case(row)
-        got = fn(model, cfg)
-        where = f"{model} with {cfg} and {cfg.job}"
+    calls = [_memory_case(row) for row in ref["cases"]]
+    wheres = [f"{model} with {cfg} and {cfg.job}" for model, cfg in calls]
+    answers = call_each(fn, calls, names=wheres)   # every case in one launch
+    for got, where, expected in zip(answers, wheres, ref["expected"]):
         if not isinstance(got, dict):
             raise CheckFailed(f"memory_per_gpu returned a {type(got).__name__}; return a dict with "
                               f"keys {[*TERMS, 'total']} (bytes). Case: {where}")
@@ -161,12 +161,13 @@ def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> None
     # Visible: the stored cases, their best layouts and every candidate's memory (drawing them
     # needs the reference, which a handout does not hold; `distlab references` keeps them fresh).
     ref = load_stored(LAB, "degrees") if seed is None else degree_cases(seed, count)
-    for row, expected, table in zip(ref["cases"], ref["expected"], ref["memory"]):
-        model, cluster, job = _degree_case(row)
-        what = f"choose_degrees({model.name}, {cluster.name}, {job})"
+    calls = [_degree_case(row) for row in ref["cases"]]
+    whats = [f"choose_degrees({model.name}, {cluster.name}, {job})" for model, cluster, job in calls]
+    answers = call_each(fn, calls, names=whats)   # every case in one launch
+    for (model, cluster, job), what, choice, expected, table in zip(
+            calls, whats, answers, ref["expected"], ref["memory"]):
         best = ParallelConfig(*(int(v) for v in expected[:3]), job)
-        _check_choice(fn(model, cluster, job), model, cluster, job, best, what,
-                      memory=_memory_lookup(table, what))
+        _check_choice(choice, model, cluster, job, best, what, memory=_memory_lookup(table, what))
 
 
 def check_production_answer(answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,

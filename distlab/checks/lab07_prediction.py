@@ -12,6 +12,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 from distlab.labs.mesh import MeshShape, TinyConfig, check_batch_fits
 
@@ -79,9 +80,9 @@ def grade_traffic_prediction(predict, seed: int | None = None) -> None:
     todo = mesh_traffic_cases(seed)
     expected = expected_values("07_3d_parallelism", "traffic", "expected", seed, todo,
                                lambda case: [formula_traffic(*case)[a] for a in AXES])
-    for (shape, cfg, rank), want in zip(todo, expected):
-        call = f"predict_traffic({shape}, {cfg}, rank={rank})"
-        got = predict(shape, cfg, rank)
+    calls = [f"predict_traffic({shape}, {cfg}, rank={rank})" for shape, cfg, rank in todo]
+    answers = call_each(predict, todo, names=calls)   # every case in one launch
+    for (shape, cfg, rank), call, got, want in zip(todo, calls, answers, expected):
         try:
             got = [float(got[a]) for a in AXES]
         except (TypeError, KeyError, ValueError):

@@ -16,6 +16,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 
 LAB = "08_sharded_data_parallel"
@@ -55,10 +56,11 @@ def grade_step_bytes(predict, seed: int | None = None) -> None:
     todo = prediction_cases(seed)
     expected = expected_values(LAB, "prediction", "bytes", seed, todo,
                                lambda c: formula_step_bytes(*c))
-    for (scheme, blocks, world, item), want in zip(todo, expected):
-        call = (f"predict_step_bytes({scheme!r}, block_numels={list(blocks)}, world_size={world}, "
-                f"itemsize={item})")
-        got = predict(scheme, list(blocks), world, item)
+    calls = [(f"predict_step_bytes({scheme!r}, block_numels={list(blocks)}, world_size={world}, "
+              f"itemsize={item})") for scheme, blocks, world, item in todo]
+    answers = call_each(predict, [(scheme, list(blocks), world, item)
+                                  for scheme, blocks, world, item in todo], names=calls)   # one launch
+    for (scheme, blocks, world, item), call, got, want in zip(todo, calls, answers, expected):
         try:
             got = int(got)
         except (TypeError, ValueError):

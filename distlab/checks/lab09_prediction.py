@@ -19,6 +19,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.ranks import call_each
 from distlab.checks.stored import expected_values
 
 LAB = "09_expert_parallel"
@@ -64,10 +65,10 @@ def grade_a2a_bytes(predict, seed: int | None = None) -> None:
     todo = a2a_cases(seed)
     expected = expected_values(LAB, "prediction", "bytes", seed, todo,
                                lambda case: [_a2a_bytes(*case)[key] for key in KEYS])
-    for (t, h, e, k, p, c), want in zip(todo, expected):
-        call = (f"predict_all_to_all_bytes(tokens={t}, hidden={h}, experts={e}, k={k}, "
-                f"world_size={p}, capacity_factor={c})")
-        got = predict(t, h, e, k, p, c)
+    calls = [(f"predict_all_to_all_bytes(tokens={t}, hidden={h}, experts={e}, k={k}, "
+              f"world_size={p}, capacity_factor={c})") for t, h, e, k, p, c in todo]
+    answers = call_each(predict, todo, names=calls)   # every case in one launch
+    for call, got, want in zip(calls, answers, expected):
         try:
             got = [float(got[key]) for key in KEYS]
         except (TypeError, KeyError, ValueError):

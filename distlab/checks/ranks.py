@@ -52,18 +52,84 @@ def run_each_backend(fn, world_size: int, *args) -> list:
             for b in backends(world_size)]
 
 
-def call_each(fn, calls: list[tuple]) -> list:
+class SubmittedError(Exception):
+    """A student's function raised while a check called it: ``exc_type`` is what it raised (the
+    judge reports it, and a stub's NotImplementedError counts as not done)."""
+
+    def __init__(self, exc_type: str, message: str):
+        super().__init__(message)
+        self.exc_type = exc_type
+
+
+def call_each(fn, calls: list[tuple], names: list[str] | None = None) -> list:
     """``[fn(*args) for args in calls]``, run on one rank in one launch. A check that calls a
     student's function on many cases (every step of every rank of a trace) pays one rank's start
     instead of one per call (in the judge, each call of a submitted function is a launch). Each
     call gets its own copy of its arguments, as a launch of its own would: a function that
-    changes what it was given cannot change a later case."""
+    changes what it was given cannot change a later case.
+
+    If ``fn`` raises on case k, the calls stop there, as a loop of calls would: the answers
+    read on raise a ``SubmittedError`` at k (``Answers``), which names that case (``names[k]``,
+    else the call with its arguments) above the traceback. A hang is the launch's:
+    ``distlab.run`` stops the rank after ``rank_timeout()`` and says where it was."""
     import distlab
-    return distlab.run(_call_each, 1, fn, [tuple(args) for args in calls], backend="gloo",
-                       timeout=rank_timeout())[0]
+    from distlab.runtime.outcome import HangError, RankError
+    calls = [tuple(args) for args in calls]
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "your function"
+    try:
+        out = distlab.run(_call_each, 1, fn, calls, backend="gloo", timeout=rank_timeout())[0]
+    except HangError as exc:   # still a hang; said of the student's function, not of "the ranks"
+        raise HangError(f"{name}, called on {len(calls)} cases one after another on one rank, "
+                        f"did not return: {exc}") from None
+    except RankError as exc:   # raised outside any one call (loading it, or exiting the process)
+        raise SubmittedError(exc.exc_type, f"{name} raised {exc.exc_type}:\n"
+                             f"{exc.rank_traceback.rstrip()}") from None
+    if out[0] != "raised":
+        return list(out[1])
+    answers, k, exc_type, text = list(out[1]), int(out[2]), str(out[3]), str(out[4])
+    case = names[k] if names else f"{name}({_shown(calls[k])})"
+    return Answers(answers, SubmittedError(exc_type, f"{name} raised {exc_type} on case {k + 1} "
+                                           f"of {len(calls)}, {case}:\n{text.rstrip()}"))
 
 
-def _call_each(rank: int, world_size: int, fn, calls: list[tuple]) -> list:
+class Answers:
+    """The answers of the calls before the one that raised; reading on raises its error. A check
+    that compares case by case thus reports an earlier case's wrong answer first, as the loop of
+    one call per case did."""
+
+    def __init__(self, answers: list, error: SubmittedError):
+        self.answers, self.error = answers, error
+
+    def __iter__(self):
+        yield from self.answers
+        raise self.error
+
+    def __getitem__(self, k: int):
+        if 0 <= k < len(self.answers):
+            return self.answers[k]
+        raise self.error
+
+
+def _shown(args: tuple) -> str:
+    import reprlib
+    shown = reprlib.Repr()
+    shown.maxstring, shown.maxother, shown.maxlist, shown.maxdict = 80, 200, 8, 8
+    return ", ".join(shown.repr(a) for a in args)
+
+
+def _call_each(rank: int, world_size: int, fn, calls: list[tuple]):
+    """("done", answers), or ("raised", the answers before, k, exception type, traceback) for
+    the first call k that raised: the launcher would only say that rank 0 raised, not where."""
     import pickle
-    # Copied by pickling (faster than deepcopy on a trace's dicts): calls may share a timeline.
-    return [fn(*pickle.loads(pickle.dumps(args))) for args in calls]
+    import traceback
+    answers = []
+    for k, args in enumerate(calls):
+        # Copied by pickling (faster than deepcopy on a trace's dicts): calls may share a timeline.
+        args = pickle.loads(pickle.dumps(args))
+        try:
+            answers.append(fn(*args))
+        except Exception as exc:   # noqa: BLE001 - the judge reports it on its case
+            # From the student's frame on, not this loop's.
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+            return ("raised", answers, k, type(exc).__name__, text)
+    return ("done", answers)

@@ -49,6 +49,7 @@ import threading
 
 from distlab.checks.course_code import guard_of
 from distlab.checks.messenger import ENV, _recv, _send, run_check
+from distlab.checks.ranks import SubmittedError
 from distlab.runtime import call_guard
 from distlab.runtime.launch import Launcher
 from distlab.grading.judge_channels import Channels
@@ -89,14 +90,6 @@ class Submitted:
             raise SubmittedError(exc.exc_type, f"{self.name} raised {exc.exc_type}:\n"
                                  f"{exc.rank_traceback.rstrip()}") from None
         return out[0]
-
-
-class SubmittedError(Exception):
-    """A student's function raised while a check called it."""
-
-    def __init__(self, exc_type: str, message: str):
-        super().__init__(message)
-        self.exc_type = exc_type
 
 
 def _call(rank: int, world_size: int, fn, args, kwargs):
