@@ -374,7 +374,7 @@ def check_bucket_plan_bar(plan_buckets, seed: int | None = None) -> str:
     return _said(grade_bucket_plan(plan_buckets, seed, "bar"))
 
 
-def _said(verdict: str) -> str:   # printed: under grading only what a check prints reaches the cell
+def _said(verdict: str) -> str:   # printed: the lab's cells end in ";", hidden cases too
     print(verdict)
     return verdict
 
