@@ -543,6 +543,7 @@ def test_visible_tests_and_figures_read_stored_references(solution, monkeypatch)
     lab08.check_zero2_step(solution["Zero2AdamW"], world_size=2)
 
 
+@pytest.mark.stored_data
 def test_design_peaks_follow_the_shapes_not_the_seed():
     # a hidden case (4 ranks, a fresh seed) reads the 4-rank peaks stored once
     # (lab08_design.stored_peaks), not measured per student: they must not depend on the seed

@@ -287,7 +287,7 @@ def test_the_scale_separates_the_hinted_design_from_the_bar():
     assert len(sizes) == 7
     for p, s in sizes:
         bars = lab10_layout.layout_bars(s, p)
-        assert bars["bound"] < bars["better"] < bars["hinted"]
+        assert bars["bound"] < bars["bar"] < bars["hinted"]
         assert context.layout.critical_path(answers.causal_layout(s, p)) == bars["bound"]
         assert context.layout.critical_path(context.contiguous_layout(s, p)) > bars["hinted"]
 

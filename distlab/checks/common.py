@@ -32,6 +32,13 @@ NAN_SHARD_HINT = ("NaN in your result: each rank receives the dense module with 
                   "this rank's shard and combine the partial results with collectives.")
 
 
+def design_scale(hinted: float, bound: float) -> dict[str, float]:
+    """An open design exercise graded on a scale (CONTRIBUTING, "A lab"): its first test's limit,
+    the hinted design's figure; its second's, the bar halfway from there to the bound; and the
+    bound no design beats. Each verdict shows the student's figure beside all three."""
+    return {"hinted": hinted, "bar": (hinted + bound) / 2, "bound": bound}
+
+
 def nan_hint(got, expected, hint: str) -> str:
     """``hint``, preceded by NAN_SHARD_HINT when ``got`` holds NaN where ``expected`` has none."""
     if (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)

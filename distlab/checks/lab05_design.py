@@ -24,6 +24,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.common import design_scale
 from distlab.checks.lab05_messages import course_value
 from distlab.labs.pipeline import measured_bubble, recorded_orders, replay
 from distlab.labs.pipeline_bubble import budget_bound, idle_per_stage
@@ -144,15 +145,9 @@ def bubble_budget_of(world_size: int, num_microbatches: int, max_in_flight: int,
                      stored=VISIBLE_DESIGN)
 
 
-def bar_of(hinted: float, bound: float) -> float:
-    """The design exercise's second test: halfway from the hinted design's bubble to the bound."""
-    return hinted - (hinted - bound) / 2
-
-
 def figures(p: int, m: int, k: int, visible: bool) -> dict[str, float]:
     """The bubbles a student's is shown beside: the hinted design's, the bar and the bound."""
-    hinted, bound = bubble_budget_of(p, m, k, visible), budget_bound(p, m, k)
-    return {"hinted": hinted, "bar": bar_of(hinted, bound), "bound": bound}
+    return design_scale(bubble_budget_of(p, m, k, visible), budget_bound(p, m, k))
 
 
 def _sent(world_size, num_microbatches, max_in_flight, batch, hidden, visible) -> list[int]:

@@ -22,6 +22,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.common import design_scale
 from distlab.checks.ranks import run_each_backend
 from distlab.labs.timelines.buckets import (BucketProblem, bucketed_dp_grads, exposed,
                                             problem_for, problem_from_timeline, replay_buckets)
@@ -56,8 +57,7 @@ def hinted_exposed(problem: BucketProblem) -> float:
 
 def bars(problem: BucketProblem) -> dict[str, float]:
     """The scale: the hinted designs' wait, the bar halfway from it to the bound, the bound."""
-    hinted, bound = hinted_exposed(problem), _best_exposed(problem)
-    return {"hinted": hinted, "bar": bound + (hinted - bound) / 2, "bound": bound}
+    return design_scale(hinted_exposed(problem), _best_exposed(problem))
 
 
 def bucket_set(timeline) -> dict:

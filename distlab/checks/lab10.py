@@ -276,7 +276,7 @@ def check_causal_layout_better(causal_layout, sizes=((4, 64),)) -> None:
     """The same, the critical path at most halfway from the hinted design's to the bound."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_causal_layout
-    print(grade_causal_layout(causal_layout, sizes, "better"))
+    print(grade_causal_layout(causal_layout, sizes, "bar"))
 
 
 def check_penalty_prediction(predict_contiguous_penalty, seed: int | None = None) -> None:

@@ -18,6 +18,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.common import design_scale
 from distlab.checks.stored import expected_values
 from distlab.labs.context.layout import (contiguous_layout, critical_path, ideal_path, penalty,
                                          striped_layout)
@@ -97,9 +98,8 @@ def grade_penalty_prediction(predict, seed: int | None = None) -> str:
 def layout_bars(seq_len: int, world_size: int) -> dict:
     """Critical paths (score pairs) of the scale: the hinted design's (dealt like cards), the
     bar halfway from it to the bound, and the bound (the ideal)."""
-    hinted = critical_path(striped_layout(seq_len, world_size))
-    bound = ideal_path(seq_len, world_size)
-    return {"hinted": hinted, "better": (hinted + bound) / 2, "bound": bound}
+    return design_scale(critical_path(striped_layout(seq_len, world_size)),
+                        ideal_path(seq_len, world_size))
 
 
 def grade_causal_layout(causal_layout, sizes, bar: str) -> str:
@@ -126,7 +126,7 @@ def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> str:
     def times(x: float) -> str:
         return f"{x:,.0f} ({x / bars['bound']:.3f}× ideal)"
     figures = (f"critical path {times(mine)}; dealt like cards (the hinted design) "
-               f"{times(bars['hinted'])}, bar halfway to the bound {times(bars['better'])}, "
+               f"{times(bars['hinted'])}, bar halfway to the bound {times(bars['bar'])}, "
                f"bound (ideal) {times(bars['bound'])}")
     if mine > bars[bar]:
         advice = ("Give every rank cheap (early) and expensive (late) positions alike."

@@ -86,13 +86,15 @@ def _alive(pid: int) -> bool:
     return st is not None and st[1] not in "ZX"   # a zombie has freed its memory and children
 
 
-def descendants(pid: int) -> list[int]:
-    """The living (not zombie) descendants of `pid`, parents before their children."""
+def descendants(pid: int, exited: bool = False) -> list[int]:
+    """The living (not zombie) descendants of `pid`, parents before their children; with
+    ``exited``, those that have exited but are not reaped yet too (their CPU time is still
+    theirs, not yet their parent's)."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             st = _stat(entry.name)
-            if st is not None and st[1] not in "ZX":
+            if st is not None and (exited or st[1] not in "ZX"):
                 children.setdefault(st[0], []).append(int(entry.name))
     found, frontier = [], [pid]
     while frontier:

@@ -133,25 +133,17 @@ def _cpu_seconds() -> float:
     parent's once reaped, and was lost in between (a lab's tests then cost more than the lab).
     The difference over a lab is what grading it cost."""
     import resource
+    from distlab.grading.sandbox import descendants
     total = sum(getattr(resource.getrusage(who), field) for who in
                 (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for field in ("ru_utime", "ru_stime"))
-    children: dict[int, list[tuple[int, float]]] = {}
     ticks = os.sysconf("SC_CLK_TCK")
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in descendants(os.getpid(), exited=True):
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
+            with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:   # gone since it was listed: its parent counts it once reaped
             continue
-        spent = sum(int(x) for x in fields[11:15]) / ticks   # utime stime cutime cstime
-        children.setdefault(int(fields[1]), []).append((int(entry.name), spent))
-    frontier = [os.getpid()]
-    while frontier:
-        found = [child for pid in frontier for child in children.get(pid, ())]
-        total += sum(spent for _, spent in found)
-        frontier = [pid for pid, _ in found]
+        total += sum(int(x) for x in fields[11:15]) / ticks   # utime stime cutime cstime
     return total
 
 

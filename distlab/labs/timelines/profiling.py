@@ -64,11 +64,8 @@ def profile_ranks(make_step: Callable, world_size: int, *args, steps: int = 3, w
     """Run ``make_step(rank, world_size, *args)`` on fresh ranks; it returns ``step()``, one
     training step. ``warmup`` steps run unrecorded, then ``steps`` steps under torch.profiler,
     each inside a range named "step". Returns the traces and their merged timeline."""
-    from distlab import run
-    out = run(_profiled_rank, world_size, make_step, args, steps, warmup, backend=backend,
-              timeout=timeout)
-    return Profile(list(out), merge_traces(list(out), label=label))
-
+    return profile_many({label: (make_step, args)}, world_size, steps, warmup, backend,
+                        timeout)[label]
 
 
 
