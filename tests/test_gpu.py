@@ -285,7 +285,7 @@ def test_doctor_names_the_gpus(capsys):
     assert "nccl" in next(line for line in text.splitlines() if "backends" in line)
     # NCCL is smoke-tested on as many ranks as there are GPUs, up to 2: with one GPU, "auto" runs
     # every 1-rank call on NCCL, so the doctor checks that much.
-    assert re.search(rf"{min(GPUS, 2)}-rank NCCL all-reduce\s+ok", text), text
+    assert re.search(rf"{min(GPUS, 2)}-rank NCCL collectives\s+ok", text), text
     assert "OK: ready for the labs." in text
 
 

@@ -318,3 +318,22 @@ def test_feedback_exporter_compiles_its_templates_once_and_writes_the_same_page(
     again, _ = nbgrader_plugins.FeedbackExporter().from_notebook_node(nb)
     assert plain == first == again
     assert compiled == []   # every template came from the first exporter's compilation
+
+
+def test_a_failed_autograde_is_flagged_with_its_cause_not_nbgraders_last_line():
+    """nbgrader ends every failed autograde with "Please see the the above traceback"; the flag an
+    instructor reads names the exception above it (on an H100 the flag said nothing more)."""
+    from distlab.grading.worker import autograde_cause
+    log = "\n".join([
+        "[AutogradeApp | INFO] Sanitizing /work/submitted/alice/01_collectives/01_collectives.ipynb",
+        "[AutogradeApp | ERROR] There was an error processing assignment: /work/submitted/alice",
+        "Traceback (most recent call last):",
+        '  File "/site/nbclient/client.py", line 600, in start_new_kernel',
+        "RuntimeError: Kernel died before replying to kernel_info",
+        "",
+        "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details "
+        "on the specific errors on the above failures."])
+    assert autograde_cause(log) == "RuntimeError: Kernel died before replying to kernel_info"
+    only = "nbgrader.converters.base.NbGraderException: Please see the the above traceback"
+    assert autograde_cause(only) == only           # nothing better: the line itself, not nothing
+    assert autograde_cause(None) == "no log"

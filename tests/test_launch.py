@@ -158,6 +158,31 @@ def test_receive_buffer_of_the_wrong_size_is_named():
         distlab.run(fn, 2, timeout=60)
 
 
+def test_a_message_of_the_same_elements_in_another_shape_is_delivered():
+    """The transport matches elements and dtype, not shapes: torch 2.11's pipelining sends a 0-d
+    tensor that its peer receives into shape [1] (seen on an H100, bench/reports/gpu-2026-11-27-*)."""
+    def fn(rank, world_size):
+        if rank == 0:
+            dist.send(torch.tensor(3.5), 1)
+            return None
+        got = torch.zeros(1)
+        dist.recv(got, 0)
+        return got.item()
+
+    assert distlab.run(fn, 2, timeout=60) == [None, 3.5]
+
+
+def test_a_message_of_another_dtype_is_named():
+    def fn(rank, world_size):
+        if rank == 0:
+            dist.send(torch.zeros(4), 1)
+        else:
+            dist.recv(torch.zeros(4, dtype=torch.float64), 0)
+
+    with pytest.raises(HangError, match=r"rank 0 sends \[4\] float32 .* rank 1 receives into \[4\] float64"):
+        distlab.run(fn, 2, timeout=60)
+
+
 def test_waiting_on_a_rank_that_returned_fails_at_once():
     def fn(rank, world_size):
         if rank == 1:

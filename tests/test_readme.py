@@ -230,7 +230,7 @@ def test_setup_commands(course):
     assert "formgrader | extension was successfully loaded" not in printed, printed[-3000:]
     assert "assignment_list | extension was successfully loaded" in printed   # (what it said)
     out = sh(doctor, course, timeout=300).stdout
-    assert re.search(r"2-rank gloo all-reduce\s+ok", out) and "OK: ready for the labs." in out, out
+    assert re.search(r"2-rank gloo collectives\s+ok", out) and "OK: ready for the labs." in out, out
     (course / "demo.py").write_text(readme_python_example())
     sh(torchrun, course, timeout=300)
 

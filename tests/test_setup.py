@@ -58,7 +58,24 @@ def test_doctor_runs_the_smoke_test():
     done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "distlab"), "doctor"],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2-rank gloo all-reduce ok" in done.stdout
+    assert re.search(r"2-rank gloo collectives\s+ok", done.stdout), done.stdout
+
+
+def test_doctor_names_what_an_older_torch_lacks(monkeypatch):
+    """torch 2.11 (an H100's image, bench/reports/gpu-2026-11-27-1813-vm.md) lacked the tensor
+    collectives the labs call; the doctor says so and names the pinned version to install."""
+    import torch
+    import torch.distributed as dist
+    from distlab.course import doctor
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pin = next(d for d in tomllib.load(f)["project"]
+                   ["dependencies"] if d.startswith("torch=="))
+    assert doctor._pinned_torch() == pin.split("==")[1]
+    assert doctor._torch_problem(torch, dist) is None
+    monkeypatch.delattr(dist, "reduce_scatter_single")
+    problem = doctor._torch_problem(torch, dist)
+    assert "torch.distributed.reduce_scatter_single" in problem and pin in problem
+    assert "all_gather_single" not in problem
 
 
 def test_doctor_fails_with_what_to_fix():

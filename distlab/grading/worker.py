@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -238,6 +239,20 @@ def _kernel_env(folders: dict[str, Path]) -> dict[str, str]:
             "XDG_CACHE_HOME": str(scratch / "cache")}
 
 
+# nbgrader ends a failed autograde with this line, after the traceback that says why
+_GENERIC = "Please see the the above traceback"
+_RAISED = re.compile(r"^\s*([\w.]+(Error|Exception|Exit|Interrupt)|\[\w+ \| ERROR\])\b")
+
+
+def autograde_cause(log: str | None) -> str:
+    """The line of nbgrader's log that says why autograde failed: the last exception (or ERROR
+    record) before its closing "see the above traceback", which alone tells an instructor
+    nothing (seen on an H100 with torch 2.11: bench/reports/gpu-2026-11-27-1813-vm.md)."""
+    lines = [line.strip() for line in (log or "").splitlines() if line.strip()]
+    causes = [line for line in lines if _RAISED.match(line) and _GENERIC not in line]
+    return (causes or lines or ["no log"])[-1][-300:]
+
+
 def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict:
     """nbgrader autograde, then the judge's record overrides what the kernel showed, then
     feedback (the lab folder's files up to its limit); one result row."""
@@ -250,8 +265,7 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict
            "messages": {}, "points": {}, "flags": [], "feedback": ""}
     graded = api.autograde(lab, student, force=True, create=True)
     if not graded["success"]:
-        last = [line for line in (graded.get("error") or "").splitlines() if line.strip()][-1:]
-        row["flags"].append("nbgrader autograde failed: " + " ".join(last)[-300:])
+        row["flags"].append("nbgrader autograde failed: " + autograde_cause(graded.get("error")))
     nb_path = root / "autograded" / student / lab / f"{lab}.ipynb"
     nb = nbformat.read(nb_path, as_version=4) if nb_path.exists() else None
     cells = {c.metadata.nbgrader["grade_id"]: c for c in (nb.cells if nb else [])

@@ -8,6 +8,7 @@ rank that has already returned, and (3) when the time is up, what every rank was
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 
 from distlab.runtime.comms import POINT_TO_POINT, SAME_SHAPE_OPS, Comm
@@ -70,18 +71,25 @@ def find_mismatch(states: list[RankState], new: Comm) -> str | None:
     return None
 
 
+def _wire(comm: Comm) -> tuple:
+    """What a send or receive moves: its elements and dtype. The transport matches bytes, not
+    shapes, so a 0-d tensor received into shape [1] is a correct message (torch 2.11's own
+    pipelining sends one so); a different count or dtype is not."""
+    return sum(math.prod(s) for s in comm.shapes), comm.dtype
+
+
 def _p2p_mismatch(states: list[RankState], new: Comm) -> str | None:
     if new.peer is None or not 0 <= new.peer < len(states):
         return None
     want = "recv" if new.op.lstrip("i") == "send" else "send"
     twin = next((c for c in states[new.peer].comms if c.op.lstrip("i") == want
                  and c.peer == new.rank and c.seq == new.seq), None)
-    if twin is not None and (twin.shapes, twin.dtype) != (new.shapes, new.dtype):
+    if twin is not None and _wire(twin) != _wire(new):
         sender, receiver = (new, twin) if want == "recv" else (twin, new)
         return (f"rank {sender.rank} sends {list(sender.shapes[0]) if sender.shapes else []} "
                 f"{sender.dtype} ({_short(sender)}) but rank {receiver.rank} receives into "
                 f"{list(receiver.shapes[0]) if receiver.shapes else []} {receiver.dtype} "
-                f"({_short(receiver)}). A receive buffer must match the message exactly.")
+                f"({_short(receiver)}). A receive buffer must hold exactly the message's elements, of its dtype.")
     return None
 
 

@@ -121,8 +121,10 @@ def compare_training(task: ToyTask = ToyTask(), aux_weight: float = 0.3, aux_los
             raise ValueError(f"the toy's block from your moe_forward needs top-1 routing "
                              f"(k = 1, got {task.k}): a dropped assignment is then its token's "
                              f"only one, so your capacity_mask's keep masks the layer's output")
+        # The toy's tensors live on the CPU: one gloo rank, GPUs or not ("auto" would pick NCCL
+        # on a machine with a GPU, whose collectives refuse CPU tensors; seen on an H100).
         runs = distlab.run(_runs_on_rank, 1, task, aux_weight, aux_loss, capacity_mask,
-                           moe_forward)[0]
+                           moe_forward, backend="gloo")[0]
     else:
         runs = {"without": train(task, 0.0), "with": train(task, aux_weight, aux_loss)}
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.2),
