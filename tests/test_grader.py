@@ -321,19 +321,24 @@ def test_feedback_exporter_compiles_its_templates_once_and_writes_the_same_page(
 
 
 def test_a_failed_autograde_is_flagged_with_its_cause_not_nbgraders_last_line():
-    """nbgrader ends every failed autograde with "Please see the the above traceback"; the flag an
-    instructor reads names the exception above it (on an H100 the flag said nothing more)."""
+    """nbgrader's autograde result ("log": its log records, "error": the traceback of its own
+    closing exception) ends with "Please see the the above traceback"; the flag an instructor
+    reads names the exception in the log (on an H100 the flag said nothing more)."""
     from distlab.grading.worker import autograde_cause
+    generic = ("nbgrader.converters.base.NbGraderException: Please see the the above traceback "
+               "for details on the specific errors on the above failures.")
     log = "\n".join([
-        "[AutogradeApp | INFO] Sanitizing /work/submitted/alice/01_collectives/01_collectives.ipynb",
-        "[AutogradeApp | ERROR] There was an error processing assignment: /work/submitted/alice",
-        "Traceback (most recent call last):",
+        "[INFO] Sanitizing /work/submitted/alice/01_collectives/01_collectives.ipynb",
+        "[ERROR] There was an error processing assignment: /work/submitted/alice/01_collectives",
+        "[ERROR] Traceback (most recent call last):",
         '  File "/site/nbclient/client.py", line 600, in start_new_kernel',
         "RuntimeError: Kernel died before replying to kernel_info",
-        "",
-        "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details "
-        "on the specific errors on the above failures."])
-    assert autograde_cause(log) == "RuntimeError: Kernel died before replying to kernel_info"
-    only = "nbgrader.converters.base.NbGraderException: Please see the the above traceback"
-    assert autograde_cause(only) == only           # nothing better: the line itself, not nothing
-    assert autograde_cause(None) == "no log"
+        "[ERROR] Please see the the above traceback for details on the specific errors on the "
+        "above failures."])
+    error = "Traceback (most recent call last):\n  File \"api.py\", line 1, in capture_log\n" + generic
+    assert autograde_cause({"log": log, "error": error}) == \
+        "RuntimeError: Kernel died before replying to kernel_info"
+    records = "[INFO] Converting\n[ERROR] Kernel does not exist: python3"
+    assert autograde_cause({"log": records, "error": generic}) == "[ERROR] Kernel does not exist: python3"
+    assert autograde_cause({"error": generic}) == generic   # nothing better: that line, not nothing
+    assert autograde_cause({}) == "no log"

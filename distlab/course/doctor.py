@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         _line("2-rank gloo collectives", "ok" if error is None else "FAILED")
         if error:
             ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-            fix = (f" GLOO_SOCKET_IFNAME={ifname} is set: unset it or name an interface that "
+            fix = (" This torch's gloo lacks a collective the labs call: install the course's "
+                   "torch (`make setup`)." if "does not support" in error else
+                   f" GLOO_SOCKET_IFNAME={ifname} is set: unset it or name an interface that "
                    f"exists (`ip addr`)." if ifname else
                    " Check that this machine can open TCP connections to 127.0.0.1.")
             problems.append(f"the gloo smoke test failed.{fix}\n    {error.splitlines()[0]}")

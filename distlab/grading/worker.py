@@ -239,18 +239,22 @@ def _kernel_env(folders: dict[str, Path]) -> dict[str, str]:
             "XDG_CACHE_HOME": str(scratch / "cache")}
 
 
-# nbgrader ends a failed autograde with this line, after the traceback that says why
+# nbgrader ends a failed autograde with this line, after the log records that say why
 _GENERIC = "Please see the the above traceback"
-_RAISED = re.compile(r"^\s*([\w.]+(Error|Exception|Exit|Interrupt)|\[\w+ \| ERROR\])\b")
+_RAISED = re.compile(r"^\s*[\w.]+(Error|Exception|Exit|Interrupt)\b")
 
 
-def autograde_cause(log: str | None) -> str:
-    """The line of nbgrader's log that says why autograde failed: the last exception (or ERROR
-    record) before its closing "see the above traceback", which alone tells an instructor
-    nothing (seen on an H100 with torch 2.11: bench/reports/gpu-2026-11-27-1813-vm.md)."""
-    lines = [line.strip() for line in (log or "").splitlines() if line.strip()]
-    causes = [line for line in lines if _RAISED.match(line) and _GENERIC not in line]
-    return (causes or lines or ["no log"])[-1][-300:]
+def autograde_cause(graded: dict) -> str:
+    """The line of nbgrader's result that says why autograde failed: the last exception in its
+    log (where nbgrader's converter wrote the traceback), else its last ERROR record, never the
+    closing "see the above traceback" of its own exception alone, which tells an instructor
+    nothing (seen on an H100: bench/reports/gpu-2026-11-27-1813-vm.md)."""
+    text = "\n".join(filter(None, [graded.get("log"), graded.get("error")]))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    useful = [line for line in lines if _GENERIC not in line]
+    causes = ([line for line in useful if _RAISED.match(line)]
+              or [line for line in useful if line.startswith("[ERROR]")] or lines or ["no log"])
+    return causes[-1][-300:]
 
 
 def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict:
@@ -265,7 +269,7 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict
            "messages": {}, "points": {}, "flags": [], "feedback": ""}
     graded = api.autograde(lab, student, force=True, create=True)
     if not graded["success"]:
-        row["flags"].append("nbgrader autograde failed: " + autograde_cause(graded.get("error")))
+        row["flags"].append("nbgrader autograde failed: " + autograde_cause(graded))
     nb_path = root / "autograded" / student / lab / f"{lab}.ipynb"
     nb = nbformat.read(nb_path, as_version=4) if nb_path.exists() else None
     cells = {c.metadata.nbgrader["grade_id"]: c for c in (nb.cells if nb else [])
