@@ -342,3 +342,23 @@ def test_a_failed_autograde_is_flagged_with_its_cause_not_nbgraders_last_line():
     assert autograde_cause({"log": records, "error": generic}) == "[ERROR] Kernel does not exist: python3"
     assert autograde_cause({"error": generic}) == generic   # nothing better: that line, not nothing
     assert autograde_cause({}) == "no log"
+
+
+def test_a_kernel_that_dies_at_its_start_is_flagged_with_its_own_error(tmp_path, monkeypatch):
+    """On an H100 whose packages sat on PYTHONPATH outside the Python installation, the graded
+    kernel could not read them and died: the flag repeats the kernel's own last line."""
+    import sys
+    from distlab.grading.worker import kernel_start_error
+    broken = tmp_path / "path"
+    broken.mkdir()
+    (broken / "ipykernel_launcher.py").write_text("import ipykernel_is_unreadable_here\n")
+    spec = tmp_path / "jupyter" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "env": {"PYTHONPATH": str(broken)}}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    said = kernel_start_error()
+    assert "No module named 'ipykernel_is_unreadable_here'" in said and "PYTHONPATH" in said
+    (broken / "ipykernel_launcher.py").write_text("")
+    assert kernel_start_error() == ""   # a kernel that starts: nothing to add

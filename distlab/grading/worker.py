@@ -257,6 +257,26 @@ def autograde_cause(graded: dict) -> str:
     return causes[-1][-300:]
 
 
+def kernel_start_error() -> str:
+    """Why the graded kernel dies at its start, from its own stderr: its spec's command (the
+    confinement included) importing the kernel alone. A package the kernel needs outside the
+    Python installation, on PYTHONPATH, is unreadable to it (``readable_to_students``)."""
+    import subprocess
+    spec = json.loads(Path(os.environ["JUPYTER_PATH"], "kernels", "python3",
+                           "kernel.json").read_text())
+    argv = spec["argv"][:spec["argv"].index("ipykernel_launcher") - 1]
+    try:
+        done = subprocess.run([*argv, "-c", "import ipykernel_launcher"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **spec["env"]})
+    except subprocess.TimeoutExpired:
+        return " (its start, tried again alone, took over 120 s)"
+    last = [line for line in done.stderr.splitlines() if line.strip()][-1:]
+    if done.returncode == 0 or not last:
+        return ""
+    return (f" (tried alone, the kernel's start says: {last[0].strip()[:200]}; the graded kernel "
+            f"reads only the Python installation's folders, not PYTHONPATH's others)")
+
+
 def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict:
     """nbgrader autograde, then the judge's record overrides what the kernel showed, then
     feedback (the lab folder's files up to its limit); one result row."""
@@ -269,7 +289,10 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict
            "messages": {}, "points": {}, "flags": [], "feedback": ""}
     graded = api.autograde(lab, student, force=True, create=True)
     if not graded["success"]:
-        row["flags"].append("nbgrader autograde failed: " + autograde_cause(graded))
+        cause = autograde_cause(graded)
+        if "Kernel died" in cause:
+            cause += kernel_start_error()
+        row["flags"].append("nbgrader autograde failed: " + cause)
     nb_path = root / "autograded" / student / lab / f"{lab}.ipynb"
     nb = nbformat.read(nb_path, as_version=4) if nb_path.exists() else None
     cells = {c.metadata.nbgrader["grade_id"]: c for c in (nb.cells if nb else [])
