@@ -324,7 +324,7 @@ def test_a_failed_autograde_is_flagged_with_its_cause_not_nbgraders_last_line():
     """nbgrader's autograde result ("log": its log records, "error": the traceback of its own
     closing exception) ends with "Please see the the above traceback"; the flag an instructor
     reads names the exception in the log (on an H100 the flag said nothing more)."""
-    from distlab.grading.worker import autograde_cause
+    from distlab.grading.worker import nbgrader_cause
     generic = ("nbgrader.converters.base.NbGraderException: Please see the the above traceback "
                "for details on the specific errors on the above failures.")
     log = "\n".join([
@@ -336,12 +336,12 @@ def test_a_failed_autograde_is_flagged_with_its_cause_not_nbgraders_last_line():
         "[ERROR] Please see the the above traceback for details on the specific errors on the "
         "above failures."])
     error = "Traceback (most recent call last):\n  File \"api.py\", line 1, in capture_log\n" + generic
-    assert autograde_cause({"log": log, "error": error}) == \
+    assert nbgrader_cause({"log": log, "error": error}) == \
         "RuntimeError: Kernel died before replying to kernel_info"
     records = "[INFO] Converting\n[ERROR] Kernel does not exist: python3"
-    assert autograde_cause({"log": records, "error": generic}) == "[ERROR] Kernel does not exist: python3"
-    assert autograde_cause({"error": generic}) == generic   # nothing better: that line, not nothing
-    assert autograde_cause({}) == "no log"
+    assert nbgrader_cause({"log": records, "error": generic}) == "[ERROR] Kernel does not exist: python3"
+    assert nbgrader_cause({"error": generic}) == generic   # nothing better: that line, not nothing
+    assert nbgrader_cause({}) == "no log"
 
 
 def test_a_kernel_that_dies_at_its_start_is_flagged_with_its_own_error(tmp_path, monkeypatch):

@@ -244,11 +244,11 @@ _GENERIC = "Please see the the above traceback"
 _RAISED = re.compile(r"^\s*[\w.]+(Error|Exception|Exit|Interrupt)\b")
 
 
-def autograde_cause(graded: dict) -> str:
-    """The line of nbgrader's result that says why autograde failed: the last exception in its
-    log (where nbgrader's converter wrote the traceback), else its last ERROR record, never the
-    closing "see the above traceback" of its own exception alone, which tells an instructor
-    nothing (seen on an H100: bench/reports/gpu-2026-11-27-1813-vm.md)."""
+def nbgrader_cause(graded: dict) -> str:
+    """The line of an nbgrader result (autograde's, feedback's) that says why it failed: the last
+    exception in its log (where nbgrader's converter wrote the traceback), else its last ERROR
+    record, never the closing "see the above traceback" of its own exception alone, which tells
+    an instructor nothing (seen on an H100: bench/reports/gpu-2026-11-27-1813-vm.md)."""
     text = "\n".join(filter(None, [graded.get("log"), graded.get("error")]))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     useful = [line for line in lines if _GENERIC not in line]
@@ -289,7 +289,7 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict
            "messages": {}, "points": {}, "flags": [], "feedback": ""}
     graded = api.autograde(lab, student, force=True, create=True)
     if not graded["success"]:
-        cause = autograde_cause(graded)
+        cause = nbgrader_cause(graded)
         if "Kernel died" in cause:
             cause += kernel_start_error()
         row["flags"].append("nbgrader autograde failed: " + cause)
@@ -311,7 +311,7 @@ def _grade_lab(api, root: Path, student: str, lab: str, judge, settings) -> dict
     if html.exists():
         row["feedback"] = str(html)
     elif feedback.get("success") is False:
-        row["flags"].append("feedback not generated")
+        row["flags"].append("feedback not generated: " + nbgrader_cause(feedback))
     return row
 
 
