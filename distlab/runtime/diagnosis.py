@@ -89,7 +89,8 @@ def _p2p_mismatch(states: list[RankState], new: Comm) -> str | None:
         return (f"rank {sender.rank} sends {list(sender.shapes[0]) if sender.shapes else []} "
                 f"{sender.dtype} ({_short(sender)}) but rank {receiver.rank} receives into "
                 f"{list(receiver.shapes[0]) if receiver.shapes else []} {receiver.dtype} "
-                f"({_short(receiver)}). A receive buffer must hold exactly the message's elements, of its dtype.")
+                f"({_short(receiver)}). A receive buffer must hold exactly the message's "
+                f"elements, of its dtype.")
     return None
 
 
