@@ -225,3 +225,18 @@ def test_a_graded_feedback_shows_the_figures_of_every_case_and_why_one_did_not_r
                "check_data_parallel_step above (fail)" in line and "fresh_seed" not in line, line
     assert all(": pass: " in line and "max abs error" in line
                for line in listed["test_bucketed_all_reduce"]), listed["test_bucketed_all_reduce"]
+
+
+def test_every_passing_case_of_every_lab_shows_what_it_verified(graded_samples):
+    """Issue 42, item 5: graded with the reference answers, no case of any lab says only "passed
+    (this check compared nothing it can show)": each shows the figures it verified."""
+    from distlab.course import notebooks
+    silent = {}
+    for lab in notebooks.labs():
+        _, listed = _feedback_cases(graded_samples, ("solution", lab))
+        assert listed, f"{lab}: the solution's feedback lists no cases"
+        quiet = [line for lines in listed.values() for line in lines
+                 if "compared nothing it can show" in line]
+        if quiet:
+            silent[lab] = quiet
+    assert not silent, silent
