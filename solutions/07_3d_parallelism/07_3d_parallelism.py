@@ -808,10 +808,10 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 # only the lightest axis, and how do you return its grid as `(pp, dp, tp)`?
 # </details>
 #
-# The budget is a bound, not a bar to beat: it is the least that any of the six orders of the
-# three dimensions sends across nodes (the course's tests compute all six, for the visible mesh
-# and every hidden one), and the course's placement reaches it. So this exercise has one graded
-# level: a placement that meets the budget is as good as an order of the dimensions can be.
+# The budget is a bound, not a bar to beat: it is the least that any placement sends across
+# nodes, computed by trying every way to put the coordinates on the nodes (35 for the visible
+# mesh, 3 for each hidden one), not only the six orders of the dimensions. So this exercise has
+# one graded level: a placement that meets the budget is as good as any placement can be here.
 
 # %% nbgrader={"grade": false, "grade_id": "placement_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(f"{MeshShape(pp=2, dp=2, tp=2)} on 2 nodes of 4: at most {placement_budget():.0f} bytes per "
