@@ -73,13 +73,14 @@ def _calls(shape: MeshShape, cfg: TinyConfig) -> list[tuple[tuple, float]]:
     """(the coordinates a call involves, the bytes all its ranks send in one step), by the
     formulas: each TP and DP group's collectives, and each pair of neighbouring stages' sends
     (activations forward, their gradients back), as ``cross_node_bytes`` counts them."""
-    cells = list(itertools.product(range(shape.pp), range(shape.dp), range(shape.tp)))
-    sent = {c: formula_traffic(shape, cfg, megatron_layout(shape)[c[0]][c[1]][c[2]]) for c in cells}
+    sizes, rank_at = (shape.pp, shape.dp, shape.tp), megatron_layout(shape)
+    cells = list(itertools.product(*map(range, sizes)))
+    sent = {c: formula_traffic(shape, cfg, rank_at[c[0]][c[1]][c[2]]) for c in cells}  # by stage
     calls = []
     for i, axis in ((1, "dp"), (2, "tp")):
         for c in cells:
-            if c[i] == 0:
-                group = tuple(c[:i] + (k,) + c[i + 1:] for k in range((shape.dp, shape.tp)[i - 1]))
+            if c[i] == 0:                                  # the group along ``axis`` through c
+                group = tuple(c[:i] + (k,) + c[i + 1:] for k in range(sizes[i]))
                 calls.append((group, sum(sent[g][axis] for g in group)))
     for c in cells:
         if c[0] + 1 < shape.pp:
