@@ -868,6 +868,7 @@ print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks 
 # to be tried under all three, and exercise 6's visible mesh, where only the outermost of three
 # axes crosses nodes. Everything else runs on fewer: exercise 4's visible run on TP=2 (2 ranks),
 # exercise 6's hidden mesh on 4 ranks on nodes of 2, and the single-process references on one
-# thread. Graded beside the previous version on the same busy machine (load average 18–20, two
+# thread. Exercise 6's runs train two steps, not three: the bytes graded are the second step's,
+# the first after set-up, and its loss already shows an update. Graded beside the previous version on the same busy machine (load average 18–20, two
 # runs each): 115 s and 45 CPU-s before, 85 s and 38 CPU-s after
 # (`python bench/grading_phases.py --lab 07_3d_parallelism --cells --runs` gives each test's share).
