@@ -648,14 +648,20 @@ def test_formula_traffic_is_what_the_records_hold(traced_3d):
 
 
 @pytest.mark.parametrize("triple", [(2, 2, 2), *lab07_design.HIDDEN_TRIPLES])
-def test_budget_is_the_least_of_every_order_of_the_mesh(triple):
-    """The design's budget, the course's layout's bytes across nodes (by the formulas), is the
-    least of the six row-major orders of the dimensions; TP across nodes is over it."""
+def test_budget_is_the_least_of_every_placement_of_the_mesh(triple):
+    """The design's budget, the least bytes across nodes (by the formulas) of every placement of
+    the coordinates on the nodes, is what the course's layout sends and the least of the six
+    row-major orders of the dimensions; TP across nodes is over it."""
     import itertools
     shape, cfg = MeshShape(*triple), TinyConfig()
     per_node = 4 if shape.world_size == 8 else lab07_design.HIDDEN_PER_NODE
     sizes = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp}
     budget, crossing = lab07_design._budget(shape, per_node, cfg), {}
+    least, tried = lab07_design.least_crossing(shape, per_node, cfg)
+    nodes = shape.world_size // per_node                       # every set partition into nodes
+    assert tried == math.factorial(shape.world_size) // (
+        math.factorial(per_node) ** nodes * math.factorial(nodes))
+    assert least == budget
     for order in itertools.permutations(("pp", "dp", "tp")):
         grid = torch.arange(shape.world_size).reshape(*[sizes[a] for a in order])
         layout = grid.permute(*[order.index(a) for a in ("pp", "dp", "tp")]).tolist()
@@ -667,6 +673,35 @@ def test_budget_is_the_least_of_every_order_of_the_mesh(triple):
         assert crossing[("tp", "pp", "dp")] > budget
     if shape.dp > 1 and shape.pp > 1:                 # the planted dp_across_nodes: DP outermost
         assert crossing[("dp", "pp", "tp")] > budget
+
+
+def test_least_crossing_counts_as_the_check_does():
+    """The exhaustive search's cost of a layout is the measured crossing's, by the formulas: on the
+    course's layout and on a placement that is no order of the dimensions (each stage keeps a
+    different axis inside a node), for 8 ranks on 4 nodes of 2, where both axes differ."""
+    shape, cfg = MESH_3D, TinyConfig()
+    calls = lab07_design._calls(shape, cfg)
+    mixed = [[[0, 2], [1, 3]], [[4, 5], [6, 7]]]      # stage 0: DP pairs on a node; stage 1: TP
+    for layout in (megatron_layout(shape), mixed):
+        node_of = {(p, d, t): layout[p][d][t] // 2 for p in range(2) for d in range(2) for t in range(2)}
+        want = sum(lab07_prediction.formula_traffic(shape, cfg, megatron_layout(shape)[p][d][t])[a]
+                   for p in range(2) for d in range(2) for t in range(2)
+                   for a in lab07_design._spanning(layout, layout[p][d][t], 2))
+        assert lab07_design.crossing(calls, node_of) == want
+
+
+def test_check_runs_the_stored_batches_first_steps():
+    """The check's shorter run (CHECK_CFG) trains on the first steps of the batches the stored
+    losses were made from, so those losses' first steps are its reference."""
+    short, full = lab07_design.CHECK_CFG, TinyConfig()
+    assert 2 <= short.steps < full.steps
+    for a, b in zip(make_batches(short, lab07_design.SEED), make_batches(full, lab07_design.SEED)):
+        assert torch.equal(a, b[:short.steps])
+    from distlab.checks.stored import load
+    from distlab.labs.mesh import LOSS_ATOL, LOSS_RTOL
+    stored = load(lab07.LAB, "placement")["losses"]
+    got = reference_losses(short, lab07_design.SEED)
+    assert torch.allclose(got, stored[:short.steps], rtol=LOSS_RTOL, atol=LOSS_ATOL)
 
 
 def test_check_traffic_prediction(sol):
@@ -697,7 +732,8 @@ def test_check_traffic_prediction_catches(mistake, message):
 
 def test_check_mesh_placement(sol):
     line, budget = lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"]), lab07_design.placement_budget()
-    assert f"{budget:.0f} bytes per step cross nodes (budget {budget:.0f}: the course's placement" in line
+    assert f"{budget:.0f} bytes per step cross nodes (budget {budget:.0f}: the least of every " \
+           f"placement of the ranks on nodes" in line
     for seed in (0, 1, 5):                                   # every hidden mesh (4 ranks, nodes of 2)
         lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=seed)
 
@@ -737,6 +773,10 @@ def test_placement_text_names_its_sources():
            f"({P.H100_16x8.inter_node_gbs:.0f} against {P.H100_16x8.intra_node_gbs:.0f} GB/s)" in text
     groups = groups_of(megatron_layout(MESH_3D), 0)
     assert groups == {"pp": (0, 4), "dp": (0, 2), "tp": (0, 1)}
+    tried = [lab07_design.least_crossing(MeshShape(*t), n, TinyConfig())[1]
+             for t, n in [((2, 2, 2), 4), (lab07_design.HIDDEN_TRIPLES[0], lab07_design.HIDDEN_PER_NODE)]]
+    assert f"every way to put the coordinates on the nodes ({tried[0]} for the visible mesh, " \
+           f"{tried[1]} for each hidden one)" in text
 
 
 # ----------------------------------------------------------------------------- graded: each mistake its own test

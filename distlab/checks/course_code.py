@@ -101,7 +101,8 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                 + names(f"{TP}.dtensor", "dtensor_plan")
                 + names("distlab.labs.mesh_traffic", "megatron_layout")
                 + names("distlab.checks.lab07_prediction", "formula_traffic", "_stage_elements")
-                + names("distlab.checks.lab07_design", "_budget"))
+                + names("distlab.checks.lab07_design", "_budget", "least_crossing", "crossing",
+                        "_calls", "_placements"))
 LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_training")
                 + BASELINE
                 + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")
