@@ -36,7 +36,8 @@ def _padded_body(source: str) -> str:
     """The body of the solution's padded_moe_forward (between its solution markers)."""
     start = source.index("    ### BEGIN SOLUTION\n", source.index("def padded_moe_forward("))
     start += len("    ### BEGIN SOLUTION\n")
-    return source[start:source.index("    ### END SOLUTION\n", start)]
+    # as a notebook cell holds it: no newline after the last line
+    return source[start:source.index("    ### END SOLUTION\n", start)].rstrip("\n")
 
 
 SOLVED_PADDED = _padded_body(SOURCE.read_text())
@@ -59,7 +60,7 @@ HINTED_PADDED = (  # Hint 3's layout: expert e's C slots its own, Exercise 3's k
     '    back = torch.empty_like(send)\n'
     '    dist.all_to_all_single(back, out.reshape(-1, h).contiguous(), group=group)\n'
     '    y = x.new_zeros(tokens, h).index_add(0, t, gates[t, j, None] * back[slot])\n'
-    '    return y, keep\n'
+    '    return y, keep'
 )
 
 
@@ -293,8 +294,13 @@ def test_the_hinted_design_passes_the_first_test_not_the_bar():
                                           r"3's design\) drops 6, the bar 3, the bound 0\. This "
                                           r"test's limit is the bar"):
         lab09.check_padded_moe_bar(hinted)
-    verdict = lab09.check_padded_moe_bar(solution_namespace()["padded_moe_forward"])
+    solved = solution_namespace()["padded_moe_forward"]
+    verdict = lab09.check_padded_moe_bar(solved)
     assert "0 of 48 assignments dropped" in verdict and "within the bar" in verdict
+    for seed in (1, 2):     # where the slots run short, the solution reaches the bound too
+        verdict = lab09.check_padded_moe(solved, 4, seed=seed, **HIDDEN)
+        got, bound = re.search(r"(\d+) of 80 assignments dropped.* the bound (\d+)", verdict).groups()
+        assert got == bound, verdict
 
 
 def test_fewest_drops_is_the_least_any_choice_of_rows_drops():

@@ -6,8 +6,8 @@ rows for each destination (C = ⌈c·T·k/E⌉), zeros where no token came. Grad
 on real ranks:
 
 - the collective record: exactly two all-to-alls of floating point (dispatch, combine), each of
-  the fixed size Exercise 4's prediction gives (E·C·h·4 bytes) on every rank, and no other
-  collective at all: no integer (count or size) exchange, no gather;
+  the fixed size the exercise's budget states on every rank, and no other collective at all: no
+  integer (count or size) exchange, no gather;
 - ``keep`` (T, k): every assignment Exercise 3's rule keeps (``reference_keep`` on the rank's
   own tokens) is kept; and on every destination rank (the rank itself included) at most S of
   the rank's tokens have a kept assignment: a row of the fixed buffer carries one token;
@@ -194,8 +194,8 @@ def _check_keep(keep: torch.Tensor, must: torch.Tensor, idx: torch.Tensor, where
                 f"padded_moe_forward: keep on {where}, rank {rank}: {held} of its tokens have a "
                 f"kept assignment on rank {d}, whose (E/p)·C = {rows} rows from this rank carry "
                 f"one token each. A token kept on rank {d} travels there in one of those rows "
-                f"(rank {rank}'s own experts included: capacity bounds what every expert "
-                f"computes).")
+                f"(rank {rank}'s own experts included: capacity bounds what each rank's "
+                f"experts compute).")
 
 
 # One run grades both tests: the first test's figures, by submitted function and problem

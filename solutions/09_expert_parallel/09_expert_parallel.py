@@ -486,7 +486,7 @@ traffic
 # - `keep` (T, k) bool: the assignments kept. Every assignment Exercise 3's rule keeps (per
 #   expert, the first C of this rank's assignments, first choices first, in token order) stays
 #   kept; on each destination rank, itself included, at most S of this rank's tokens have a kept
-#   assignment (a row carries one token; capacity bounds what every expert computes).
+#   assignment (a row carries one token; capacity bounds what each rank's experts compute).
 # - `y` (T, h): $y_t = \sum_j \mathrm{gate}_{tj} \cdot \mathrm{expert}_{i_{tj}}(x_t)$ over the
 #   kept assignments only; a token with none kept gets zeros (the residual carries it).
 #
@@ -606,9 +606,9 @@ print(check_padded_moe_bar(padded_moe_forward))   # the same run, against the ba
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
 print(check_padded_moe_bar(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128,
-                           ffn=12, experts=8, k=2, capacity_factor=1.25))   # the first test's run
+                           ffn=12, experts=8, k=2, capacity_factor=1.25))   # 4 ranks, C rounds up (the first test's run)
 print(check_padded_moe_bar(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6,
-                           ffn=12, experts=4, k=1, capacity_factor=1.0))    # the first test's run
+                           ffn=12, experts=4, k=1, capacity_factor=1.0))    # top-1 (the first test's run)
 ### END HIDDEN TESTS
 
 # %% [markdown]
