@@ -513,9 +513,9 @@ def test_grader_scores_lab9(graded_samples):
                 **{sample: {t for name in group for t in lost(planted[name][0])}
                    for sample, group in packed.items()}}
     assert {name for group in packed.values() for name in group} == set(planted)
-    for student, lost in expected.items():
+    for student, losses in expected.items():
         row = rows[student]
-        assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
+        assert {t for t in GRADED_TESTS if row[t] != "pass"} == losses, (student, row)
     assert float(rows["solution"]["score"]) == float(rows["solution"]["max_score"]) == 15
     assert float(rows["untouched"]["score"]) == 0
 
