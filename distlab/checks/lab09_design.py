@@ -255,6 +255,8 @@ def grade_padded(fn, world_size: int = 2, seed: int | None = None, tokens=12, hi
     key = _run_key(fn, world_size, seed, {**sizes, "factor": capacity_factor})
     if level == "hinted":
         _RUNS.pop(key, None)     # a failed first test leaves no run behind: the bar's runs its own
+        if len(_RUNS) > 8:       # a grading worker's judge serves many notebooks: keep it small
+            _RUNS.clear()
     fig = _RUNS.get(key)
     if fig is None:
         fig = _RUNS[key] = _measure(fn, world_size, seed, sizes, capacity_factor)
