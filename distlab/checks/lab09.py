@@ -11,7 +11,8 @@ experts [r E/p, (r+1) E/p) of one MoE layer (``distlab.labs.experts.moe``):
    num_experts, capacity_factor)`` -> ``(keep, dropped_fraction)`` (Switch Transformer §2.2, eq. 3).
 4. ``predict_all_to_all_bytes(...)``: the graded prediction (``lab09_prediction``).
 5. ``padded_moe_forward(...)``: the open design exercise, a capacity-padded fixed-size
-   all-to-all with no count exchange (``lab09_design``).
+   all-to-all with no count exchange, its dropped assignments graded on a scale in two tests
+   (``lab09_design``).
 6. ``load_balancing_loss(probs, expert_idx, num_experts)``: Switch Transformer §2.2, eq. (4).
 
 The reference is the plain single-process layer on all p T tokens. Tolerance: atol = rtol = 1e-4
@@ -346,21 +347,46 @@ def check_predicted_bytes(predict_all_to_all_bytes, seed: int | None = None) -> 
 
 
 def check_padded_moe(padded_moe_forward, world_size: int = 2, seed: int | None = None, tokens=12,
-                     hidden=8, ffn=16, experts=4, k=2, capacity_factor=1.0) -> None:
-    """The open design exercise: dispatch and combine by one fixed-size all-to-all each, no count
-    exchange; the capacity reference's drops and outputs (``lab09_design``)."""
+                     hidden=8, ffn=16, experts=4, k=2, capacity_factor=1.0) -> str:
+    """The open design exercise, its first test: dispatch and combine by one fixed-size all-to-all
+    each, no count exchange; every assignment Exercise 3's rule keeps kept, the outputs of the
+    kept assignments; drops within Exercise 3's (``lab09_design``). Returns the verdict line:
+    the drops beside Exercise 3's, the bar and the bound."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab09_design import grade_padded
-    grade_padded(padded_moe_forward, world_size, seed, tokens, hidden, ffn, experts, k,
-                 capacity_factor)
+    return grade_padded(padded_moe_forward, world_size, seed, tokens, hidden, ffn, experts, k,
+                        capacity_factor)
+
+
+def check_padded_moe_bar(padded_moe_forward, world_size: int = 2, seed: int | None = None,
+                         tokens=12, hidden=8, ffn=16, experts=4, k=2,
+                         capacity_factor=1.0) -> str:
+    """The open design exercise, its second test: as ``check_padded_moe`` (whose run it reuses),
+    with the drops within the bar, halfway from Exercise 3's rule to the bound."""
+    __tracebackhide__ = True  # noqa: F841
+    from distlab.checks.lab09_design import grade_padded
+    return grade_padded(padded_moe_forward, world_size, seed, tokens, hidden, ffn, experts, k,
+                        capacity_factor, level="bar")
+
+
+def padded_scale() -> str:
+    """The design's scale for the visible case, as stored (the lab prints it before the tests)."""
+    from distlab.checks.stored import load
+    hinted, bar, bound = load(LAB, "padded")["scale"].tolist()
+    return (f"2 ranks, T = {SHAPE['tokens']}, E = {SHAPE['experts']}, k = {SHAPE['k']}, c = "
+            f"{STORED_FACTOR}: {2 * SHAPE['tokens'] * SHAPE['k']} assignments; Exercise 3's rule "
+            f"drops {hinted:g} (the first test's limit), the bar {bar:g} (the second's), the "
+            f"bound {bound:g}")
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB9_SHIPPED, CourseCode, names  # noqa: E402
 COURSE_CODE = dict.fromkeys(["check_dispatch", "check_moe_layer", "check_capacity",
-                             "check_aux_loss", "check_predicted_bytes", "check_padded_moe"],
+                             "check_aux_loss", "check_predicted_bytes", "check_padded_moe",
+                             "check_padded_moe_bar"],
                             CourseCode(forbidden=LAB9_SHIPPED
                                        + names("distlab.checks.lab09_prediction", "_a2a_bytes")
-                                       + names("distlab.checks.lab09_design", "padded_reference")))
+                                       + names("distlab.checks.lab09_design", "padded_reference",
+                                             "fewest_drops")))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

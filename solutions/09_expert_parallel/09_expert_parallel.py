@@ -49,7 +49,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from distlab.checks.lab09 import (check_aux_loss, check_capacity, check_dispatch, check_moe_layer,
-                                  check_padded_moe, check_predicted_bytes)
+                                  check_padded_moe, check_padded_moe_bar, check_predicted_bytes,
+                                  padded_scale)
 from distlab.labs.experts import (DispatchPlan, ToyTask, compare_training, ep_dp_step,
                                   format_wire_bytes, measure_traffic, moe_closing_note,
                                   padded_traffic, phase_times, profile_moe_step, show_routing,
@@ -476,33 +477,46 @@ traffic
 #
 # **Goal.** Write `padded_moe_forward(x, router, experts, num_experts, k, capacity_factor, group)`
 # → `(y, keep)`: the expert-parallel layer that dispatches with **one** all-to-all and combines
-# with **one**, both of a size fixed before routing, and exchanges **no counts or sizes**.
+# with **one**, both of a size fixed before routing, and exchanges **no counts or sizes**; and,
+# within that, drops as few assignments as you can.
 #
 # **Contract.**
 # - Arguments as `moe_forward`'s, plus the capacity factor c; C = ⌈c·T·k/E⌉ with T this rank's
-#   tokens.
-# - `keep` (T, k) bool: the assignments kept, exactly those Exercise 3's rule keeps (per
-#   expert, the first C of this rank's assignments, first choices first, in token order).
-# - `y` (T, h): $y_t = \sum_j \mathrm{gate}_{tj} \cdot \mathrm{expert}_{i_{tj}}(x_t)$ over the kept
-#   assignments only; a token with none kept gets zeros (the residual carries it).
+#   tokens, and S = (E/p)·C: the rows this rank's send buffer holds for each destination rank.
+# - `keep` (T, k) bool: the assignments kept. Every assignment Exercise 3's rule keeps (per
+#   expert, the first C of this rank's assignments, first choices first, in token order) stays
+#   kept; on each destination rank, itself included, at most S of this rank's tokens have a kept
+#   assignment (a row carries one token; capacity bounds what each rank's experts compute).
+# - `y` (T, h): $y_t = \sum_j \mathrm{gate}_{tj} \cdot \mathrm{expert}_{i_{tj}}(x_t)$ over the
+#   kept assignments only; a token with none kept gets zeros (the residual carries it).
 #
 # **Budget**, read from every rank's record (`out.comms`): exactly two collectives, each an
-# `all_to_all_single` (or `all_to_all`) of floats moving exactly p·(E/p)·C·h elements (E·C·h·4
+# `all_to_all_single` (or `all_to_all`) of floats moving exactly p·S·h elements (E·C·h·4
 # bytes); nothing else, no integers, no gather. The check runs the forward only (under
-# `torch.no_grad()`) and compares `keep` and `y` with the capacity reference: the plain layer
-# restricted to the kept assignments. Visible: the stored routing on 2 ranks at c = 1.0; hidden:
-# 4 ranks with E = 8 at c = 1.25, and 2 ranks, top-1, at c = 1.0.
+# `torch.no_grad()`) and compares `y` with the plain layer restricted to your kept assignments.
+# Visible: the stored routing on 2 ranks at c = 1.0; hidden: 4 ranks with E = 8 at c = 1.25, and
+# 2 ranks, top-1, at c = 1.0.
+#
+# **Drops, on a scale.** The bytes are fixed: with no count exchange the buffer must hold the
+# worst routing. What a layout decides at that price is how many assignments it drops. Two tests
+# grade the drops over all ranks: the first (2 points) wants no more than Exercise 3's rule drops
+# (the design the hints below lead to); the second (1 point) no more than the *bar*, halfway from
+# there to the *bound*. The bound: the S rows bound for rank d can only carry assignments on d,
+# one token each, so destinations are independent; on each, the tokens holding an assignment
+# Exercise 3 keeps need a row, and the rows left over cover at most the assignments of the tokens
+# with the most assignments on d. No layout within the contract drops fewer. The cell below prints
+# the three for the visible case; the feedback shows your drops beside them.
 #
 # The layout of the buffers and how a row finds its slot are yours to design.
 #
 # **Why it matters.** This is the layer GShard and Switch Transformer ran: a static shape and no
 # synchronisation before the tokens move, paid for with padding and dropped tokens. The table
-# after the test measures both.
+# after the tests measures both.
 #
 # <details><summary>Hint 1</summary>
 #
-# Decide what row r of a rank's (E·C, h) send buffer means, so that sender and receiver agree
-# without talking. Who needs to know which token filled a slot: the sender, the receiver, both?
+# Decide what row r of a rank's send buffer means, so that sender and receiver agree without
+# talking. Who needs to know which token filled a slot: the sender, the receiver, both?
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -516,45 +530,85 @@ traffic
 #
 # A kept assignment's slot is expert · C + its place in the expert's queue (Exercise 3's
 # cumulative sum). A received buffer viewed as (p, E/p, C, h) is (source rank, local expert,
-# slot).
+# slot). (That design meets the first test.)
 # </details>
+#
+# <details><summary>Hint 4</summary>
+#
+# With Hint 3's layout, count, for one destination rank, the rows that go out as zeros while
+# assignments bound for that same rank are dropped. Why can the sender not put a dropped
+# assignment in one of those rows? What would the receiver need to know about a row to use it
+# anyway, and does it hold anything that could tell it without a message? And a token with two
+# experts on the same rank: how many rows does it need there?
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "padded_scale", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(padded_scale())    # the visible test's drops: Exercise 3's rule (first test), the bar (second), the bound
 
 # %% nbgrader={"grade": false, "grade_id": "padded_moe_forward", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def padded_moe_forward(x, router, experts, num_experts, k, capacity_factor, group=None):
     """(y (T, h), keep (T, k)): one fixed-size all-to-all each way, no count exchange."""
     ### BEGIN SOLUTION
-    p = dist.get_world_size(group)
+    p, me = dist.get_world_size(group), dist.get_rank(group)
     tokens, h = x.shape
+    per = num_experts // p
     gates, idx = torch.softmax(router(x), dim=-1).topk(k, dim=-1)     # (T, k)
     cap = math.ceil(capacity_factor * tokens * k / num_experts)
-    # Queue places, first choices first (its own copy of the rule: this cell stands alone).
+    rows = per * cap                                                  # slots for each rank
+    # Exercise 3's keep (its own copy of the rule: this cell stands alone).
     onehot = F.one_hot(idx.t().reshape(-1), num_experts)              # (k*T, E) slot-major
     place = ((onehot.cumsum(0) * onehot).sum(1) - 1).view(k, tokens).t()   # (T, k)
-    keep = place < cap
-    t, j = keep.nonzero(as_tuple=True)                                # kept assignments
-    slot = idx[t, j] * cap + place[t, j]                              # row in the (E*C, h) buffer
-    send = x.new_zeros(num_experts * cap, h).index_copy(0, slot, x[t])
+    first = place < cap
+    # The slots bound for one rank are shared by its experts, one row per token (the receiver
+    # routes the row again). A token Exercise 3 keeps there comes first; the rest, most
+    # assignments on that rank first, fill the slots it leaves empty.
+    dest = idx // per                                                 # (T, k) rank of each expert
+    slot = torch.full((tokens, p), -1, dtype=torch.long, device=x.device)
+    send = x.new_zeros(p, rows, h)
+    for d in range(p):
+        on_d = (dest == d).sum(1)                                     # (T,) assignments there
+        must = ((dest == d) & first).any(1)
+        order = sorted((t for t in range(tokens) if on_d[t]), key=lambda t: (not must[t], -on_d[t]))
+        chosen = torch.tensor(order[:rows], dtype=torch.long, device=x.device)
+        slot[chosen, d] = torch.arange(len(chosen), device=x.device)
+        send[d, :len(chosen)] = x[chosen]
+    keep = slot.gather(1, dest) >= 0                                  # (T, k)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)                   # equal splits
-    recv = recv.view(p, num_experts // p, cap, h)                     # (source, local expert, slot)
-    out = torch.stack([expert(recv[:, e]) for e, expert in enumerate(experts)], 1)
+    recv = recv.view(p * rows, h)
+    # Receiver: the router is replicated, so a row's experts and gates are its own to compute.
+    r_gates, r_idx = torch.softmax(router(recv), dim=-1).topk(k, dim=-1)
+    out = torch.zeros_like(recv)
+    for e, expert in enumerate(experts):
+        hit = r_idx == me * per + e                                   # (p*rows, k)
+        at = hit.any(1).nonzero().squeeze(1)
+        out = out.index_add(0, at, (r_gates * hit)[at].sum(1, keepdim=True) * expert(recv[at]))
     back = torch.empty_like(send)
-    dist.all_to_all_single(back, out.reshape(-1, h).contiguous(), group=group)
-    y = x.new_zeros(tokens, h).index_add(0, t, gates[t, j, None] * back[slot])
+    dist.all_to_all_single(back, out.view(p, rows, h), group=group)
+    t, d = (slot >= 0).nonzero(as_tuple=True)
+    y = x.new_zeros(tokens, h).index_add(0, t, back[d, slot[t, d]])
     return y, keep
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_padded_moe", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_padded_moe(padded_moe_forward)
-print("padded_moe_forward: two fixed-size all-to-alls, no count exchange, the capacity reference's "
-      "drops and outputs")
+# %% nbgrader={"grade": true, "grade_id": "test_padded_moe", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+print(check_padded_moe(padded_moe_forward))   # your drops beside Exercise 3's, the bar and the bound
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_padded_moe(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128, ffn=12,
-                 experts=8, k=2, capacity_factor=1.25)   # 4 ranks; c·T·k/E not whole: C rounds up
-check_padded_moe(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6, ffn=12,
-                 experts=4, k=1, capacity_factor=1.0)    # top-1
+print(check_padded_moe(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128, ffn=12,
+                       experts=8, k=2, capacity_factor=1.25))   # 4 ranks; c·T·k/E not whole: C rounds up
+print(check_padded_moe(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6, ffn=12,
+                       experts=4, k=1, capacity_factor=1.0))    # top-1
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_padded_moe_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+print(check_padded_moe_bar(padded_moe_forward))   # the same run, against the bar
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+print(check_padded_moe_bar(padded_moe_forward, world_size=4, seed=fresh_seed(), tokens=10, hidden=128,
+                           ffn=12, experts=8, k=2, capacity_factor=1.25))   # 4 ranks, C rounds up (the first test's run)
+print(check_padded_moe_bar(padded_moe_forward, world_size=2, seed=fresh_seed(), tokens=20, hidden=6,
+                           ffn=12, experts=4, k=1, capacity_factor=1.0))    # top-1 (the first test's run)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -567,9 +621,8 @@ padded_rows = padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traff
 # %% [markdown]
 # Both directions move the same fixed size on every rank, whatever the router did, and the
 # received buffer needs no size from anyone. The price is in the last two columns: at c = 1.0
-# the padded message equals the dropless one when E divides T·k, yet the uneven routing
-# overflows some experts and their excess is dropped; a larger c drops less and sends more
-# zeros. A dropless layer pays neither, with the count exchange and buffers whose size changes
+# the padded message equals the dropless one when E divides T·k, yet where the uneven routing
+# overflows the slots, the excess is dropped; a larger c drops less and sends more zeros. A dropless layer pays neither, with the count exchange and buffers whose size changes
 # every step.
 #
 # ## 8. Exercise 6 — the load-balancing loss (2 points)
