@@ -239,7 +239,7 @@ def test_passing_lines_show_the_students_figures(capsys):
     for model, job, tp, pp, dp, mem in lab10_plan.cp_cases(3):
         cp = lab10_plan.reference_smallest_cp(model, job, tp, pp, dp, mem)
         gb = cp and lab10_plan._gb(model, job, tp, pp, dp, cp)
-        assert (f"CP {cp} ({gb:.1f} GB" if cp else ": None (CP") in line
+        assert (f"DP={dp}: CP {cp}, {gb:.1f} of {mem:g} GB" if cp else f"DP={dp}: None (CP") in line
     sizes = ((4, 64), (2, 32))
     line = lab10.check_causal_layout_better(ns["causal_layout"], sizes)
     for p, s in sizes:

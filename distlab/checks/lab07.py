@@ -280,7 +280,7 @@ def check_70b_plan(plans, answer, *, model: Model = LLAMA3_70B, cluster: Cluster
 
 def check_405b_answer(answer) -> str:
     return check_production_answer(answer, model=LLAMA3_405B, cluster=LLAMA3_405B_CLUSTER,
-                            job=LLAMA3_405B_JOB)
+                                   job=LLAMA3_405B_JOB)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -356,9 +356,10 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
             f"your choice {choice} fits the budget ({kept} of {budget} bytes) but recomputes "
             f"{cost} FLOPs; another choice within the budget recomputes only {least}. Try every "
             f"choice (there are 2^{n}) or solve the knapsack exactly.")
-    return (f"choose_checkpoints: your choice checkpoints blocks {[i for i, c in enumerate(choice) if c]}"
-            f" of {n}: {kept:,} bytes kept (measured) within the budget of {budget:,}; recompute "
-            f"{cost:,} FLOPs, the least of every choice within the budget ({least:,})")
+    ticked = [i for i, c in enumerate(choice) if c]
+    return (f"choose_checkpoints: your choice checkpoints blocks {ticked} of {n}: {kept:,} bytes "
+            f"kept (measured) within the budget of {budget:,}; recompute {cost:,} FLOPs, the "
+            f"least of every choice within the budget ({least:,})")
 
 
 # ---------------------------------------------------------------------------------------------

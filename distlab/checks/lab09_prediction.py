@@ -87,6 +87,7 @@ def grade_a2a_bytes(predict, seed: int | None = None) -> str:
                                  "is C rounded?",
                        "padded_off_rank": "With equal splits, which share of the padded "
                                           "message does a rank send to itself?"}[key])
-        shown.append(f"T={t} h={h} E={e} k={k} p={p} c={c:g}: " + "/".join(f"{g:,.0f}" for g in got))
+        shown.append(f"T={t} h={h} E={e} k={k} p={p} c={c:g}: "
+                     + "/".join(f"{g:,.0f}" for g in got))
     return joined(f"predict_all_to_all_bytes: your dropless/padded/off-rank bytes equal the "
                   f"formulas' (relative 1e-9) on {len(todo)} cases: ", shown)

@@ -146,8 +146,8 @@ def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> tuple[str, st
         raise CheckFailed(f"{what}: {figures}. Needed: at most the "
                           f"{'hinted design' if bar == 'hinted' else 'bar'}. {advice}")
     return (f"{what}: {figures}: at most the {'hinted design' if bar == 'hinted' else 'bar'}",
-            f"s={seq_len}, p={world_size}: {times(mine)} (hinted {bars['hinted'] / bars['bound']:.3f}×"
-            f", bar {bars['bar'] / bars['bound']:.3f}×)")
+            f"s={seq_len}, p={world_size}: {times(mine)} (hinted "
+            f"{bars['hinted'] / bars['bound']:.3f}×, bar {bars['bar'] / bars['bound']:.3f}×)")
 
 
 # What ``distlab.checks.lab10`` adds to its COURSE_CODE (the prediction's reference: an answer

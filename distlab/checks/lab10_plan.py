@@ -179,9 +179,10 @@ def _cp_figures(model, job, tp, pp, dp, mem: float, cp) -> str:
     """One case of a pass: the student's degree, its memory and the next smaller degree's."""
     where = f"{model.name.removeprefix('Llama 3 ')} {job.seq_len // 1024}K TP={tp} PP={pp} DP={dp}"
     if cp is None:
-        return f"{where}: None (CP {CP_DEGREES[-1]}: {_gb(model, job, tp, pp, dp, CP_DEGREES[-1]):.1f} > {mem:g} GB)"
-    below = f", CP {cp // 2}: {_gb(model, job, tp, pp, dp, cp // 2):.1f}" if cp > 1 else ""
-    return f"{where}: CP {cp} ({_gb(model, job, tp, pp, dp, cp):.1f} GB{below} of {mem:g})"
+        most = CP_DEGREES[-1]
+        return f"{where}: None (CP {most}: {_gb(model, job, tp, pp, dp, most):.1f} > {mem:g} GB)"
+    below = f" (CP {cp // 2}: {_gb(model, job, tp, pp, dp, cp // 2):.1f})" if cp > 1 else ""
+    return f"{where}: CP {cp}, {_gb(model, job, tp, pp, dp, cp):.1f} of {mem:g} GB{below}"
 
 
 def _gb(model, job, tp, pp, dp, cp) -> float:

@@ -7,7 +7,7 @@ from distlab.checks.assertions import VERDICT_CHARS
 
 
 def joined(head: str, parts: list[str], tail: str = "", sep: str = "; ") -> str:
-    """``head`` + as many of ``parts`` as fit + ``tail``, with "… and N more" for the rest."""
+    """``head`` + as many of ``parts`` as fit + ``tail``, with "and N more" for the rest."""
     for shown in range(len(parts), -1, -1):
         rest = len(parts) - shown
         more = f"{sep if shown else ''}and {rest} more" if rest else ""
