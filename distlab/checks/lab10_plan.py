@@ -177,7 +177,9 @@ def grade_cp_degree(smallest_cp, seed: int | None = None) -> str:
 
 def _cp_figures(model, job, tp, pp, dp, mem: float, cp) -> str:
     """One case of a pass: the student's degree, its memory and the next smaller degree's."""
-    where = f"{model.name.removeprefix('Llama 3 ')} {job.seq_len // 1024}K TP={tp} PP={pp} DP={dp}"
+    recompute = "no" if job.recompute == "none" else job.recompute
+    where = (f"{model.name.removeprefix('Llama 3 ')} {job.seq_len // 1024}K, {recompute} "
+             f"recompute, TP={tp} PP={pp} DP={dp}")
     if cp is None:
         most = CP_DEGREES[-1]
         return f"{where}: None (CP {most}: {_gb(model, job, tp, pp, dp, most):.1f} > {mem:g} GB)"
