@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from distlab.labs import planning as P
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
+from distlab.checks.lab07_cases import _degree_case
 from distlab.checks import lab07, lab07_design, lab07_prediction
 from distlab.course.solutions import solution_functions
 from distlab.labs.mesh_traffic import (axis_traffic, cross_node_bytes, groups_of, megatron_layout,
@@ -417,6 +418,47 @@ def test_check_production_answers():
         lab07.check_production_answer(P.ParallelConfig(8, 1, 16, lab07.JOB_70B))
     with pytest.raises(CheckFailed, match="expected a ParallelConfig"):
         lab07.check_production_answer((2, 16, 4))
+
+
+def test_passing_lines_show_the_memory_and_the_layouts(sol):
+    # What a pass shows: the student's figures (here the reference's, computed here), beside
+    # the fastest layout's time and the GPU's memory.
+    from distlab.checks.lab07_cases import _memory_case, degree_cases, memory_rows
+    totals = [P.memory_per_gpu(*_memory_case(row))["total"] for row in memory_rows(lab07.SEED)]
+    line = lab07.check_memory_per_gpu(sol["memory_per_gpu"])
+    assert f"on 12 random models and layouts, totals {min(totals) / P.GB:.2f} to " \
+           f"{max(totals) / P.GB:.1f} GB per GPU" in line and len(line) <= VERDICT_CHARS
+    line = lab07.check_choose_degrees(sol["choose_degrees"])
+    for row in degree_cases(lab07.SEED)["cases"]:
+        model, cluster, job = _degree_case(row)
+        best = P.reference_choose_degrees(model, cluster, job)
+        assert (f"{best} {P.step_time(model, cluster, best)['total']:.2f} s, "
+                f"{P.memory_per_gpu(model, best)['total'] / P.GB:.1f}/{cluster.gpu_mem_gb:g} GB") in line
+    best = P.reference_choose_degrees(P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, P.LLAMA3_405B_JOB)
+    seconds = P.step_time(P.LLAMA3_405B, P.LLAMA3_405B_CLUSTER, best)["total"]
+    assert f"{best}, valid and as fast as the fastest valid layout by step_time: {seconds:.2f} s " \
+           f"per step (fastest {seconds:.2f})" in lab07.check_405b_answer(best)
+
+
+def test_passing_lines_show_the_plans_and_the_predicted_bytes(sol):
+    layouts = [(2, 16, 4), (4, 4, 8)]
+    plans, answer = _plans(layouts), P.ParallelConfig(4, 4, 8, lab07.JOB_70B)
+    line = lab07.check_layout_numbers(plans)
+    for plan in plans:
+        assert (f"{P.ParallelConfig(*plan['layout'])} {plan['memory'] / P.GB:.1f} GB, bubble "
+                f"{plan['bubble']:.3f}, GB sent {plan['bytes']['tp'] / P.GB:.1f}/") in line
+    fastest = P.step_time(P.LLAMA3_70B, P.H100_16x8, P.reference_choose_degrees(
+        P.LLAMA3_70B, P.H100_16x8, lab07.JOB_70B))["total"]
+    seconds = P.step_time(P.LLAMA3_70B, P.H100_16x8, answer)["total"]
+    assert f"{seconds:.2f} s per step, {100 * (seconds / fastest - 1):.1f}% over the fastest " \
+           f"valid layout (allowed 5%); {plans[1]['memory'] / P.GB:.1f} GB per GPU" \
+           in lab07.check_70b_plan(plans, answer)
+    line = lab07.check_traffic_prediction(sol["predict_traffic"], seed=3)
+    for shape, cfg in dict.fromkeys((s, c) for s, c, _ in lab07_prediction.mesh_traffic_cases(3)):
+        sent = [lab07_prediction.formula_traffic(shape, cfg, r) for r in range(shape.world_size)]
+        rank = max(range(shape.world_size), key=lambda r: (sum(sent[r].values()), r))
+        assert f"{shape}, rank {rank} (the most): tp {sent[rank]['tp']:,.0f}" in line
+    assert "seed" not in line and len(line) <= VERDICT_CHARS
 
 
 def _plans(layouts, job=lab07.JOB_70B):

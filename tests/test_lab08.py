@@ -378,6 +378,23 @@ def test_zero2_missing_average_fails_the_values():
         lab08.check_zero2_step(ns["Zero2AdamW"], world_size=2)
 
 
+def test_passing_lines_show_the_bytes_and_the_checkpoints(solution):
+    # What a pass shows: the student's figures (the reference's here, computed here).
+    from distlab.checks.lab08_prediction import prediction_cases
+    from distlab.labs.sharded import best_checkpoint_choice, budget_of, recompute_flops
+    line = lab08.check_step_bytes(solution["predict_step_bytes"], seed=4)
+    for scheme, blocks, world, item in prediction_cases(4):
+        assert f"{scheme} {formula_step_bytes(scheme, blocks, world, item):,}" in line
+    assert "seed" not in line
+    problem = CheckpointProblem(fraction=0.3)
+    budget = budget_of(problem)
+    choice, least = best_checkpoint_choice(problem, budget)
+    line = lab08.check_choose_checkpoints(solution["choose_checkpoints"], fraction=0.3)
+    assert f"{saved_bytes(problem, choice):,} bytes kept (measured) within the budget of " \
+           f"{budget:,}; recompute {recompute_flops(problem, choice):,} FLOPs, the least of every " \
+           f"choice within the budget ({least:,})" in line
+
+
 def test_greedy_choices_miss_the_least_recompute_on_the_labs_stack():
     """Exercise 5's hint: every block saves the same bytes per recomputed FLOP, so the choice is
     subset sum, and greedy rules (widest or narrowest first) overshoot at the visible budgets."""

@@ -349,6 +349,18 @@ def test_prediction_formulas_and_their_stored_values():
     assert stored == [[_a2a_bytes(*c)[key] for key in KEYS] for c in a2a_cases(None)]
 
 
+def test_prediction_passing_line_shows_the_bytes():
+    # What a pass shows: the student's three figures per case (the reference's, computed here).
+    from distlab.checks.lab09_prediction import KEYS, _a2a_bytes, a2a_cases
+    predict = solution_namespace()["predict_all_to_all_bytes"]
+    for seed in (None, 8):
+        line = lab09.check_predicted_bytes(predict, seed)
+        for t, h, e, k, p, c in a2a_cases(seed):
+            figures = "/".join(f"{_a2a_bytes(t, h, e, k, p, c)[key]:,.0f}" for key in KEYS)
+            assert f"T={t} h={h} E={e} k={k} p={p} c={c:g}: {figures}" in line
+        assert "seed" not in line
+
+
 def test_padded_table_measures_what_the_prediction_says(capsys):
     """The table after Exercise 5: the records hold the predicted sizes; at c = 2.0 nothing is
     dropped (what the text after it says; at c = 1.0 the drops are the reader's layout's)."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from distlab.checks import lab10
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
 from distlab.course import solutions
 from distlab.labs import context
 from distlab.labs.context import answers
@@ -224,6 +224,31 @@ def test_references_are_plain_attention():
 def _prose() -> str:
     """The lab source's prose (comment lines), joined so that a phrase may cross a line break."""
     return " ".join(line[2:] for line in SOURCE.read_text().splitlines() if line.startswith("# "))
+
+
+def test_passing_lines_show_the_students_figures(capsys):
+    """A pass returns the student's figures beside the reference's (computed here): the ring's
+    bytes, the CP degree with its memory, each layout's critical path; no seed shown."""
+    from distlab.checks import lab10_layout, lab10_plan
+    ns = solution_namespace()
+    line = lab10.check_ring_bytes_prediction(ns["predict_ring_bytes"], seed=3)
+    for s, p, hq, hkv, d, b, item in lab10_plan.ring_bytes_cases(3):
+        want = lab10_plan.ring_bytes_formula(s, p, hq, hkv, d, b, item)
+        assert f"s={s:,}, p={p}, {hkv} KV heads: {want:,.0f} (formula {want:,})" in line
+    line = lab10.check_cp_degree(ns["smallest_cp"], seed=3)
+    for model, job, tp, pp, dp, mem in lab10_plan.cp_cases(3):
+        cp = lab10_plan.reference_smallest_cp(model, job, tp, pp, dp, mem)
+        gb = cp and lab10_plan._gb(model, job, tp, pp, dp, cp)
+        assert (f"DP={dp}: CP {cp}, {gb:.1f} of {mem:g} GB" if cp else f"DP={dp}: None (CP") in line
+    sizes = ((4, 64), (2, 32))
+    line = lab10.check_causal_layout_better(ns["causal_layout"], sizes)
+    for p, s in sizes:
+        path = context.layout.critical_path(answers.causal_layout(s, p))
+        bars = lab10_layout.layout_bars(s, p)
+        assert f"s={s}, p={p}: {path:,.0f} ({path / bars['bound']:.3f}× ideal) (hinted " \
+               f"{bars['hinted'] / bars['bound']:.3f}×, bar {bars['bar'] / bars['bound']:.3f}×)" in line
+    for line in (lab10.check_ring_bytes_prediction(ns["predict_ring_bytes"], seed=3), line):
+        assert "seed" not in line and len(line) <= VERDICT_CHARS
 
 
 def test_balance_is_counted_on_the_critical_path():

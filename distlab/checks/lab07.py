@@ -45,6 +45,7 @@ from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.lab07_cases import (_candidate_memory, _degree_case, _memory_case,
                                         _memory_lookup, degree_cases, memory_cases, memory_rows)
 from distlab.checks.ranks import backends, call_each, rank_timeout
+from distlab.checks.shown import joined
 from distlab.labs.mesh import (LOSS_ATOL, LOSS_RTOL, MeshShape, TinyConfig, mesh_shares,
                               reference_losses, train_on_mesh)
 from distlab.runtime.per_rank import PerRank, reference
@@ -111,7 +112,7 @@ def _stored(name: str, drawn: torch.Tensor) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 # 1. memory_per_gpu
 
-def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> None:
+def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> str:
     """``fn(model, cfg)`` must return every term of TERMS and "total", in bytes."""
     ref = memory_cases(seed, count) if seed is not None else _stored("memory", memory_rows(SEED, count))
     calls = [_memory_case(row) for row in ref["cases"]]
@@ -130,15 +131,29 @@ def check_memory_per_gpu(fn, *, seed: int | None = None, count: int = 12) -> Non
                 raise CheckFailed(
                     f"memory_per_gpu: {key!r} is {g / GB:.4f} GB, expected {value / GB:.4f} GB "
                     f"({value:.6g} bytes) for {where}.\n{HINTS[key]}")
+    return _memory_line(answers, calls)
+
+
+def _memory_line(answers: list[dict], calls: list) -> str:
+    """What a pass verified: the totals' range and the largest case's terms (the student's)."""
+    totals = [float(a["total"]) for a in answers]
+    big = max(range(len(totals)), key=totals.__getitem__)
+    model, cfg = calls[big]
+    terms = ", ".join(f"{k.replace('master_weights', 'master')} {float(answers[big][k]) / GB:.1f}"
+                      for k in TERMS)
+    return (f"memory_per_gpu: every term and the total equal the model's (relative 1e-9) on "
+            f"{len(calls)} random models and layouts, totals {min(totals) / GB:.2f} to "
+            f"{max(totals) / GB:.1f} GB per GPU; the largest ({model.name}, {cfg}, ZeRO-"
+            f"{cfg.job.zero_stage}): {terms} GB")
 
 
 # ---------------------------------------------------------------------------------------------
 # 2-3. choose_degrees
 
 def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best: ParallelConfig,
-                  what: str, memory=memory_per_gpu) -> None:
+                  what: str, memory=memory_per_gpu) -> tuple[ParallelConfig, float, float, float]:
     """``choice`` is valid (by ``memory``: the reference, or a stored table) and as fast as
-    ``best``."""
+    ``best``; on a pass, its figures: (layout, seconds per step, the fastest's, GB per GPU)."""
     if not all(hasattr(choice, a) for a in ("tp", "pp", "dp")):
         raise CheckFailed(f"{what}: expected a ParallelConfig(tp, pp, dp, job), got "
                           f"{type(choice).__name__} {choice!r}.")
@@ -154,9 +169,10 @@ def _check_choice(choice, model: Model, cluster: Cluster, job: Job, best: Parall
             f"{what}: {cfg} is valid but takes {seconds:.3f} s per step by step_time; {best} takes "
             f"{best_seconds:.3f} s. Compare every valid (t, p, d) by step_time(...)['total'] and "
             f"keep the smallest.")
+    return cfg, seconds, best_seconds, memory(model, cfg)["total"] / GB
 
 
-def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> None:
+def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> str:
     """``fn(model, cluster, job)`` must return a valid layout as fast as the best one."""
     # Visible: the stored cases, their best layouts and every candidate's memory (drawing them
     # needs the reference, which a handout does not hold; `distlab references` keeps them fresh).
@@ -164,17 +180,27 @@ def check_choose_degrees(fn, *, seed: int | None = None, count: int = 4) -> None
     calls = [_degree_case(row) for row in ref["cases"]]
     whats = [f"choose_degrees({model.name}, {cluster.name}, {job})" for model, cluster, job in calls]
     answers = call_each(fn, calls, names=whats)   # every case in one launch
+    shown = []
     for (model, cluster, job), what, choice, expected, table in zip(
             calls, whats, answers, ref["expected"], ref["memory"]):
         best = ParallelConfig(*(int(v) for v in expected[:3]), job)
-        _check_choice(choice, model, cluster, job, best, what, memory=_memory_lookup(table, what))
+        cfg, seconds, _, used = _check_choice(choice, model, cluster, job, best, what,
+                                              memory=_memory_lookup(table, what))
+        shown.append(f"{cfg} {seconds:.2f} s, {used:.1f}/{cluster.gpu_mem_gb:g} GB")
+    return joined(f"choose_degrees: on {len(calls)} random models and clusters each choice is "
+                  f"valid and takes the fastest valid layout's seconds per step (step_time), "
+                  f"GB per GPU of the GPU's: ", shown)
 
 
 def check_production_answer(answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,
-                            job: Job = JOB_70B) -> None:
+                            job: Job = JOB_70B) -> str:
     """``answer`` must be the best layout for ``model`` on ``cluster`` (default: the 70B case)."""
-    _check_choice(answer, model, cluster, job, reference_choose_degrees(model, cluster, job),
-                  f"your answer for {model.name} on {cluster.name}")
+    cfg, seconds, fastest, used = _check_choice(answer, model, cluster, job,
+                                                reference_choose_degrees(model, cluster, job),
+                                                f"your answer for {model.name} on {cluster.name}")
+    return (f"your answer for {model.name} on {cluster.name}: {cfg}, valid and as fast as the "
+            f"fastest valid layout by step_time: {seconds:.2f} s per step (fastest "
+            f"{fastest:.2f}); {used:.1f} GB per GPU of {cluster.gpu_mem_gb:g}")
 
 
 def _layout_of(entry) -> tuple[int, int, int]:
@@ -188,7 +214,7 @@ def _off(got: float, want: float) -> str:
     return f"{100 * (got / want - 1):+.2f}%" if want else f"{got:.3g} instead of 0"
 
 
-def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B) -> None:
+def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B) -> str:
     """``plans``: a list of at least two dicts, one per layout considered, each with "layout"
     (tp, pp, dp), "memory" (bytes per GPU, memory_per_gpu's total), "bubble" ((p-1)/(m+p-1)) and
     "bytes" ({"tp", "pp", "dp"}: bytes one GPU sends per step on each axis). Every number must be
@@ -200,6 +226,7 @@ def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B
     if model == LLAMA3_70B and job == JOB_70B:     # the lab's question: its stored numbers
         memory = _memory_lookup(load_stored(LAB, "layouts_70b")["memory"],
                                 f"plans_70b ({model.name} on {H100_16x8.name})")
+    shown = []
     for entry in plans:
         t, p, d = _layout_of(entry)
         cfg = ParallelConfig(t, p, d, job)
@@ -219,10 +246,14 @@ def check_layout_numbers(plans, *, model: Model = LLAMA3_70B, job: Job = JOB_70B
                     f"{cfg}: your {key} is {g:.6g}, the model's {value:.6g}{unit}, "
                     f"{_off(g, value)}. Section 3's table gives each axis's bytes; the memory "
                     f"follows exercise 1's conventions; the bubble is (p-1)/(m+p-1).")
+        shown.append(f"{cfg} {want['memory'] / GB:.1f} GB, bubble {want['bubble']:.3f}, GB sent "
+                     + "/".join(f"{want[f'bytes {a}'] / GB:.1f}" for a in AXES))
+    return joined(f"plans_70b: the memory, bubble and bytes of your {len(plans)} layouts equal "
+                  f"the model's (relative 1e-6): ", shown, " (tp/pp/dp)")
 
 
 def check_70b_plan(plans, answer, *, model: Model = LLAMA3_70B, cluster: Cluster = H100_16x8,
-                   job: Job = JOB_70B) -> None:
+                   job: Job = JOB_70B) -> str:
     """The numbers of ``plans`` are the model's (check_layout_numbers), ``answer`` is one of the
     layouts considered, and it is within RESOLUTION (5%) of the fastest valid layout's modelled
     step time with at least HEADROOM (10%) of the GPU's memory free. Any such layout passes."""
@@ -237,11 +268,19 @@ def check_70b_plan(plans, answer, *, model: Model = LLAMA3_70B, cluster: Cluster
     reason = acceptable_layout(model, cluster, ParallelConfig(*layout, job), RESOLUTION, HEADROOM)
     if reason:
         raise CheckFailed(f"answer_70b: {reason}.")
+    cfg = ParallelConfig(*layout, job)
+    fastest = step_time(model, cluster, reference_choose_degrees(model, cluster, job))["total"]
+    seconds, used = step_time(model, cluster, cfg)["total"], memory_per_gpu(model, cfg)["total"]
+    return (f"answer_70b {cfg}, one of your {len(plans)} layouts (their numbers the model's): "
+            f"{seconds:.2f} s per step, {100 * (seconds / fastest - 1):.1f}% over the fastest "
+            f"valid layout (allowed {100 * RESOLUTION:g}%); {used / GB:.1f} GB per GPU, "
+            f"{100 * (1 - used / (cluster.gpu_mem_gb * GB)):.0f}% of {cluster.gpu_mem_gb:g} GB "
+            f"free (at least {100 * HEADROOM:g}%)")
 
 
-def check_405b_answer(answer) -> None:
-    check_production_answer(answer, model=LLAMA3_405B, cluster=LLAMA3_405B_CLUSTER,
-                            job=LLAMA3_405B_JOB)
+def check_405b_answer(answer) -> str:
+    return check_production_answer(answer, model=LLAMA3_405B, cluster=LLAMA3_405B_CLUSTER,
+                                   job=LLAMA3_405B_JOB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,11 +325,11 @@ def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None 
 # ---------------------------------------------------------------------------------------------
 # 5-6. the traffic of the mesh run: predicted, then placed on nodes
 
-def check_traffic_prediction(predict_traffic, *, seed: int | None = None) -> None:
+def check_traffic_prediction(predict_traffic, *, seed: int | None = None) -> str:
     """``predict_traffic(shape, cfg, rank) -> {"tp", "pp", "dp"}``: the bytes the rank sends per
     step of the mesh run on each axis, by section 3's formulas (``lab07_prediction``)."""
     from distlab.checks.lab07_prediction import grade_traffic_prediction
-    grade_traffic_prediction(predict_traffic, seed)
+    return grade_traffic_prediction(predict_traffic, seed)
 
 
 def check_mesh_placement(place_mesh, plan_fn, *, seed: int | None = None) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.ranks import call_each
+from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
 from distlab.labs.mesh import MeshShape, TinyConfig, check_batch_fits
 
@@ -76,7 +77,7 @@ def traffic_set() -> dict:
         dtype=torch.float64)}
 
 
-def grade_traffic_prediction(predict, seed: int | None = None) -> None:
+def grade_traffic_prediction(predict, seed: int | None = None) -> str:
     todo = mesh_traffic_cases(seed)
     expected = expected_values("07_3d_parallelism", "traffic", "expected", seed, todo,
                                lambda case: [formula_traffic(*case)[a] for a in AXES])
@@ -96,3 +97,19 @@ def grade_traffic_prediction(predict, seed: int | None = None) -> None:
                     f"step, in float32, what this rank sends as a ring member: all-reduce "
                     f"2(k-1)/k of the buffer, all-gather and reduce-scatter (k-1)/k of the whole "
                     f"buffer, a send all of it.")
+    return _traffic_line(todo, answers)
+
+
+def _traffic_line(todo, answers) -> str:
+    """What a pass verified: per mesh, the bytes the student predicts for its busiest rank."""
+    meshes = {}
+    for (shape, cfg, rank), got in zip(todo, answers):
+        sent = [float(got[a]) for a in AXES]
+        if sum(sent) >= sum(meshes.get((shape, cfg), (0, [0.0]))[1]):
+            meshes[(shape, cfg)] = (rank, sent)
+    shown = [f"{shape}, rank {rank} (the most): " + ", ".join(f"{a} {v:,.0f}" for a, v in
+                                                              zip(AXES, sent))
+             for (shape, _), (rank, sent) in meshes.items()]
+    return joined(f"predict_traffic: the bytes per axis of every rank of {len(meshes)} meshes ("
+                  f"{len(todo)} ranks) equal the formulas' (relative 1e-6); ", shown,
+                  " bytes per step")

@@ -323,7 +323,7 @@ def check_prefetch(cls, *, world_size: int = 2, seed: int | None = None,
 # Exercise 5: checkpointing under a budget
 
 def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0.5,
-                             blocks: int = 6) -> None:
+                             blocks: int = 6) -> str:
     """``fn(profile, budget)`` -> one bool per block (checkpoint it or not). With that choice the
     stack's saved activations, measured, stay within ``budget`` bytes, and its recompute equals
     the least of every choice within the budget (all 2^n tried, each measured)."""
@@ -356,18 +356,22 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
             f"your choice {choice} fits the budget ({kept} of {budget} bytes) but recomputes "
             f"{cost} FLOPs; another choice within the budget recomputes only {least}. Try every "
             f"choice (there are 2^{n}) or solve the knapsack exactly.")
+    ticked = [i for i, c in enumerate(choice) if c]
+    return (f"choose_checkpoints: your choice checkpoints blocks {ticked} of {n}: {kept:,} bytes "
+            f"kept (measured) within the budget of {budget:,}; recompute {cost:,} FLOPs, the "
+            f"least of every choice within the budget ({least:,})")
 
 
 # ---------------------------------------------------------------------------------------------
 # The prediction and the open design exercise (lab08_prediction, lab08_design)
 
-def check_step_bytes(predict, *, seed: int | None = None) -> None:
+def check_step_bytes(predict, *, seed: int | None = None) -> str:
     """``predict(scheme, block_numels, world_size, itemsize)``: the bytes one rank's collectives
     move per step, against the ZeRO paper's count (sec. 7) with the flat layout's padding
     (``lab08_prediction``)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab08_prediction import grade_step_bytes
-    grade_step_bytes(predict, seed=seed)
+    return grade_step_bytes(predict, seed=seed)
 
 
 def check_design(design, *, world_size: int = 2, seed: int | None = None) -> None:

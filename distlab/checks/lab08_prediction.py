@@ -17,6 +17,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.ranks import call_each
+from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
 
 LAB = "08_sharded_data_parallel"
@@ -52,7 +53,7 @@ def prediction_set() -> dict:
                                              dtype=torch.int64)}
 
 
-def grade_step_bytes(predict, seed: int | None = None) -> None:
+def grade_step_bytes(predict, seed: int | None = None) -> str:
     todo = prediction_cases(seed)
     expected = expected_values(LAB, "prediction", "bytes", seed, todo,
                                lambda c: formula_step_bytes(*c))
@@ -72,3 +73,15 @@ def grade_step_bytes(predict, seed: int | None = None) -> None:
                 f"step calls, per block: an all-reduce moves 2x its tensor, an all-gather or a "
                 f"reduce-scatter 1x its whole buffer, and a ZeRO bucket's buffer is padded to "
                 f"W * ceil(P_i / W) elements.")
+    return _step_bytes_line(todo, answers)
+
+
+def _step_bytes_line(todo, answers) -> str:
+    """What a pass verified: per case, the student's bytes for each scheme (the formula's)."""
+    cases: dict = {}
+    for (scheme, blocks, world, item), got in zip(todo, answers):
+        cases.setdefault((blocks, world, item), []).append(f"{scheme} {int(got):,}")
+    shown = [f"{len(blocks)} blocks, Psi = {sum(blocks) * item:,} bytes, W={world}: "
+             + ", ".join(parts) for (blocks, world, item), parts in cases.items()]
+    return joined(f"predict_step_bytes: your bytes per rank per step equal the ZeRO paper's "
+                  f"count with padding (exactly) on {len(todo)} cases: ", shown)

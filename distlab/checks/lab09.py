@@ -339,11 +339,11 @@ def _aux_reference(ref: dict, world_size: int, experts: int, k: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Exercise 5 (prediction) and Exercise 6 (open design): the capacity-padded all-to-all
 
-def check_predicted_bytes(predict_all_to_all_bytes, seed: int | None = None) -> None:
+def check_predicted_bytes(predict_all_to_all_bytes, seed: int | None = None) -> str:
     """``predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor)``: the
     bytes of one dispatch all-to-all, dropless and padded, by the formulas (``lab09_prediction``)."""
     from distlab.checks.lab09_prediction import grade_a2a_bytes
-    grade_a2a_bytes(predict_all_to_all_bytes, seed)
+    return grade_a2a_bytes(predict_all_to_all_bytes, seed)
 
 
 def check_padded_moe(padded_moe_forward, world_size: int = 2, seed: int | None = None, tokens=12,

@@ -264,26 +264,26 @@ def check_ring_backward(ring_attention_backward, world_size: int = 2, seed: int 
 # Exercise 4: the causal layout (the open design exercise, on a scale) and its prediction
 # (``lab10_layout``: the judge serves only this module's check_* functions)
 
-def check_causal_layout(causal_layout, sizes=((2, 64),)) -> None:
+def check_causal_layout(causal_layout, sizes=((2, 64),)) -> str:
     """causal_layout(seq_len, world_size) -> positions (p, s/p) for each (world_size, seq_len):
-    every position once, a ring critical path at most the hinted design's; prints the figures."""
+    every position once, a ring critical path at most the hinted design's; returns the figures."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_causal_layout
-    print(grade_causal_layout(causal_layout, sizes, "hinted"))
+    return grade_causal_layout(causal_layout, sizes, "hinted")
 
 
-def check_causal_layout_better(causal_layout, sizes=((4, 64),)) -> None:
+def check_causal_layout_better(causal_layout, sizes=((4, 64),)) -> str:
     """The same, the critical path at most halfway from the hinted design's to the bound."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_causal_layout
-    print(grade_causal_layout(causal_layout, sizes, "bar"))
+    return grade_causal_layout(causal_layout, sizes, "bar")
 
 
-def check_penalty_prediction(predict_contiguous_penalty, seed: int | None = None) -> None:
+def check_penalty_prediction(predict_contiguous_penalty, seed: int | None = None) -> str:
     """predict_contiguous_penalty(world_size): the contiguous split's penalty (lab10_layout)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_layout import grade_penalty_prediction
-    print(grade_penalty_prediction(predict_contiguous_penalty, seed))
+    return grade_penalty_prediction(predict_contiguous_penalty, seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,20 +365,20 @@ def _expect_ulysses(comms, rank: int, block: int, what: str) -> None:
 # The measurements' graded prediction and planner question (``lab10_plan``: the judge serves only
 # this module's check_* functions)
 
-def check_ring_bytes_prediction(predict_ring_bytes, seed: int | None = None) -> None:
+def check_ring_bytes_prediction(predict_ring_bytes, seed: int | None = None) -> str:
     """predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch, itemsize): the
     bytes one rank sends per ring forward (``lab10_plan``)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_plan import grade_ring_prediction
-    grade_ring_prediction(predict_ring_bytes, seed)
+    return grade_ring_prediction(predict_ring_bytes, seed)
 
 
-def check_cp_degree(smallest_cp, seed: int | None = None) -> None:
+def check_cp_degree(smallest_cp, seed: int | None = None) -> str:
     """smallest_cp(model, job, tp, pp, dp, gpu_mem_gb): the planner's smallest fitting CP degree
     (``lab10_plan``)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab10_plan import grade_cp_degree
-    grade_cp_degree(smallest_cp, seed)
+    return grade_cp_degree(smallest_cp, seed)
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).

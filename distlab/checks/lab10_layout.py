@@ -19,6 +19,7 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import design_scale
+from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
 from distlab.labs.context.layout import (contiguous_layout, critical_path, ideal_path, penalty,
                                          striped_layout)
@@ -92,7 +93,9 @@ def grade_penalty_prediction(predict, seed: int | None = None) -> str:
                 f"rank compute at step 0, and at each later step? How much work is each, in "
                 f"(s/p)² units, against the ideal's?")
         shown.append(f"p = {p}: {got:.4f} (layouts: {round(want, 6):.4f})")   # one rounding
-    return "predict_contiguous_penalty: " + "; ".join(shown)
+    line = "predict_contiguous_penalty: " + "; ".join(shown)
+    print(line)   # the visible cell ends in a note of its own: the figures show here
+    return line
 
 
 def layout_bars(seq_len: int, world_size: int) -> dict:
@@ -108,10 +111,16 @@ def grade_causal_layout(causal_layout, sizes, bar: str) -> str:
     ``layout_bars(...)[bar]``. Returns the verdict lines."""
     sizes = [(int(p), int(s)) for p, s in sizes]
     got_all = answers(causal_layout, [(s, p) for p, s in sizes], "causal_layout")
-    return "\n".join(_grade_layout(got, p, s, bar) for (p, s), got in zip(sizes, got_all))
+    lines = [_grade_layout(got, p, s, bar) for (p, s), got in zip(sizes, got_all)]
+    if len(lines) == 1:
+        return lines[0][0]
+    return joined(f"causal_layout: every position once, the critical path at most the "
+                  f"{'hinted design' if bar == 'hinted' else 'bar'}'s on {len(lines)} sizes: ",
+                  [short for _, short in lines])
 
 
-def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> str:
+def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> tuple[str, str]:
+    """(the full line of figures, a short one for a line of several sizes), or CheckFailed."""
     what = f"causal_layout(seq_len={seq_len}, world_size={world_size})"
     n = seq_len // world_size
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != (world_size, n) \
@@ -136,7 +145,9 @@ def _grade_layout(got, world_size: int, seq_len: int, bar: str) -> str:
                   "the same?")
         raise CheckFailed(f"{what}: {figures}. Needed: at most the "
                           f"{'hinted design' if bar == 'hinted' else 'bar'}. {advice}")
-    return f"{what}: {figures}: at most the {'hinted design' if bar == 'hinted' else 'bar'}"
+    return (f"{what}: {figures}: at most the {'hinted design' if bar == 'hinted' else 'bar'}",
+            f"s={seq_len}, p={world_size}: {times(mine)} (hinted "
+            f"{bars['hinted'] / bars['bound']:.3f}×, bar {bars['bar'] / bars['bound']:.3f}×)")
 
 
 # What ``distlab.checks.lab10`` adds to its COURSE_CODE (the prediction's reference: an answer

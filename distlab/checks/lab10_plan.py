@@ -23,6 +23,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
 from distlab.labs.planning.context import CP_DEGREES, LLAMA3_405B_128K_JOB, cp_memory_per_gpu
 from distlab.labs.planning.shapes import GB, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Job, Model, \
@@ -68,13 +69,14 @@ def ring_prediction_set() -> dict:
                                                 dtype=torch.int64)}
 
 
-def grade_ring_prediction(predict_ring_bytes, seed: int | None = None) -> None:
+def grade_ring_prediction(predict_ring_bytes, seed: int | None = None) -> str:
     """``predict_ring_bytes(seq_len, world_size, q_heads, kv_heads, head_dim, batch, itemsize)``
     must equal
     the formula on every case of ``ring_bytes_cases(seed)``."""
     todo = ring_bytes_cases(seed)
     expected = expected_values(LAB, "ring_prediction", "bytes", seed, todo,
                                lambda case: ring_bytes_formula(*case))
+    shown = []
     for (s, p, hq, hkv, d, b, item), want in zip(todo, expected):
         call = (f"predict_ring_bytes(seq_len={s}, world_size={p}, q_heads={hq}, kv_heads={hkv}, "
                 f"head_dim={d}, batch={b}, itemsize={item})")
@@ -95,6 +97,9 @@ def grade_ring_prediction(predict_ring_bytes, seed: int | None = None) -> None:
                 f"yours). A rank holds a K block and a V block of s/p tokens, (batch, h, s/p, d) "
                 f"each; it sends the blocks it holds to its right neighbour at every step but the "
                 f"last, p−1 times: count the bytes of one block first.")
+        shown.append(f"s={s:,}, p={p}, {hkv} KV heads: {got:,.0f} (formula {want:,})")
+    return joined(f"predict_ring_bytes: your bytes per rank per ring forward equal the formula's "
+                  f"(relative 1e-9) on {len(todo)} cases: ", shown)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +143,7 @@ def cp_degree_set() -> dict:
                                               for c in cp_cases(None)], dtype=torch.int64)}
 
 
-def grade_cp_degree(smallest_cp, seed: int | None = None) -> None:
+def grade_cp_degree(smallest_cp, seed: int | None = None) -> str:
     """``smallest_cp(model, job, tp, pp, dp, gpu_mem_gb)`` must be the reference's on every
     case of ``cp_cases(seed)`` (None where no degree of CP_DEGREES fits)."""
     todo = cp_cases(seed)
@@ -147,6 +152,7 @@ def grade_cp_degree(smallest_cp, seed: int | None = None) -> None:
         expected = [v or None for v in load(LAB, "cp_degree")["cp"].tolist()]
     else:
         expected = [reference_smallest_cp(*case) for case in todo]
+    shown = []
     for (model, job, tp, pp, dp, mem), want in zip(todo, expected):
         call = (f"smallest_cp({model.name}, Job(seq_len={job.seq_len}, global_batch="
                 f"{job.global_batch}, zero_stage={job.zero_stage}, recompute={job.recompute!r}), "
@@ -164,6 +170,21 @@ def grade_cp_degree(smallest_cp, seed: int | None = None) -> None:
                 f"{CP_DEGREES} in order, ParallelConfig(tp, pp, dp, job, cp=cp), and keep the "
                 f"first whose cp_memory_per_gpu(...)['total'] is at most gpu_mem_gb·GB (GB = 1e9);"
                 f" None if none does.")
+        shown.append(_cp_figures(model, job, tp, pp, dp, mem, got))
+    return joined(f"smallest_cp: your degree is the planner's smallest fitting one on "
+                  f"{len(todo)} {'visible' if seed is None else 'hidden'} cases: ", shown)
+
+
+def _cp_figures(model, job, tp, pp, dp, mem: float, cp) -> str:
+    """One case of a pass: the student's degree, its memory and the next smaller degree's."""
+    recompute = "no" if job.recompute == "none" else job.recompute
+    where = (f"{model.name.removeprefix('Llama 3 ')} {job.seq_len // 1024}K, {recompute} "
+             f"recompute, TP={tp} PP={pp} DP={dp}")
+    if cp is None:
+        most = CP_DEGREES[-1]
+        return f"{where}: None (CP {most}: {_gb(model, job, tp, pp, dp, most):.1f} > {mem:g} GB)"
+    below = f" (CP {cp // 2}: {_gb(model, job, tp, pp, dp, cp // 2):.1f})" if cp > 1 else ""
+    return f"{where}: CP {cp}, {_gb(model, job, tp, pp, dp, cp):.1f} of {mem:g} GB{below}"
 
 
 def _gb(model, job, tp, pp, dp, cp) -> float:
