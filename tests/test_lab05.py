@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed, assert_close
 from distlab.checks import lab05
 from distlab.checks.stored import load as load_stored
 from distlab.course import solutions
@@ -70,8 +70,15 @@ def test_partition_layers_is_balanced_and_contiguous():
 
 
 def test_check_partition(sol):
-    lab05.check_partition(sol["partition"])
-    lab05.check_partition(sol["partition"], seed=123)
+    line = lab05.check_partition(sol["partition"])
+    # the line shows the student's cut of the largest case that does not divide evenly
+    L, p = max((L, p) for L, p in lab05.PARTITION_CASES if L % p)
+    ranges = sol["partition"](L, p)
+    assert f"{len(lab05.PARTITION_CASES)} cuts" in line and len(line) <= VERDICT_CHARS, line
+    assert f"your partition({L}, {p}) = {ranges}: sizes {'/'.join(str(b - a) for a, b in ranges)}" in line
+    assert f"{L}/{p} = {L / p:.3g}" in line
+    line = lab05.check_partition(sol["partition"], seed=123)
+    assert "12 cuts" in line and "seed" not in line and len(line) <= VERDICT_CHARS, line
 
     def remainder_on_last(L, p):
         return [(s * (L // p), (s + 1) * (L // p) if s < p - 1 else L) for s in range(p)]

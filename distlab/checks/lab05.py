@@ -165,7 +165,7 @@ def _spec(seed, num_layers, batch) -> PipeSpec:
 # ----------------------------------------------------------------------------- task 1
 
 
-def check_partition(partition, *, seed: int | None = None) -> None:
+def check_partition(partition, *, seed: int | None = None) -> str:
     """``partition(num_layers, num_stages)`` must return ``num_stages`` ``(start, stop)`` pairs
     that cover ``range(num_layers)`` in order, each non-empty, sizes as equal as possible."""
     cases = PARTITION_CASES
@@ -173,6 +173,7 @@ def check_partition(partition, *, seed: int | None = None) -> None:
         rng = random.Random(seed)
         cases = [(p * rng.randint(1, 6) + rng.randint(0, p - 1), p)
                  for p in (rng.randint(2, 8) for _ in range(12))]
+    answers = {}
     for num_layers, p in cases:
         what = f"partition({num_layers}, {p})"
         got = partition(num_layers, p)
@@ -193,6 +194,11 @@ def check_partition(partition, *, seed: int | None = None) -> None:
             raise CheckFailed(f"{what} returned stage sizes {sizes}: expected sizes as equal as can "
                               f"be, e.g. {[b - a for a, b in expected]} ({num_layers} = {p} x "
                               f"{num_layers // p} + {num_layers % p} extra layers).")
+        answers[num_layers, p] = got
+    (L, p), got = max(answers.items(), key=lambda c: (c[0][0] % c[0][1] > 0, c[0]))  # uneven, largest
+    return (f"partition: {len(cases)} cuts, each into p contiguous ranges covering range(L), sizes as equal "
+            f"as can be; e.g. your partition({L}, {p}) = {got}: sizes {'/'.join(str(b - a) for a, b in got)} "
+            f"for {L}/{p} = {L / p:.3g}")
 
 
 # ----------------------------------------------------------------------------- tasks 2-4
