@@ -349,8 +349,8 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> str:
                           f"nbytes={unseen:.0f}): expected {float(sample['predicted']):.6g} s, "
                           f"got {predicted:.6g}.")
     sizes = sample["sizes"]   # not the copy fit_fn had: it may have changed it
-    sizes_ = f"{len(sizes)} sizes ({size(float(sizes.min()))} to {size(float(sizes.max()))})"
-    return (fit_line("fit_alpha_beta", sizes_, (alpha, bandwidth), (exp_alpha, exp_bw), FIT_TOL,
+    swept = f"{len(sizes)} sizes ({size(float(sizes.min()))} to {size(float(sizes.max()))})"
+    return (fit_line("fit_alpha_beta", swept, (alpha, bandwidth), (exp_alpha, exp_bw), FIT_TOL,
                      "alpha + S/B") + "; " +
             prediction_line(unseen, predicted, float(sample["predicted"]), PREDICT_TOL))
 

@@ -3,6 +3,7 @@ on how many cases, with the student's own figures beside the tolerance they met.
 figures are the student's answers, which matched: the line shows nothing the answer did not."""
 from __future__ import annotations
 
+
 def relative_error(got: float, expected: float) -> float:
     return abs(got - expected) / abs(expected) if expected else abs(got)
 

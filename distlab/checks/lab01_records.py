@@ -11,6 +11,7 @@ from distlab.runtime.comms import Comm
 
 
 def sends_record(n: int, sizes: list[int], peers: list[int]) -> list[Comm]:
+    """Rank 0's record of float32 sends of ``sizes`` bytes to ``peers``, in a group of ``n``."""
     return [Comm(rank=0, seq=i, op="isend", group=tuple(range(n)), shapes=[[b // 4]],
                  dtype="torch.float32", bytes=b, peer=p) for i, (b, p) in enumerate(zip(sizes, peers))]
 
@@ -24,15 +25,16 @@ def ring_records(n: int, numel: int) -> list[Comm]:
 
 
 def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, str, list[Comm]]]:
-    """(what, its short name, rank's record) on which ``bus_factor`` is checked: a ring all-reduce's record on each
-    world size (the student's ``ring`` run on ranks when given and it runs, sending no more than
-    its record says, else a correct ring's), then two other algorithms' records, where the ring's
-    2(n-1)/n is wrong."""
+    """(what, its short name, rank's record) on which ``bus_factor`` is checked: a ring
+    all-reduce's record on each world size (the student's ``ring`` run on ranks when given and it
+    runs, sending no more than its record says, else a correct ring's), then two other
+    algorithms' records, where the ring's 2(n-1)/n is wrong."""
     from distlab.labs.collectives import ring_record
     nbytes = numel * 4
     cases = []
     for n in world_sizes:
-        comms, what, short = None, f"the record a ring all-reduce makes on {n} ranks", f"a ring, {n} ranks"
+        comms, short = None, f"a ring, {n} ranks"
+        what = f"the record a ring all-reduce makes on {n} ranks"
         if ring is not None:
             try:
                 comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout(), check=lambda
@@ -44,8 +46,8 @@ def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, str,
         cases.append((what, short, comms if comms is not None else ring_records(n, numel)))
     n = 4
     cases.append(("the record of rank 0 of a direct all-reduce on 4 ranks (it sends its whole "
-                  "tensor to each other rank)", "direct, 4 ranks", sends_record(n, [nbytes] * (n - 1), [1, 2, 3])))
+                  "tensor to each other rank)", "direct, 4 ranks",
+                  sends_record(n, [nbytes] * (n - 1), [1, 2, 3])))
     cases.append(("the record of rank 1 of reduce-then-broadcast on 4 ranks (it sends its "
-                  "tensor to rank 0 once)", "reduce-then-broadcast",
-                  sends_record(n, [nbytes], [0])))
+                  "tensor to rank 0 once)", "reduce-then-broadcast", sends_record(n, [nbytes], [0])))
     return cases

@@ -286,7 +286,7 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
                 f"{got if not isinstance(got, (int, float)) else f'{got * 1e3:.6f} ms'}. "
                 f"Subtract the union of the compute spans from the union of the comm spans, "
                 f"both clipped to the window; answer in seconds.")
-        worst = max(worst, *(abs(float(g) - e) / abs(e) for g, e in ((got_share, share), (got, exposed)) if e))
+        worst = max([worst] + [abs(float(g) - e) / abs(e) for g, e in ((got_share, share), (got, exposed)) if e])
     ms = [float(e) * 1e3 for e in exposures]
     return (f"comm_share and exposed_comm on {len(cases)} steps (every rank of every run): your shares "
             f"{min(map(float, shares)):.3f} to {max(map(float, shares)):.3f}, exposed {min(ms):.3g} to "

@@ -49,5 +49,5 @@ def grade_gpu_answers(answers, stored: dict, rel: float, close) -> str:
     exposed = " and ".join(f"{s * 1e3:.6g} ms" for s in yours["nsys_exposed_comm_s"])
     return (f"gpu_answers: your A100 overlap fraction {yours['a100_overlap_fraction'][0]:.6g} and NCCL "
             f"share {yours['a100_nccl_share'][0]:.6g} (rank 0), the nsys export's exposed "
-            f"communication {exposed} (by rank): each the "
-            f"course's measure on the shipped traces, off by at most {worst:.2g} relative (allowed {rel:g})")
+            f"communication {exposed} (by rank): each the course's measure on the shipped traces, "
+            f"off by at most {worst:.2g} relative (allowed {rel:g})")

@@ -91,5 +91,5 @@ def grade_messages(predict, seed: int | None = None) -> str:
     sizes = "the lab's sizes and a smaller spec" if seed is None else "two drawn specs"
     return (f"predict_messages: {len(todo)} cases (every run on every rank, {sizes}), each the "
             f"formulas' count and bytes of all_reduce and send a step; your rank 0 "
-            f"{'at the lab sizes' if seed is None else 'of the first'} ({todo[0][2]} ranks): "
+            f"{'at the lab sizes' if seed is None else 'of the first spec'} ({todo[0][2]} ranks): "
             + "; ".join(f"{run} {said}" for run, said in shown.items()))
