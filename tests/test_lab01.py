@@ -90,8 +90,9 @@ def test_rs_ag_passes_stored_and_fresh():
     line = lab01.check_all_reduce_rs_ag(rs_ag, world_size=4, numel=7, seed=5)
     total = lab01.all_reduce_inputs(4, 7, 5).sum(0)     # what the hidden case checks against
     allowed = 1e-4 * max(1.0, float(total.abs().max()))
+    padded = 4 * (7 + (-7) % 4)     # bytes rs_ag reduce-scatters: 7 elements padded to 4 shards
     _shown(line, "on 4 ranks, 7 elements", f"(allowed {allowed:.2g} + 1e-05·|sum|)",
-           "one reduce-scatter then one all-gather")
+           f"one reduce-scatter ({padded:,} bytes, the whole tensor's {4 * 7:,} or more) then one all-gather")
     assert "seed" not in line    # a hidden case's seed stays hidden
 
 

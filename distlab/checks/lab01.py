@@ -197,7 +197,7 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
     """``fn(tensor)`` on every rank must return the sum over ranks, using exactly one
     reduce-scatter and one all-gather (no all_reduce)."""
     rows, expected, case = _case(world_size, numel, seed)
-    errors = {}
+    errors, moved = {}, []
     for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
         errors[out.backend] = _check_run(out, expected, "all_reduce_rs_ag", case)
         for rank, comms in enumerate(out.comms):
@@ -217,8 +217,10 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
                 raise CheckFailed(
                     f"all_reduce_rs_ag on {case}: rank {rank}'s reduce-scatter moved {rs[0].bytes} "
                     f"bytes, less than the whole tensor ({needed} bytes): every element must be reduced.")
+            moved.append(rs[0].bytes)
     return all_reduce_line("all_reduce_rs_ag", world_size, expected.numel(), errors,
-                           "one reduce-scatter then one all-gather on every rank")
+                           f"one reduce-scatter ({span(moved, lambda b: f'{b:,}')} bytes, the whole "
+                           f"tensor's {needed:,} or more) then one all-gather on every rank")
 
 
 def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
