@@ -100,7 +100,7 @@ PLAIN_KERNEL = textwrap.dedent('''
 
 def test_a_passing_check_gives_the_kernel_its_verdict_line_with_the_figures():
     """A test cell that prints a check (Lab 5's design cell) shows what the judge verified and
-    the figures (the largest error beside its tolerance, the bytes on the wire), never None."""
+    the figures (the largest error beside its tolerance, the bytes reduce-scattered), never None."""
     kernel = PLAIN_KERNEL.split("for fn in")[0] + textwrap.dedent('''
         line = check_all_reduce_rs_ag(right, world_size=2, seed=3)
         print("kernel got:", repr(line))
@@ -117,7 +117,7 @@ def test_a_passing_check_gives_the_kernel_its_verdict_line_with_the_figures():
     assert not got.startswith("kernel got: '"), got   # a notebook shows it as text, unquoted
     assert all("max abs error" in v for v in verdicts), verdicts   # the record keeps the line
     printed = out.split("kernel got:")[1].splitlines()[1]   # the cell's print(check(...))
-    assert "checks passed" in printed and "bytes on the wire" in out, out
+    assert "every rank's result is the sum" in printed and "one reduce-scatter (" in printed, out
 
 
 def test_kernel_without_judge_runs_checks_itself():

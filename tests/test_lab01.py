@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 
 from distlab.labs import collectives
-from distlab.checks.assertions import CheckFailed
-from distlab.checks import lab01
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
+from distlab.checks import lab01, lab01_records
+from distlab.checks.lab01_lines import duration, rate, size
 
 matplotlib.use("Agg")
 
@@ -70,9 +71,29 @@ def whole_tensor_ring(tensor):
     return total
 
 
+def _shown(line: str, *figures: str) -> None:
+    """A passing check's line (issue 42, item 5): one line, short, with each figure in it."""
+    assert "\n" not in line and len(line) <= VERDICT_CHARS, line
+    for figure in figures:
+        assert figure in line, (figure, line)
+
+
+def _ring_sent(n: int, numel: int, rank: int) -> int:
+    """Bytes ``rank`` sends in this file's ``ring`` on ``n`` ranks: chunk (r - s) mod n at
+    reduce-scatter step s, (r + 1 - s) mod n at all-gather step s, float32."""
+    chunks = [4 * len(c) for c in torch.tensor_split(torch.arange(numel), n)]
+    return sum(chunks[(rank - s) % n] + chunks[(rank + 1 - s) % n] for s in range(n - 1))
+
+
 def test_rs_ag_passes_stored_and_fresh():
     lab01.check_all_reduce_rs_ag(rs_ag, world_size=2)
-    lab01.check_all_reduce_rs_ag(rs_ag, world_size=4, numel=7, seed=5)
+    line = lab01.check_all_reduce_rs_ag(rs_ag, world_size=4, numel=7, seed=5)
+    total = lab01.all_reduce_inputs(4, 7, 5).sum(0)     # what the hidden case checks against
+    allowed = 1e-4 * max(1.0, float(total.abs().max()))
+    padded = 4 * (7 + (-7) % 4)     # bytes rs_ag reduce-scatters: 7 elements padded to 4 shards
+    _shown(line, "on 4 ranks, 7 elements", f"(allowed {allowed:.2g} + 1e-05·|sum|)",
+           f"one reduce-scatter ({padded:,} bytes, the whole tensor's {4 * 7:,} or more) then one all-gather")
+    assert "seed" not in line    # a hidden case's seed stays hidden
 
 
 def test_rs_ag_rejects_plain_all_reduce():
@@ -82,7 +103,11 @@ def test_rs_ag_rejects_plain_all_reduce():
 
 @pytest.mark.parametrize("world_size,numel", [(2, 10), (4, 13), (3, 5)])
 def test_ring_passes(world_size, numel):
-    lab01.check_ring_all_reduce(ring, world_size=world_size, numel=numel, seed=world_size + numel)
+    line = lab01.check_ring_all_reduce(ring, world_size=world_size, numel=numel, seed=world_size + numel)
+    n, sent = world_size, [_ring_sent(world_size, numel, r) for r in range(world_size)]
+    shown = f"{min(sent):,}" if min(sent) == max(sent) else f"{min(sent):,} to {max(sent):,}"
+    _shown(line, f"2(n-1) = {2 * (n - 1)} messages", f"{shown} bytes",
+           f"2(n-1)/n of {4 * numel:,}: {2 * (n - 1) / n * 4 * numel:,.0f}")
 
 
 def test_ring_rejects_collectives_and_excess_traffic():
@@ -93,7 +118,14 @@ def test_ring_rejects_collectives_and_excess_traffic():
 
 
 def test_bandwidths_check():
-    lab01.check_bandwidths(lab01.reference_bandwidths)
+    line = lab01.check_bandwidths(lab01.reference_bandwidths)
+    cases = lab01.bandwidth_cases(lab01.SEED)    # the stored cases' code
+    algbw = cases["nbytes"] / cases["seconds"] / 1e9
+    busbw = algbw * cases["factor"]
+    _shown(line, f"{len(algbw)} cases", f"your algbw {rate(algbw.min())} to {rate(algbw.max())} GB/s",
+           f"busbw {rate(busbw.min())} to {rate(busbw.max())} GB/s",
+           f"{size(cases['nbytes'].min())} to {size(cases['nbytes'].max())}",
+           f"(allowed {lab01.BANDWIDTH_TOL:g})")
     lab01.check_bandwidths(lab01.reference_bandwidths, seed=99)
 
     def no_bus_factor(nbytes, seconds, factor):
@@ -103,8 +135,14 @@ def test_bandwidths_check():
 
 
 def test_bus_factor_comes_from_the_rings_own_record():
-    lab01.check_bus_factor(lab01.reference_bus_factor, ring)
-    lab01.check_bus_factor(lab01.reference_bus_factor, ring, world_sizes=(3, 4), seed=3)
+    line = lab01.check_bus_factor(lab01.reference_bus_factor, ring)
+    nbytes = 4 * lab01.BUS_FACTOR_NUMEL
+    ring_factors = [_ring_sent(n, lab01.BUS_FACTOR_NUMEL, 0) / nbytes for n in lab01.BUS_FACTOR_WORLD_SIZES]
+    _shown(line, f"{nbytes:,}-byte buffer",
+           *[f"{f:.4g} (a ring, {n} ranks)" for f, n in zip(ring_factors, lab01.BUS_FACTOR_WORLD_SIZES)],
+           "3 (direct, 4 ranks)", "1 (reduce-then-broadcast)", f"(allowed {lab01.BUS_FACTOR_TOL:g})")
+    line = lab01.check_bus_factor(lab01.reference_bus_factor, ring, world_sizes=(3, 4), seed=3)
+    _shown(line, "(your ring, 3 ranks)", "(your ring, 4 ranks)")
 
     def from_the_table(comms, nbytes):
         # 2(n-1)/n looked up from the number of messages: right for a ring, for nothing else
@@ -141,7 +179,13 @@ def test_ring_model_fit_shows_the_latency_term():
     alpha, bandwidth = collectives.reference_ring_fit(world, sizes, times)
     assert alpha == pytest.approx(20e-6, rel=1e-9) and bandwidth == pytest.approx(1e9, rel=1e-9)
     lab01.check_ring_model(collectives.reference_ring_fit)
-    lab01.check_ring_model(collectives.reference_ring_fit, seed=3)
+    line = lab01.check_ring_model(collectives.reference_ring_fit, seed=3)
+    sample = lab01.ring_model_sample(3)
+    alpha, bandwidth = collectives.reference_ring_fit(sample["world_sizes"], sample["sizes"], sample["times"])
+    _shown(line, f"{len(sample['sizes'])} runs (2 and 4 ranks",
+           f"your alpha {duration(alpha)} and bandwidth {bandwidth / 1e9:.4g} GB/s",
+           f"(allowed {lab01.FIT_TOL:g})")
+    assert "seed" not in line
 
     def ignores_world_size(world_sizes, sizes, times):
         return lab01.reference_fit(sizes, times)
@@ -153,7 +197,14 @@ def test_alpha_beta_check():
     def predict(alpha, bandwidth, nbytes):
         return alpha + nbytes / bandwidth
     lab01.check_alpha_beta(lab01.reference_fit, predict)
-    lab01.check_alpha_beta(lab01.reference_fit, predict, seed=7)
+    line = lab01.check_alpha_beta(lab01.reference_fit, predict, seed=7)
+    sample = lab01.sweep_sample(7)
+    alpha, bandwidth = lab01.reference_fit(sample["sizes"], sample["times"])
+    unseen = float(sample["unseen"])
+    _shown(line, f"{len(sample['sizes'])} sizes", f"your alpha {duration(alpha)} and bandwidth "
+           f"{bandwidth / 1e9:.4g} GB/s", f"predict_time at {size(unseen)}: your "
+           f"{duration(predict(alpha, bandwidth, unseen))}", f"(allowed {lab01.PREDICT_TOL:g})")
+    assert "seed" not in line
     with pytest.raises(CheckFailed, match="relative"):
         lab01.check_alpha_beta(collectives.plain_fit, predict, seed=7)
 
@@ -208,7 +259,7 @@ def test_bus_factor_check_builds_a_ring_record_when_the_ring_does_not_run():
     def unanswered(tensor):
         raise NotImplementedError
     lab01.check_bus_factor(lab01.reference_bus_factor, unanswered, seed=5)
-    record = lab01._ring_records(4, 1030)
+    record = lab01_records.ring_records(4, 1030)
     assert lab01.reference_bus_factor(record, 1030 * 4) == pytest.approx(2 * 3 / 4, rel=1e-2)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed, assert_close
 from distlab.checks import lab05
 from distlab.checks.stored import load as load_stored
 from distlab.course import solutions
@@ -70,8 +70,15 @@ def test_partition_layers_is_balanced_and_contiguous():
 
 
 def test_check_partition(sol):
-    lab05.check_partition(sol["partition"])
-    lab05.check_partition(sol["partition"], seed=123)
+    line = lab05.check_partition(sol["partition"])
+    # the line shows the student's cut of the largest case that does not divide evenly
+    L, p = max((L, p) for L, p in lab05.PARTITION_CASES if L % p)
+    ranges = sol["partition"](L, p)
+    assert f"{len(lab05.PARTITION_CASES)} cuts" in line and len(line) <= VERDICT_CHARS, line
+    assert f"your partition({L}, {p}) = {ranges}: sizes {'/'.join(str(b - a) for a, b in ranges)}" in line
+    assert f"{L}/{p} = {L / p:.3g}" in line
+    line = lab05.check_partition(sol["partition"], seed=123)
+    assert "12 cuts" in line and "seed" not in line and len(line) <= VERDICT_CHARS, line
 
     def remainder_on_last(L, p):
         return [(s * (L // p), (s + 1) * (L // p) if s < p - 1 else L) for s in range(p)]
@@ -118,7 +125,11 @@ def test_stored_references_match_the_code():
 
 
 def test_solutions_pass_every_check(sol):
-    lab05.check_naive(sol["naive_step"], world_size=2)
+    from distlab.checks.messenger import run_check
+    _, line = run_check(lab05.check_naive.__judged__, sol["naive_step"], world_size=2)
+    # the passing line shows the student's gradients, not the check's look at its stored batch
+    assert "checks passed" in line and "naive_step: gradient of" in line, line
+    assert "stored vs drawn" not in line, line
     lab05.check_gpipe(sol["gpipe_step"], world_size=4, num_microbatches=2, num_layers=5, seed=7)
     run = lab05.check_1f1b(sol["one_f_one_b_step"], world_size=4, num_microbatches=8, batch=16,
                            num_layers=7, seed=11)

@@ -8,6 +8,7 @@ times against constants.
 """
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import math
@@ -17,7 +18,7 @@ import torch
 
 from distlab.labs.timelines import chrome, gpu_traces, views
 from distlab.labs.timelines import trace as T
-from distlab.checks.assertions import CheckFailed
+from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
 from distlab.checks import lab06
 from distlab.course.solutions import solution_functions
 from distlab.labs.timelines.runs import Spec, formula_messages, profile_all
@@ -151,11 +152,29 @@ def _solution(name: str):
     return solution_functions(lab06.LAB, (name,))[name]
 
 
+def _shown(line: str, *figures: str) -> None:
+    """A passing check's line (issue 42, item 5): one line, short, with each figure in it."""
+    assert "\n" not in line and len(line) <= VERDICT_CHARS, line
+    for figure in figures:
+        assert figure in line, (figure, line)
+
+
 def test_solution_passes_every_check():
-    lab06.check_collective_events(_solution("collective_events"))
-    lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"))
-    lab06.check_classify(_solution("classify"))
-    lab06.check_overlap_fraction(_solution("overlap_fraction"))
+    from distlab.checks.stored import load
+    line = lab06.check_collective_events(_solution("collective_events"))
+    counts = [len(T.collective_events(blob)) for name in lab06.STORED for blob in lab06.stored_traces(name)]
+    _shown(line, f"on {len(counts)} rank traces: your {min(counts)} to {max(counts)} collectives")
+    line = lab06.check_comm_share(_solution("comm_share"), _solution("exposed_comm"))
+    shares = torch.cat([load(lab06.LAB, name)["comm_share"].flatten() for name in lab06.STORED])
+    exposed = torch.cat([load(lab06.LAB, name)["exposed_comm"].flatten() for name in lab06.STORED]) * 1e3
+    _shown(line, f"on {len(shares)} steps", f"your shares {shares.min():.3f} to {shares.max():.3f}, "
+           f"exposed {exposed.min():.3g} to {exposed.max():.3g} ms", f"(allowed {lab06.REL:g})")
+    line = lab06.check_classify(_solution("classify"))
+    _shown(line, *[f"{lab06.LABELS[int(load(lab06.LAB, name)['label'])]} ({lab06.STORED[name]})"
+                   for name in lab06.STORED])
+    line = lab06.check_overlap_fraction(_solution("overlap_fraction"))
+    _shown(line, *[f"{lab06.STORED[name]} rank {r} {f:.3f}" for name in ("dp_naive", "dp_overlapped")
+                   for r, f in enumerate(load(lab06.LAB, name)["overlap_fraction"].tolist())])
 
 
 def test_visible_checks_need_no_answer_of_the_course(monkeypatch):
@@ -279,7 +298,11 @@ def test_reads_the_cpu_gloo_trace():
 def test_gpu_answers_check_passes_the_courses_measures_and_names_a_swap():
     from distlab.checks.assertions import CheckFailed
     answers = lab06.reference_gpu_answers()
-    lab06.check_gpu_traces(answers)
+    line = lab06.check_gpu_traces(answers)
+    ms = " and ".join(f"{s * 1e3:.6g} ms" for s in answers["nsys_exposed_comm_s"])
+    _shown(line, f"overlap fraction {answers['a100_overlap_fraction']:.6g}",
+           f"NCCL share {answers['a100_nccl_share']:.6g}", f"exposed communication {ms}",
+           f"(allowed {lab06.REL:g})")
     assert 0 < answers["a100_overlap_fraction"] < 1 and 0 < answers["a100_nccl_share"] < 1
     swapped = dict(answers, a100_overlap_fraction=answers["a100_nccl_share"],
                    a100_nccl_share=answers["a100_overlap_fraction"])
@@ -307,7 +330,15 @@ def test_prediction_and_bucket_plan_pass_with_the_solution():
     from distlab.checks.stored import EXACT64
     from distlab.labs.timelines.buckets import exposed
     f = _lab6("predict_messages", "plan_buckets")
-    lab06.check_predicted_messages(f["predict_messages"])
+    line = lab06.check_predicted_messages(f["predict_messages"])
+    said = {run: collections.Counter() for run in ("DP naive", "TP", "PP")}
+    for run in said:
+        for op, nbytes in formula_messages(run, Spec(), 2, 0):    # rank 0 at the lab's sizes
+            said[run][op, "count"] += 1
+            said[run][op, "bytes"] += nbytes
+    from distlab.checks.lab06_prediction import message_cases
+    _shown(line, f"{len(message_cases(None))} cases", *[f"{run} {c[op, 'count']} {op} ({c[op, 'bytes']:,} bytes)"
+                               for run, c in said.items() for op in ("all_reduce", "send") if c[op, "count"]])
     lab06.check_predicted_messages(f["predict_messages"], seed=21)
     verdict = lab06.check_bucket_plan(f["plan_buckets"])
     assert "the hinted designs wait" in verdict and "gradients equal" in verdict

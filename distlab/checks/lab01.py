@@ -31,9 +31,11 @@ import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
 from distlab.checks.crossed import assert_crossed_as_recorded
-from distlab.checks.ranks import call_each, rank_timeout, run_each_backend
+from distlab.checks.lab01_lines import (all_reduce_line, bandwidths_line, bus_factor_line, fit_line,
+                                       prediction_line, size, span)
+from distlab.checks.lab01_records import bus_factor_cases
+from distlab.checks.ranks import call_each, run_each_backend
 from distlab.labs.collectives import reference_fit, reference_ring_fit
-from distlab.runtime.comms import Comm
 from distlab.runtime.devices import device as rank_device
 from distlab.runtime.per_rank import PerRank, reference
 
@@ -52,6 +54,8 @@ BUS_FACTOR = {  # busbw / algbw, from nccl-tests' doc/PERFORMANCE.md
     "reduce_scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
+# How close an answer must be (relative): the same arithmetic, or a least-squares solve in float64
+BANDWIDTH_TOL, BUS_FACTOR_TOL, FIT_TOL, PREDICT_TOL = 1e-6, 1e-9, 1e-4, 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +135,7 @@ def make_references() -> dict[str, dict]:
         "seed": SEED, "world_sizes": torch.tensor(BUS_FACTOR_WORLD_SIZES),
         "numel": torch.tensor(BUS_FACTOR_NUMEL),
         "expected": torch.tensor([reference_bus_factor(comms, 4 * BUS_FACTOR_NUMEL)
-                                  for _, comms in cases], dtype=torch.float64)}
+                                  for _, _, comms in cases], dtype=torch.float64)}
     return refs
 
 
@@ -174,8 +178,9 @@ def _case(world_size: int, numel: int | None, seed: int | None) -> tuple[PerRank
     return PerRank([row.clone() for row in inputs]), expected, case   # copies: a view holds all rows
 
 
-def _check_run(out, expected: torch.Tensor, name: str, case: str) -> None:
-    """What crossed is what the record says (so that the record can be graded), and the values."""
+def _check_run(out, expected: torch.Tensor, name: str, case: str) -> tuple[float, float]:
+    """What crossed is what the record says (so that the record can be graded), and the values:
+    (the largest error of any rank, the absolute part of its allowance) for the passing line."""
     assert_crossed_as_recorded(out, f"{name} on {case}")
     for rank, got in enumerate(out):
         if isinstance(got, torch.Tensor) and got.shape != expected.shape and got.numel() == expected.numel():
@@ -183,15 +188,18 @@ def _check_run(out, expected: torch.Tensor, name: str, case: str) -> None:
                               f"return the result in the input's shape {list(expected.shape)}.")
         assert_close(got, expected, what=f"{name} on {case} ({out.backend})", rank=rank, atol=1e-4, rtol=1e-5,
                      hint="Every rank must end with the elementwise sum of all ranks' tensors.")
+    worst = max(float((got.cpu().double() - expected.double()).abs().max()) for got in out)
+    return worst, 1e-4 * max(1.0, float(expected.abs().max()))   # assert_close's scaled atol
 
 
 def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
-                           seed: int | None = None) -> None:
+                           seed: int | None = None) -> str:
     """``fn(tensor)`` on every rank must return the sum over ranks, using exactly one
     reduce-scatter and one all-gather (no all_reduce)."""
     rows, expected, case = _case(world_size, numel, seed)
+    errors, moved = {}, []
     for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
-        _check_run(out, expected, "all_reduce_rs_ag", case)
+        errors[out.backend] = _check_run(out, expected, "all_reduce_rs_ag", case)
         for rank, comms in enumerate(out.comms):
             ops = [c.op for c in comms]
             rs = [c for c in comms if c.op in REDUCE_SCATTER]
@@ -209,16 +217,21 @@ def check_all_reduce_rs_ag(fn, world_size: int = 2, numel: int | None = None,
                 raise CheckFailed(
                     f"all_reduce_rs_ag on {case}: rank {rank}'s reduce-scatter moved {rs[0].bytes} "
                     f"bytes, less than the whole tensor ({needed} bytes): every element must be reduced.")
+            moved.append(rs[0].bytes)
+    return all_reduce_line("all_reduce_rs_ag", world_size, expected.numel(), errors,
+                           f"one reduce-scatter ({span(moved, lambda b: f'{b:,}')} bytes, the whole "
+                           f"tensor's {needed:,} or more) then one all-gather on every rank")
 
 
 def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
-                          seed: int | None = None) -> None:
+                          seed: int | None = None) -> str:
     """``fn(tensor)`` must return the sum over ranks using point-to-point messages only: each rank
     sends 2(n-1) messages to one ring neighbour, 2(n-1)/n of the tensor in all."""
     rows, expected, case = _case(world_size, numel, seed)
     n, numel_, item = world_size, expected.numel(), expected.element_size()
+    errors, sent_each = {}, []
     for backend, out in run_each_backend(_apply_on_rank, world_size, rows, fn):
-        _check_run(out, expected, "ring_all_reduce", case)
+        errors[out.backend] = _check_run(out, expected, "ring_all_reduce", case)
         sent_total = 0
         for rank, comms in enumerate(out.comms):
             collective = sorted({c.op for c in comms if c.op not in P2P})
@@ -245,10 +258,15 @@ def check_ring_all_reduce(fn, world_size: int = 4, numel: int | None = None,
                     f"send 2(n-1)/n of the tensor, {2 * (n - 1) / n * numel_ * item:.0f} bytes "
                     f"(between {low} and {high} with uneven chunks): send chunks, not the whole tensor.")
             sent_total += sent
+            sent_each.append(sent)
         if sent_total != 2 * (n - 1) * numel_ * item:
             raise CheckFailed(f"ring_all_reduce on {case}: the ranks sent {sent_total} bytes in all; "
                               f"a ring sends every chunk n-1 times in each phase, "
                               f"2(n-1) x {numel_ * item} = {2 * (n - 1) * numel_ * item} bytes.")
+    sent = span(sent_each, lambda b: f"{b:,}")
+    return all_reduce_line("ring_all_reduce", n, numel_, errors,
+                           f"every rank sent 2(n-1) = {2 * (n - 1)} messages to one neighbour, {sent} "
+                           f"bytes (2(n-1)/n of {numel_ * item:,}: {2 * (n - 1) / n * numel_ * item:,.0f})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,63 +280,24 @@ def _as_pair(value, name: str) -> tuple[float, float]:
         raise CheckFailed(f"{name} must return a pair of numbers, got {value!r}.")
 
 
-def check_bandwidths(fn, seed: int | None = None) -> None:
+def check_bandwidths(fn, seed: int | None = None) -> str:
     """``fn(nbytes, seconds, factor)`` must return nccl-tests' (algbw, busbw) in GB/s."""
     cases = _stored("bandwidths") if seed is None else _marked("bandwidths", bandwidth_cases(seed))
     calls = list(zip(*(cases[k].double().tolist() for k in ("nbytes", "seconds", "factor"))))
-    for i, ((nbytes, seconds, factor), answer) in enumerate(zip(calls, call_each(fn, calls))):
-        got = _as_pair(answer, "bandwidths")
-        exp = [float(v) for v in cases["expected"][i]]
+    answers, expected = [], cases["expected"].tolist()
+    for (nbytes, seconds, factor), answer, exp in zip(calls, call_each(fn, calls), expected):
+        answers.append(got := _as_pair(answer, "bandwidths"))
         for label, g, e, hint in (("algbw", got[0], exp[0], "algbw = size / time, in GB/s (1e9 bytes/s)."),
                                   ("busbw", got[1], exp[1], f"busbw = algbw x factor ({factor:.4g}).")):
-            if not math.isclose(g, e, rel_tol=1e-6):
+            if not math.isclose(g, e, rel_tol=BANDWIDTH_TOL):
                 raise CheckFailed(f"bandwidths(nbytes={nbytes:.0f}, seconds={seconds:.3g}, "
                                   f"factor={factor:.4g}): {label} expected {e:.6g} GB/s, got "
                                   f"{g:.6g}. {hint}")
-
-
-def _records(n: int, sizes: list[int], peers: list[int]) -> list[Comm]:
-    return [Comm(rank=0, seq=i, op="isend", group=tuple(range(n)), shapes=[[b // 4]],
-                 dtype="torch.float32", bytes=b, peer=p) for i, (b, p) in enumerate(zip(sizes, peers))]
-
-
-def _ring_records(n: int, numel: int) -> list[Comm]:
-    """Rank 0's sends in a ring all-reduce of ``numel`` float32 elements: 2(n-1) chunks to rank 1,
-    chunk (0 - s) mod n in the reduce-scatter phase, (1 - s) mod n in the all-gather phase."""
-    chunks = [len(c) for c in torch.tensor_split(torch.arange(numel), n)]
-    order = [(-s) % n for s in range(n - 1)] + [(1 - s) % n for s in range(n - 1)]
-    return _records(n, [4 * chunks[c] for c in order], [1 % n] * len(order))
-
-
-def bus_factor_cases(world_sizes, numel: int, ring=None) -> list[tuple[str, list[Comm]]]:
-    """(what, rank's record) on which ``bus_factor`` is checked: a ring all-reduce's record on each
-    world size (the student's ``ring`` run on ranks when given and it runs, sending no more than
-    its record says, else a correct ring's), then two other algorithms' records, where the ring's
-    2(n-1)/n is wrong."""
-    from distlab.labs.collectives import ring_record
-    nbytes = numel * 4
-    cases = []
-    for n in world_sizes:
-        comms, what = None, f"the record a ring all-reduce makes on {n} ranks"
-        if ring is not None:
-            try:
-                comms = ring_record(ring, world_size=n, numel=numel, timeout=rank_timeout(), check=lambda
-                                    out: assert_crossed_as_recorded(out, "ring_all_reduce"))["comms"]
-                what = f"your ring_all_reduce's record on {n} ranks"
-            except Exception:  # noqa: BLE001  (Exercise 2 unanswered or failing: graded there)
-                what += (" (your ring_all_reduce did not run, or sent outside its record, so the "
-                         "check built the record of a correct one)")
-        cases.append((what, comms if comms is not None else _ring_records(n, numel)))
-    n = 4
-    cases.append(("the record of rank 0 of a direct all-reduce on 4 ranks (it sends its whole "
-                  "tensor to each other rank)", _records(n, [nbytes] * (n - 1), [1, 2, 3])))
-    cases.append(("the record of rank 1 of reduce-then-broadcast on 4 ranks (it sends its "
-                  "tensor to rank 0 once)", _records(n, [nbytes], [0])))
-    return cases
+    return bandwidths_line(calls, answers, expected, BANDWIDTH_TOL)
 
 
 def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | None = None,
-                     seed: int | None = None) -> None:
+                     seed: int | None = None) -> str:
     """``fn(comms, nbytes)`` must return the bytes the record's sends carried over ``nbytes``: on
     a ring all-reduce's records (2(n-1)/n) and on two other algorithms' records, where the ring's
     2(n-1)/n is wrong. Visible (no ``seed``): a correct ring's records on 2 and 4 ranks, against
@@ -331,23 +310,25 @@ def check_bus_factor(fn, ring, world_sizes=BUS_FACTOR_WORLD_SIZES, numel: int | 
     else:
         numel = numel if numel is not None else 1024 + seed % 1024   # KiBs: see _case
         cases = bus_factor_cases(world_sizes, numel, ring)
-        expected_factors = [reference(reference_bus_factor(comms, numel * 4)) for _, comms in cases]
+        expected_factors = [reference(reference_bus_factor(comms, numel * 4)) for *_, comms in cases]
     nbytes = numel * 4
-    answers = call_each(fn, [(comms, nbytes) for _, comms in cases])   # one launch for all
-    for (what, comms), expected, got in zip(cases, expected_factors, answers, strict=True):
+    answers = call_each(fn, [(comms, nbytes) for *_, comms in cases])   # one launch for all
+    for i, ((what, _, comms), expected, got) in enumerate(zip(cases, expected_factors, answers, strict=True)):
         try:
-            got = float(got)
+            got = answers[i] = float(got)
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"bus_factor on {what}: expected a number, got an error: {err}")
-        if not math.isclose(got, expected, rel_tol=1e-9):
+        if not math.isclose(got, expected, rel_tol=BUS_FACTOR_TOL):
             raise CheckFailed(
                 f"bus_factor(comms, nbytes={nbytes}) on {what}: expected {expected:.6g}, got {got:.6g}. "
                 f"Derive it from the record: the sends in it carried {round(expected * nbytes)} bytes, "
                 f"and busbw / algbw = bytes one rank sent / buffer bytes (a table's 2(n-1)/n "
                 f"holds for a ring only).")
+    return bus_factor_line([short for _, short, _ in cases], answers, expected_factors, nbytes,
+                           BUS_FACTOR_TOL)
 
 
-def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
+def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> str:
     """``fit_fn(sizes, times)`` must return (alpha, bandwidth) of the relative least-squares fit;
     ``predict_fn(alpha, bandwidth, nbytes)`` the model's time for an unseen size."""
     sample = _stored("alpha_beta") if seed is None else _marked("alpha_beta", sweep_sample(seed))
@@ -357,7 +338,7 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
     exp_alpha, exp_bw = (float(v) for v in sample["fit"])
     for label, got, exp, unit in (("alpha (latency)", alpha, exp_alpha, "s"),
                                   ("bandwidth", bandwidth, exp_bw, "bytes/s")):
-        if not math.isclose(got, exp, rel_tol=1e-4):
+        if not math.isclose(got, exp, rel_tol=FIT_TOL):
             raise CheckFailed(
                 f"fit_alpha_beta on {where}: {label} expected {exp:.6g} {unit}, got {got:.6g}. "
                 f"Minimise the relative error sum(((alpha + S/B - t)/t)^2): divide each row of the "
@@ -365,13 +346,18 @@ def check_alpha_beta(fit_fn, predict_fn, seed: int | None = None) -> None:
     unseen = float(sample["unseen"])
     # The fit is predict_time's input (fit_fn's answer was judged above): a plain float.
     predicted = float(predict_fn(exp_alpha, exp_bw, unseen))
-    if not math.isclose(predicted, float(sample["predicted"]), rel_tol=1e-6):
+    if not math.isclose(predicted, float(sample["predicted"]), rel_tol=PREDICT_TOL):
         raise CheckFailed(f"predict_time(alpha={exp_alpha:.4g}, bandwidth={exp_bw:.4g}, "
                           f"nbytes={unseen:.0f}): expected {float(sample['predicted']):.6g} s, "
                           f"got {predicted:.6g}.")
+    sizes = sample["sizes"]   # not the copy fit_fn had: it may have changed it
+    swept = f"{len(sizes)} sizes ({size(float(sizes.min()))} to {size(float(sizes.max()))})"
+    return (fit_line("fit_alpha_beta", swept, (alpha, bandwidth), (exp_alpha, exp_bw), FIT_TOL,
+                     "alpha + S/B") + "; " +
+            prediction_line(unseen, predicted, float(sample["predicted"]), PREDICT_TOL))
 
 
-def check_ring_model(fn, seed: int | None = None) -> None:
+def check_ring_model(fn, seed: int | None = None) -> str:
     """``fn(world_sizes, sizes, times)`` must return (alpha, bandwidth) of the relative
     least-squares fit of t = 2(n-1) alpha + 2(n-1)/n S/B over all rows at once."""
     sample = _stored("ring_model") if seed is None else _marked("ring_model", ring_model_sample(seed))
@@ -381,11 +367,16 @@ def check_ring_model(fn, seed: int | None = None) -> None:
     exp_alpha, exp_bw = (float(v) for v in sample["fit"])
     for label, got, exp, unit in (("alpha (latency per step)", alpha, exp_alpha, "s"),
                                   ("bandwidth", bandwidth, exp_bw, "bytes/s")):
-        if not math.isclose(got, exp, rel_tol=1e-4):
+        if not math.isclose(got, exp, rel_tol=FIT_TOL):
             raise CheckFailed(
                 f"fit_ring_model on {where}: {label} expected {exp:.6g} {unit}, got {got:.6g}. "
                 f"The ring's time on n ranks is t = 2(n-1) alpha + 2(n-1)/n S/B: fit both world "
                 f"sizes at once with the rows [2(n-1), 2(n-1)/n S] / t (relative error).")
+    world, sizes = sample["world_sizes"].tolist(), sample["sizes"]   # as given, not as fn left them
+    rows = (f"{len(world)} runs ({' and '.join(str(int(n)) for n in sorted(set(world)))} ranks, "
+            f"{size(float(sizes.min()))} to {size(float(sizes.max()))})")
+    return fit_line("fit_ring_model", rows, (alpha, bandwidth), (exp_alpha, exp_bw), FIT_TOL,
+                    "2(n-1)·alpha + 2(n-1)/n·S/B")
 
 
 __all__ = ["check_all_reduce_rs_ag", "check_ring_all_reduce", "check_bandwidths",

@@ -256,7 +256,9 @@ def check_collective_events(fn, seed: int | None = None) -> str:
                     f"{where}: collective #{i} ({e[0]}) expected start {e[2]:.6f} s and duration "
                     f"{e[3] * 1e6:.3f} us, got {g[2]!r} and {g[3]!r}. Trace times ('ts', 'dur') "
                     f"are microseconds: multiply by 1e-6; sort by start.")
-    return f"collective_events: every collective of {len(cases)} rank traces, as recorded"
+    counts = sorted(len(got) for got in answers)
+    return (f"collective_events on {len(cases)} rank traces: your {counts[0]} to {counts[-1]} collectives a "
+            f"trace, each op and bytes as recorded, start and duration within 1e-12 and 1e-09 relative")
 
 
 def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
@@ -266,6 +268,7 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
              for i, window in enumerate(timeline.steps(rank))]
     calls = [(timeline, rank, window) for _, timeline, _, rank, _, window in cases]
     shares, exposures = call_each(share_fn, calls), call_each(exposed_fn, calls)   # two launches
+    worst = 0.0
     for (what, timeline, stored, rank, i, window), got_share, got_exposed in zip(cases, shares, exposures):
         where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
         share = reference(reference_comm_share(timeline, rank, window) if stored is None
@@ -283,7 +286,11 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
                 f"{got if not isinstance(got, (int, float)) else f'{got * 1e3:.6f} ms'}. "
                 f"Subtract the union of the compute spans from the union of the comm spans, "
                 f"both clipped to the window; answer in seconds.")
-    return f"comm_share and exposed_comm: {len(cases)} steps (every rank of every run) as the references"
+        worst = max([worst] + [abs(float(g) - e) / abs(e) for g, e in ((got_share, share), (got, exposed)) if e])
+    ms = [float(e) * 1e3 for e in exposures]
+    return (f"comm_share and exposed_comm on {len(cases)} steps (every rank of every run): your shares "
+            f"{min(map(float, shares)):.3f} to {max(map(float, shares)):.3f}, exposed {min(ms):.3g} to "
+            f"{max(ms):.3g} ms, each off the reference by at most {worst:.2g} relative (allowed {REL:g})")
 
 
 def check_classify(fn, seed: int | None = None) -> str:
@@ -298,7 +305,8 @@ def check_classify(fn, seed: int | None = None) -> str:
                 f"expected {expected!r}, got {got!r}. Measure: are there point-to-point "
                 f"messages (send/recv)? Do collectives happen inside the forward range, or only "
                 f"after it? How many per step, how large?")
-    return f"classify: {len(cases)} unlabelled timelines named {answers}"
+    made = ", ".join(f"{got} ({timeline.label})" for (_, _, timeline, _), got in zip(cases, answers))
+    return f"classify on {len(cases)} unlabelled timelines: your {made}: each the parallelism that made it"
 
 
 def check_overlap_fraction(fn, seed: int | None = None) -> str:
@@ -314,7 +322,8 @@ def check_overlap_fraction(fn, seed: int | None = None) -> str:
                 f"overlap_fraction on {what}, rank {rank}: expected {expected:.6f}, got {got!r}. "
                 f"Over all steps: 1 - (sum of exposed communication) / (sum of communication "
                 f"time), the communication time of a step being comm_share x its length.")
-    return f"overlap_fraction: {[round(float(a), 3) for a in answers]} on the DP runs' ranks"
+    yours = "; ".join(f"{t.label} rank {r} {float(a):.3f}" for (_, t, _, r), a in zip(cases, answers))
+    return f"overlap_fraction: your {yours}: each the reference's within 1e-09"
 
 
 __all__ = ["check_collective_events", "check_comm_share", "check_classify", "check_overlap_fraction",
@@ -325,7 +334,7 @@ __all__ = ["check_collective_events", "check_comm_share", "check_classify", "che
 # ---------------------------------------------------------------------------------------------
 # Exercise 5: the real GPU traces shipped under data/traces
 
-from distlab.checks.lab06_gpu import GPU_HINTS, GPU_KEYS, gpu_answers  # noqa: E402
+from distlab.checks.lab06_gpu import GPU_KEYS, grade_gpu_answers, gpu_answers  # noqa: E402,F401
 
 
 def reference_gpu_answers() -> dict:
@@ -333,34 +342,19 @@ def reference_gpu_answers() -> dict:
     return gpu_answers(reference_overlap_fraction, reference_comm_share, reference_exposed_comm)
 
 
-def check_gpu_traces(answers) -> None:
+def check_gpu_traces(answers) -> str:
     """``answers``: the A100 trace's overlap fraction and NCCL share (rank 0, over its GPU window)
     and the nsys export's exposed communication per rank (seconds, over each rank's GPU window)."""
-    if not isinstance(answers, dict) or set(answers) != set(GPU_KEYS):
-        raise CheckFailed(f"gpu_answers must be a dict with the keys {list(GPU_KEYS)}, got "
-                          f"{answers!r:.200}.")
     from distlab.checks.stored import load
     stored = load(LAB, "gpu")   # the references on the shipped files, stored: a handout has none
-    expected = {key: stored[key].item() if stored[key].dim() == 0 else stored[key].tolist()
-                for key in GPU_KEYS}
-    for key in GPU_KEYS:
-        got, exp = answers[key], expected[key]
-        got_list = got if isinstance(got, (list, tuple)) else [got]
-        exp_list = exp if isinstance(exp, list) else [exp]
-        try:
-            got_list = [float(v) for v in got_list]
-        except (TypeError, ValueError):
-            raise CheckFailed(f"gpu_answers[{key!r}] must be a number (or one per rank), got {got!r:.100}.")
-        if len(got_list) != len(exp_list) or not all(_close(g, e) for g, e in zip(got_list, exp_list)):
-            raise CheckFailed(f"gpu_answers[{key!r}]: expected {exp_list if len(exp_list) > 1 else exp_list[0]:}, "
-                              f"got {got}. {GPU_HINTS[key]}")
+    return grade_gpu_answers(answers, stored, REL, _close)
 
 
-def check_predicted_messages(predict_messages, seed: int | None = None) -> None:
+def check_predicted_messages(predict_messages, seed: int | None = None) -> str:
     """``predict_messages(run, spec, world_size, rank)``: the (op, bytes) messages the rank sends
     per step, by the formulas of Labs 2, 3 and 5 (``lab06_prediction``)."""
     from distlab.checks.lab06_prediction import grade_messages
-    grade_messages(predict_messages, seed)
+    return grade_messages(predict_messages, seed)
 
 
 def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:

@@ -55,11 +55,20 @@ def messages_set() -> dict:
                                      for run, spec, n, rank in message_cases(None)], dtype=torch.int64)}
 
 
-def grade_messages(predict, seed: int | None = None) -> None:
+def _counted(summary: list[int]) -> str:
+    """"4 all_reduce (1,024 bytes)" for each op a summary has messages of."""
+    return " + ".join(f"{summary[2 * i]} {op} ({summary[2 * i + 1]:,} bytes)"
+                      for i, op in enumerate(OPS) if summary[2 * i]) or "none"
+
+
+def grade_messages(predict, seed: int | None = None) -> str:
+    """Every case's (count, bytes) per op against the formulas'; on a pass, the line that says so
+    with the student's rank 0 figures of each run at the first spec."""
     todo = message_cases(seed)
     expected = reference(expected_values(LAB, "messages", "summary", seed, todo,
                                          lambda case: _summary(formula_messages(*case))))
     answers = call_each(predict, todo)   # every case in one launch
+    shown = {}
     for (run, spec, n, rank), want, got in zip(todo, expected, answers):
         call = f"predict_messages({run!r}, {spec}, world_size={n}, rank={rank})"
         try:
@@ -77,3 +86,10 @@ def grade_messages(predict, seed: int | None = None) -> None:
                 "one all-reduce of this rank's (b, s, h) activation per MLP in forward and in "
                 "backward, but for the first MLP's backward. PP (Lab 5): per microbatch, a send "
                 "forward unless last stage, a send back unless first. float32: 4 bytes.")
+        if rank == 0 and spec == todo[0][1]:
+            shown[run] = _counted(got)
+    sizes = "the lab's sizes and a smaller spec" if seed is None else "two drawn specs"
+    return (f"predict_messages: {len(todo)} cases (every run on every rank, {sizes}), each the "
+            f"formulas' count and bytes of all_reduce and send a step; your rank 0 "
+            f"{'at the lab sizes' if seed is None else 'of the first spec'} ({todo[0][2]} ranks): "
+            + "; ".join(f"{run} {said}" for run, said in shown.items()))
