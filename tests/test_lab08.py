@@ -568,6 +568,23 @@ def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
     assert float(row["score"]) == sum(POINTS.values()) - sum(POINTS[t] for t in lost)
 
 
+@pytest.mark.slow
+def test_graded_design_cells_print_the_scale_not_none(graded_samples):
+    """Under the grader each design cell shows the verdict line the judge sends back: the
+    solution's peak beside Hint 3's design's, the bar and the bound (the site shows the same
+    comparison, from the executed solution), never a bare None."""
+    import nbformat
+    from distlab.labs.sharded.budget import design_bound
+    nb = nbformat.read(graded_samples["autograded"]("solution", LAB), as_version=4)
+    for grade_id, verdict in (("test_design", "within Hint 3's design's peak"),
+                              ("test_design_bar", "within the bar")):
+        cell = next(c for c in nb.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert verdict in text and f"the bound {design_bound(2):,}" in text, text
+        assert "None" not in text.split(), text
+
+
 def test_the_student_version_imports_only_what_it_uses():
     """fresh_seed is the hidden tests' (imported in their own block), not the student's."""
     import nbformat

@@ -873,3 +873,9 @@ print(check_design_bar(design, world_size=4, seed=fresh_seed()))   # test_design
 #   runs per student, and the single-process references run on one thread. Graded beside the
 #   previous version on the same busy machine (load average 18–20, two runs each): 33 CPU-s before,
 #   22 after.
+#   The scale (test_design, test_design_bar) grades one run: the bar's cell reads the first
+#   cell's, so it launches nothing. The course's design costs more to run than Hint 3's (a unit
+#   per Linear and its gathers again in backward: about 2.5 times the collectives), so the full
+#   answer's design test went from 5.4 to 10.9 CPU-s at load 10-15 (15.8 to 22.7 CPU-s for the
+#   lab) and from 5.9 to 7.3 at load 7-9 (18.5 to 16.9 for the lab); the bar's cell is within
+#   the noise of the small tests.

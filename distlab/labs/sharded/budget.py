@@ -15,9 +15,10 @@ activations, communication buffers and the temporaries alive at a probe: what
 of at every allocation.
 
 The exercise is graded on a scale (``distlab.checks.common.design_scale``): its first test at the
-peak of Hint 3's design (``hinted_design``), its second at a bar halfway from there to ``design_bound``, the least peak any design that trains
-each block on the rank's whole batch and lets the check's AdamW step after backward can have.
-The course's design (``course_design``) reaches the bar. The plain designs (DDP, DDP with every
+peak of Hint 3's design (``hinted_design``), its second at a bar halfway from there to
+``design_bound``, the least peak any design can have that trains each block on the rank's whole
+batch and leaves every gradient to the check's AdamW, which steps after backward. The course's
+design (``course_design``) reaches the bar. The plain designs (DDP, DDP with every
 block checkpointed, ``fully_shard`` per block without checkpointing) are measured for the lab's
 table: none fits.
 """
