@@ -231,6 +231,7 @@ def test_solution_passes_every_check(solution):
     lab08.check_choose_checkpoints(solution["choose_checkpoints"], seed=14, fraction=0.4)
     lab08.check_step_bytes(solution["predict_step_bytes"], seed=15)
     lab08.check_design(solution["design"], world_size=4, seed=16)
+    assert "within the bar" in lab08.check_design_bar(solution["design"], world_size=4, seed=17)
     assert failing_exercises(solution) == {}
 
 
@@ -253,10 +254,19 @@ MISTAKES = {
                     "over the budget"),
     # ZeRO-3 counted like ZeRO-2: the backward gather forgotten
     "prediction": ([("predict_step_bytes", '"ZeRO-3": 3}', '"ZeRO-3": 2}')], "the formula gives"),
-    # sharded but not checkpointed: the activations stay whole
+    # sharded but no block checkpointed alone: the activations stay whole
     "design": ([("design", "[checkpoint_wrapper(block) for block in model]", "list(model)")],
-               "over the budget"),
+               "This test's limit is Hint 3's design's peak"),
 }
+
+# Hint 3's design handed in (every block checkpointed and sharded): the first test of the scale
+# passes, the bar's does not.
+_OURS = "    # one Linear gathered at a time, not a block\n"
+HINTED = [("design", _OURS + SOURCE.read_text().split(_OURS)[1].split("    return root")[0]
+           + "    return root",
+           "    blocks = [checkpoint_wrapper(block) for block in model]\n"
+           "    for block in blocks:\n        fully_shard(block, mesh=mesh)\n"
+           "    return fully_shard(torch.nn.Sequential(*blocks), mesh=mesh)")]
 
 
 @pytest.mark.parametrize("exercise", list(MISTAKES))
@@ -415,13 +425,57 @@ def test_greedy_choices_miss_the_least_recompute_on_the_labs_stack():
             assert recompute_flops(problem, choice) > least, (fraction, widest_first)
 
 
-def test_design_budget_lies_between_the_course_design_and_every_plain_design():
-    from distlab.checks.lab08_design import stored_design
-    from distlab.labs.sharded.budget import course_design, measure_peak
+def test_design_scale_bound_bar_hinted_and_every_plain_design_in_order():
+    """The scale on 2 ranks: the bound < the bar < Hint 3's design's peak (as stored, and measured
+    again exactly) < every plain design's; the course's design between the bound and the bar."""
+    from distlab.checks.lab08_design import peak_scale, stored_design
+    from distlab.labs.sharded.budget import course_design, hinted_design, measure_peak
     peaks, losses = stored_design()
-    assert peaks.course < peaks.budget < min(peaks.plain.values())
-    assert measure_peak(course_design, 2) == peaks.course        # the measurement repeats exactly
-    assert set(lab08.design_budget()) == {*peaks.plain, "budget"}
+    fig = peak_scale(peaks, 2)
+    assert fig["bound"] < fig["bar"] < fig["hinted"] == peaks.course < min(peaks.plain.values())
+    assert measure_peak(hinted_design, 2) == peaks.course        # the measurement repeats exactly
+    assert fig["bound"] <= measure_peak(course_design, 2) <= fig["bar"]
+    assert list(lab08.design_budget().values()) == [*peaks.plain.values(), fig["hinted"],
+                                                    fig["bar"], fig["bound"]]
+
+
+def test_the_bound_is_the_sum_the_lab_states():
+    """design_bound counts what the lab's text lists, term by term, from the setup's shapes."""
+    from distlab.labs.sharded.budget import DESIGN_SETUP, design_bound
+    s = DESIGN_SETUP
+    block = sum(p.numel() for p in s.model()[0].parameters())
+    for w in (2, 4):
+        n = s.batch // w
+        assert design_bound(w) == (3 * n * s.d + 3 * s.blocks * block / w
+                                   + (s.blocks - 1) * block / w + n * (s.hidden + s.d)) * 8
+
+
+def test_hinted_design_passes_the_first_test_and_misses_the_bar_on_one_run(monkeypatch):
+    """Hint 3's design: the first test's verdict shows its peak beside the scale; the bar's test
+    reads the same run (no second launch) and fails naming the bar."""
+    from distlab.checks import lab08_design
+    hinted = solution_namespace(HINTED)["design"]
+    line = lab08.check_design(hinted, world_size=2)
+    fig = lab08_design.peak_scale(lab08_design.stored_design()[0], 2)
+    assert (f"peak {fig['hinted']:,} bytes per rank; Hint 3's design {fig['hinted']:,}, the bar "
+            f"{fig['bar']:,}, the bound {fig['bound']:,}: within Hint 3's design's peak") in line
+    monkeypatch.setattr(lab08, "_run", None)     # a second launch would fail
+    with pytest.raises(CheckFailed, match=r"This test's limit is the bar"):
+        lab08.check_design_bar(hinted, world_size=2)
+
+
+def test_a_design_that_steps_in_backward_is_refused():
+    """The bound counts every gradient waiting for the check's AdamW: a design that steps and
+    drops gradients in backward hooks is named, not scored."""
+    from distlab.labs.sharded.budget import hinted_design
+
+    def steps_itself(model, mesh):
+        model = hinted_design(model, mesh)
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        return model
+    with pytest.raises(CheckFailed, match=r"had no gradient.*leave every gradient to it"):
+        lab08.check_design(steps_itself, world_size=2)
 
 
 def test_the_numbers_the_new_exercises_state_are_the_codes():
@@ -446,8 +500,8 @@ def test_design_without_sharding_fails_the_budget_and_names_it():
 
     def checkpointed_only(model, mesh):
         return torch.nn.Sequential(*(checkpoint_wrapper(block) for block in model))
-    with pytest.raises(CheckFailed, match=r"rank \d held [\d,]+ bytes at its peak.*over the "
-                                          r"budget of [\d,]+ bytes per rank.*which of the two"):
+    with pytest.raises(CheckFailed, match=r"rank \d held [\d,]+ bytes at its peak.*This test's "
+                                          r"limit is Hint 3's design's peak.*which of the two"):
         lab08.check_design(checkpointed_only, world_size=2)
 
 
@@ -461,9 +515,9 @@ def test_checkpointing_everything_is_not_the_least_recompute():
 LAB = lab08.LAB
 OWN_TEST = {"zero2": "test_zero2", "zero3": "test_zero3", "prefetch": "test_prefetch",
             "prediction": "test_predict_step_bytes", "checkpoints": "test_choose_checkpoints",
-            "design": "test_design"}
+            "design": ("test_design", "test_design_bar")}   # over Hint 3's peak: over the bar too
 POINTS = {"test_zero2": 3, "test_zero3": 3, "test_prefetch": 3, "test_predict_step_bytes": 2,
-          "test_choose_checkpoints": 3, "test_design": 3}
+          "test_choose_checkpoints": 3, "test_design": 2, "test_design_bar": 1}
 
 
 # Of the suite's shared grading run (tests/conftest.py): this lab's solution and untouched
@@ -484,7 +538,8 @@ def _planted() -> dict:
     """{mistake: (the test it loses, its edits)}, the graded-only ones too."""
     return {**{exercise: (OWN_TEST[exercise], edits) for exercise, (edits, _) in MISTAKES.items()},
             **{name: (OWN_TEST[exercise], edits)
-               for name, (exercise, edits) in GRADED_ONLY_MISTAKES.items()}}
+               for name, (exercise, edits) in GRADED_ONLY_MISTAKES.items()},
+            "design_hinted": ("test_design_bar", HINTED)}
 
 
 # Mistakes the visible checks let through or that only the whole grading shows, each losing its
@@ -503,7 +558,7 @@ def graded(graded_samples):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(graded):
-    tests = list(OWN_TEST.values())
+    tests = list(POINTS)
     assert {t: graded["solution"][t] for t in tests} == dict.fromkeys(tests, "pass")
     assert float(graded["solution"]["score"]) == float(graded["solution"]["max_score"]) == \
         sum(POINTS.values())
@@ -513,7 +568,7 @@ def test_grader_gives_the_solution_full_marks_and_the_student_version_zero(grade
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("exercise", list(MISTAKES) + list(GRADED_ONLY_MISTAKES))
+@pytest.mark.parametrize("exercise", list(MISTAKES) + list(GRADED_ONLY_MISTAKES) + ["design_hinted"])
 def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
     """The mistake's notebook may hold other mistakes, each in a test of its own that cannot
     reach this one's cells (tests/submissions/packing.py): each loses its test, every other test
@@ -523,11 +578,28 @@ def test_grader_takes_each_mistake_off_its_own_test_only(graded, exercise):
     sample, lost = packing.lost(packing.grouped(LAB, planted, alone=GRADED_ONLY_MISTAKES),
                                 planted, exercise)
     row = graded[sample]
-    assert planted[exercise][0] in lost
-    statuses = {t: row[t] for t in OWN_TEST.values()}
-    expected = {t: ("fail" if t in lost else "pass") for t in OWN_TEST.values()}
+    assert packing.tests(planted[exercise][0]) <= lost
+    statuses = {t: row[t] for t in POINTS}
+    expected = {t: ("fail" if t in lost else "pass") for t in POINTS}
     assert statuses == expected
     assert float(row["score"]) == sum(POINTS.values()) - sum(POINTS[t] for t in lost)
+
+
+@pytest.mark.slow
+def test_graded_design_cells_print_the_scale_not_none(graded_samples):
+    """Under the grader each design cell shows the verdict line the judge sends back: the
+    solution's peak beside Hint 3's design's, the bar and the bound (the site shows the same
+    comparison, from the executed solution), never a bare None."""
+    import nbformat
+    from distlab.labs.sharded.budget import design_bound
+    nb = nbformat.read(graded_samples["autograded"]("solution", LAB), as_version=4)
+    for grade_id, verdict in (("test_design", "within Hint 3's design's peak"),
+                              ("test_design_bar", "within the bar")):
+        cell = next(c for c in nb.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert verdict in text and f"the bound {design_bound(2):,}" in text, text
+        assert "None" not in text.split(), text
 
 
 def test_the_student_version_imports_only_what_it_uses():
@@ -566,12 +638,15 @@ def test_design_peaks_follow_the_shapes_not_the_seed():
     # (lab08_design.stored_peaks), not measured per student: they must not depend on the seed
     import dataclasses
     from distlab.checks.lab08_design import stored_peaks
-    from distlab.labs.sharded.budget import DESIGN_SETUP, course_design, measure_peak
-    assert measure_peak(course_design, 2) == \
-        measure_peak(course_design, 2, dataclasses.replace(DESIGN_SETUP, seed=12345))
+    from distlab.labs.sharded.budget import (DESIGN_SETUP, course_design, design_bound,
+                                             hinted_design, measure_peak)
+    assert measure_peak(hinted_design, 2) == \
+        measure_peak(hinted_design, 2, dataclasses.replace(DESIGN_SETUP, seed=12345))
     four = stored_peaks(4)
-    assert four.course < four.budget < min(four.plain.values())
-    assert measure_peak(course_design, 4, dataclasses.replace(DESIGN_SETUP, seed=777)) == four.course
+    assert design_bound(4) < four.course < min(four.plain.values())
+    assert measure_peak(hinted_design, 4, dataclasses.replace(DESIGN_SETUP, seed=777)) == four.course
+    # the course's design reaches the 4-rank bar too (the hidden case)
+    assert measure_peak(course_design, 4) <= (four.course + design_bound(4)) // 2
 
 
 def test_zero3_ranks_get_the_model_nan_outside_their_own_shard():

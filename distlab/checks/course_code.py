@@ -109,7 +109,7 @@ LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_trainin
                 + names("distlab.labs.sharded.accounting", "CourseZero1")
                 + names("distlab.checks.lab08", "_reference")
                 + names("distlab.checks.lab08_prediction", "formula_step_bytes")
-                + names("distlab.labs.sharded.budget", "course_design"))
+                + names("distlab.labs.sharded.budget", "course_design", "hinted_design"))
 EXPERTS = "distlab.labs.experts"
 LAB9_SHIPPED = (names(f"{EXPERTS}.parallel", "plan_dispatch", "AllToAll", "run_local_experts",
                       "ep_moe_forward")

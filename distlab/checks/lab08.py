@@ -374,26 +374,29 @@ def check_step_bytes(predict, *, seed: int | None = None) -> str:
     return grade_step_bytes(predict, seed=seed)
 
 
-def check_design(design, *, world_size: int = 2, seed: int | None = None) -> None:
-    """``design(model, mesh) -> model``: trained on real ranks, every rank's peak live bytes
-    within the measured budget and the losses equal to one process's (``lab08_design``)."""
+from distlab.checks.lab08_design import design_budget, grade_design  # noqa: E402,F401
+
+
+def check_design(design, *, world_size: int = 2, seed: int | None = None) -> str:
+    """``design(model, mesh) -> model``, the design exercise's first test: trained on real ranks,
+    the losses equal to one process's and every rank's peak live bytes within Hint 3's design's
+    (``lab08_design``). Returns the line the cell prints: the peak beside the scale."""
     __tracebackhide__ = True  # noqa: F841
-    from distlab.checks.lab08_design import grade_design
-    grade_design(design, _run, world_size=world_size, seed=seed)
+    return grade_design(design, _run, world_size=world_size, seed=seed, level="hinted")
 
 
-def design_budget() -> dict:
-    """The design exercise's visible case as stored: per design its peak bytes per rank (2
-    ranks), and the budget."""
-    from distlab.checks.lab08_design import stored_design
-    peaks, _ = stored_design()
-    return {**peaks.plain, "budget": peaks.budget}
+def check_design_bar(design, *, world_size: int = 2, seed: int | None = None) -> str:
+    """The second test: as ``check_design`` (its run, made once), the peak within the bar, halfway
+    to the bound no design beats (``distlab.labs.sharded.budget.design_bound``)."""
+    __tracebackhide__ = True  # noqa: F841
+    return grade_design(design, _run, world_size=world_size, seed=seed, level="bar")
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB8_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys(["check_zero2_step", "check_zero3_block", "check_prefetch",
-                             "check_choose_checkpoints", "check_step_bytes", "check_design"],
+                             "check_choose_checkpoints", "check_step_bytes", "check_design",
+                             "check_design_bar"],
                             CourseCode(forbidden=LAB8_SHIPPED))
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab.checks.lab08 import (check_choose_checkpoints, check_design, check_prefetch,
-                                  check_step_bytes, check_zero2_step, check_zero3_block,
-                                  design_budget)
+from distlab.checks.lab08 import (check_choose_checkpoints, check_design, check_design_bar,
+                                  check_prefetch, check_step_bytes, check_zero2_step,
+                                  check_zero3_block, design_budget)
 from distlab.labs.sharded import (CheckpointProblem, ShardSetup, alloc_storage, bind_params,
                                   block_profile, budget_of, free_storage, padded_flat)
 from distlab.labs.sharded.accounting import (bytes_per_param, format_bytes_per_param,
@@ -699,27 +699,42 @@ check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
 # ### Exercise 6 — fit under the budget (open design, 3 points)
 #
 # **Goal.** Write `design(model, mesh) -> model` so that the stack below trains on 2 ranks
-# within **the budget printed below, in bytes per rank**, using FSDP2's `fully_shard` and
+# with **the lowest peak you can find, in bytes per rank**, using FSDP2's `fully_shard` and
 # activation checkpointing as you choose: which modules become `fully_shard` units (each block,
-# groups of blocks, only the root), whether they reshard after forward, which blocks are
-# checkpointed and how. The check trains what you return.
+# each layer, groups of blocks, only the root), whether and when they reshard, what they gather
+# ahead, which modules are checkpointed and how (a checkpoint may hold others). The check trains
+# what you return.
 #
 # **The model.** `DESIGN_SETUP`: 6 MLP blocks 32 → 128 → 32 in an `nn.Sequential` (50,112
 # float64 parameters), a batch of 384 rows split over the ranks, AdamW (lr 0.01) for 4 steps;
 # `mesh` is the 1-D device mesh over the ranks that `fully_shard(module, mesh=mesh)` takes.
 #
-# **Budget and check.** A rank's memory is measured as a GPU's allocator would count it: every
+# **How it is measured.** A rank's memory is measured as a GPU's allocator would count it: every
 # tensor the rank makes from the model's construction on (parameters, sharded or gathered,
-# gradients, AdamW's state, saved activations, temporaries) and its batch, summed before and
-# after every module's forward (recomputed ones too), when each module's output gradient
-# arrives, and after backward and the step (`distlab.labs.sharded.budget.LiveBytes`). A rank's
-# peak is that of a steady step: AdamW makes its state in the first step, so the steps after it
-# are alike, and the smallest of their peaks is taken (under load a gloo buffer is now and then
-# let go of a moment late and counted once). The check passes when every rank's peak stays
-# within the budget and the mean of the ranks' losses equals AdamW on the full batch in one
-# process at every step (1e-9). The budget is measured too: halfway between the peak of a design
-# that fits and the lowest peak of the three plain designs in the table, so that none of those
-# fits. Hidden: another seed on 4 ranks, its budget measured the same way.
+# gradients, AdamW's state, saved activations, communication buffers, temporaries) and its
+# batch, summed before and after every module's forward (recomputed ones too), when each
+# module's output gradient arrives, and after backward and the step
+# (`distlab.labs.sharded.budget.LiveBytes`). A rank's peak is that of a steady step: AdamW makes
+# its state in the first step, so the steps after it are alike, and the smallest of their peaks
+# is taken (under load a gloo buffer is now and then let go of a moment late and counted once).
+# Every test also asks that the mean of the ranks' losses equal AdamW on the full batch in one
+# process at every step (1e-9), and that every parameter have its gradient when the check's
+# AdamW steps, after backward.
+#
+# **The scale.** Two tests grade the largest peak over the ranks (one run serves both): the
+# first passes at or below the peak of Hint 3's design, the second at or below a bar halfway
+# from there to the bound below. The table prints all three for 2 ranks; hidden: another seed on
+# 4 ranks, the same scale for 4 ranks.
+#
+# **The bound.** Some bytes every design holds at once. Take the moment the first block's second
+# Linear starts its backward, with n = 384 / W rows per rank: the batch and the loss (x, y and
+# the loss's (n, 32) buffer); the rank's share of the parameters and of AdamW's two moments
+# (8 + 16 bytes per parameter, over W ranks at best); the gradients of blocks 1 to 5, which wait
+# for the step (8 bytes per parameter, over W); and what this Linear's backward reads, its
+# (n, 128) input and the (n, 32) gradient arriving. Everything else (saved block inputs, gathered
+# layers, buffers) comes on top, so no design goes below the sum, `design_bound(W)`. (A design
+# that split a block's rows into pieces could; here every block computes on the rank's whole
+# batch.)
 #
 # **Why it matters.** This is the first decision of every large training run: what to shard and
 # what to recompute so that the model fits, at the least cost in traffic and compute.
@@ -744,8 +759,16 @@ check_choose_checkpoints(choose_checkpoints, seed=fresh_seed(), fraction=0.6)
 #
 # Hint 1's two terms: which lever shrinks each, and does anything stop you pulling both at once?
 # In what order must a block be wrapped for checkpointing and sharded, and what does the root
-# need so that every parameter is in some unit? Then: must every block be checkpointed, and what
-# does `reshard_after_forward=False` cost here?
+# need so that every parameter is in some unit?
+# </details>
+#
+# <details><summary>Hint 4</summary>
+#
+# Hint 3's design passes the first test. For the bar: at which probe does its peak come, and which
+# of the tensors alive there does the work of that moment not read? For each, ask what put it
+# there so early or keeps it so long, and what it would cost (traffic, recompute) to hold it
+# later or release it sooner. (`LiveBytes.now()` at probes of your own shows what is alive at
+# each.)
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "design_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -757,17 +780,31 @@ def design(model: torch.nn.Sequential, mesh) -> torch.nn.Module:
     ### BEGIN SOLUTION
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
-    blocks = [checkpoint_wrapper(block) for block in model]   # each keeps only its input
-    for block in blocks:
-        fully_shard(block, mesh=mesh)                          # one block gathered at a time
-    return fully_shard(torch.nn.Sequential(*blocks), mesh=mesh)
+    # one Linear gathered at a time, not a block
+    units = [fully_shard(linear, mesh=mesh) for block in model for linear in (block.lin1, block.lin2)]
+    blocks = [checkpoint_wrapper(block) for block in model]      # each keeps only its input...
+    pairs = [checkpoint_wrapper(torch.nn.Sequential(*blocks[i:i + 2])) for i in (0, 2)]
+    root = fully_shard(torch.nn.Sequential(*pairs, *blocks[4:]), mesh=mesh)   # ...4 kept, not 5
+    for unit in units:
+        unit.set_modules_to_backward_prefetch([unit])   # nothing gathered ahead of its backward
+        # FSDP2 keeps a unit recomputed in backward gathered until its backward: free it now
+        # (its backward gathers it again)
+        unit.register_forward_hook(lambda unit, args, out: unit.reshard())
+    return root
     ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "test_design", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_design(design)
+# %% nbgrader={"grade": true, "grade_id": "test_design", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+print(check_design(design))
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget from their peaks, measured once
+print(check_design(design, world_size=4, seed=fresh_seed()))   # 4 ranks: Hint 3's design's peak stored once
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_design_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+print(check_design_bar(design))   # the run test_design made, against the bar
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+print(check_design_bar(design, world_size=4, seed=fresh_seed()))   # test_design's 4-rank run
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -818,11 +855,27 @@ check_design(design, world_size=4, seed=fresh_seed())   # 4 ranks: its budget fr
 #   least recompute on the lab's stack.
 # - Fitting under a budget (section 10's table, measured on 2 ranks): neither lever alone fits.
 #   Sharding divides the model states (32 bytes per float64 parameter with AdamW), checkpointing
-#   the activations; DDP with every block checkpointed and `fully_shard` without checkpointing
-#   both stay above the budget, `fully_shard` per block with checkpointing fits with room to spare.
+#   the activations; Hint 3's design (every block checkpointed and sharded) peaks at 1,425,128
+#   bytes, in backward, while block 4 is recomputed. Below it, the bytes alive there that the
+#   moment does not read: the next block gathered ahead (no backward prefetch: 1,374,048), a
+#   whole block gathered where one Linear is used (a unit per Linear: 1,325,288), a unit kept
+#   gathered from its recomputed forward to its backward (resharded at once: 1,291,496), the
+#   inputs of five checkpointed blocks (blocks 0-1 and 2-3 as pairs around their checkpoints:
+#   1,261,160, the course's design). The bar is 1,293,364 and the bound 1,161,600 (on 4 ranks:
+#   821,288, 697,064, 701,044 and 580,800). Dropping any one of the first three from the
+#   course's design misses the bar (per block units: 1,444,712; no resharding: 1,344,872;
+#   prefetch: 1,294,952); without the pairs it passes by 1,868 bytes. Stepping AdamW in
+#   the backward hooks instead saves only the one block's gradients alive at the peak (1,391,720
+#   for Hint 3's design): the peak is not the step's, and the check refuses it anyway.
 # - Grading cost: the hidden design case on 4 ranks reads the 4-rank peaks of the plain designs
 #   and the course's from `data/` (bytes follow the shapes, not the seed; a test measures the
 #   course's design again under another seed) instead of measuring them with four more 4-rank
 #   runs per student, and the single-process references run on one thread. Graded beside the
 #   previous version on the same busy machine (load average 18–20, two runs each): 33 CPU-s before,
 #   22 after.
+#   The scale (test_design, test_design_bar) grades one run: the bar's cell reads the first
+#   cell's, so it launches nothing. The course's design costs more to run than Hint 3's (a unit
+#   per Linear and its gathers again in backward: about 2.5 times the collectives), so the full
+#   answer's design test went from 5.4 to 10.9 CPU-s at load 10-15 (15.8 to 22.7 CPU-s for the
+#   lab) and from 5.9 to 7.3 at load 7-9 (18.5 to 16.9 for the lab); the bar's cell is within
+#   the noise of the small tests.
