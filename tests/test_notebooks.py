@@ -107,3 +107,23 @@ def test_course_folder_is_where_the_nbgrader_config_looks():
     root = Path(cfg.CourseDirectory.root)
     assert root / cfg.CourseDirectory.source_directory == notebooks.COURSE_SOURCE
     assert cfg.CourseDirectory.db_url == f"sqlite:///{notebooks.GRADEBOOK}"
+
+
+def test_the_source_notebook_is_parsed_once_per_text_and_never_shared(tmp_path, monkeypatch):
+    # course_dir.source_notebook keeps the parse of each source text (the suite's samples ask
+    # for the same labs hundreds of times): an edited source is read anew, and every caller gets
+    # a notebook of its own to edit.
+    from distlab import paths
+    from distlab.grading import course_dir
+    lab = LABS[0]
+    source = tmp_path / f"{lab}.py"
+    source.write_text(paths.lab_source(lab).read_text())
+    monkeypatch.setattr(paths, "lab_source", lambda name: source)
+    first, second = course_dir.source_notebook(lab), course_dir.source_notebook(lab)
+    assert first == second and first is not second
+    first.cells[0].source = "edited by one caller"
+    assert course_dir.source_notebook(lab).cells[0].source == second.cells[0].source != \
+        "edited by one caller"
+    source.write_text(source.read_text().replace("# %% [markdown]", "# %% [markdown]\n# added", 1))
+    edited = course_dir.source_notebook(lab)
+    assert edited.cells[0].source.startswith("added") and edited != second
