@@ -115,6 +115,9 @@ def test_an_unreadable_file_is_replaced_and_an_unwritable_folder_skipped(package
     kept.write_text('{"sources": {')                      # half a file (a disk that filled)
     assert course_side(package) == first
     assert json.loads(kept.read_text()) == first
+    kept.write_text('{"sources": {}}')                    # JSON, but not all of it
+    assert course_side(package) == first
+    assert json.loads(kept.read_text()) == first
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))

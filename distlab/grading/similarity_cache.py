@@ -53,17 +53,23 @@ def key(name: str, sources: Iterable[tuple[str, Path]]) -> str:
     return f"{name}-{digest.hexdigest()[:32]}"
 
 
-def cached(name: str, sources: Iterable[tuple[str, Path]], compute: Callable[[], dict]) -> dict:
-    """``compute()`` (a JSON-able dict), read from the cache file of its key when there is one."""
+def cached(name: str, sources: Iterable[tuple[str, Path]], compute: Callable[[], dict],
+           fields: tuple[str, ...] = ()) -> dict:
+    """``compute()`` (a JSON-able dict with ``fields`` among its keys), read from the cache file
+    of its key when there is one that has them."""
     where = cache_folder()
     path = where / f"{PREFIX}{key(name, sources)}.json" if where else None
     if path is not None:
         try:
             found = json.loads(path.read_text())
-            os.utime(path)              # recently used: kept by _prune
-            return found
         except (OSError, ValueError):
-            pass                        # none yet, or unreadable: computed and written again
+            found = None                # none yet, or unreadable: computed and written again
+        if isinstance(found, dict) and set(fields) <= set(found):
+            try:
+                os.utime(path)          # recently used: kept by _prune
+            except OSError:
+                pass                    # a file we may read but not touch: still the result
+            return found
     result = compute()
     if path is not None:
         _store(path, result)

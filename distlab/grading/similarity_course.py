@@ -54,7 +54,8 @@ def course_side(package: Path = paths.PACKAGE) -> dict:
         return {"sources": sources,
                 "prints": {name: sorted(fingerprints(src)[1]) for name, src in sources.items()},
                 "code": course_code(package)}
-    return similarity_cache.cached("course", _files(package), compute)
+    return similarity_cache.cached("course", _files(package), compute,
+                                   fields=("sources", "prints", "code"))
 
 
 def sources_code(sources: dict[str, str]) -> dict[str, list[str]]:
