@@ -107,3 +107,53 @@ def test_course_folder_is_where_the_nbgrader_config_looks():
     root = Path(cfg.CourseDirectory.root)
     assert root / cfg.CourseDirectory.source_directory == notebooks.COURSE_SOURCE
     assert cfg.CourseDirectory.db_url == f"sqlite:///{notebooks.GRADEBOOK}"
+
+
+def test_the_source_notebook_is_parsed_once_per_text_and_never_shared(tmp_path, monkeypatch):
+    # course_dir.source_notebook keeps the parse of each source text (the suite's samples ask
+    # for the same labs hundreds of times): an edited source is read anew, and every caller gets
+    # a notebook of its own to edit.
+    from distlab import paths
+    from distlab.grading import course_dir
+    lab = LABS[0]
+    source = tmp_path / f"{lab}.py"
+    source.write_text(paths.lab_source(lab).read_text())
+    monkeypatch.setattr(paths, "lab_source", lambda name: source)
+    first, second = course_dir.source_notebook(lab), course_dir.source_notebook(lab)
+    assert first == second and first is not second
+    first.cells[0].source = "edited by one caller"
+    assert course_dir.source_notebook(lab).cells[0].source == second.cells[0].source != \
+        "edited by one caller"
+    source.write_text(source.read_text().replace("# %% [markdown]", "# %% [markdown]\n# added", 1))
+    edited = course_dir.source_notebook(lab)
+    assert edited.cells[0].source.startswith("added") and edited != second
+
+
+def test_the_build_reads_the_grader_s_template_made_once_per_version(tmp_path, monkeypatch):
+    # build_student_notebooks reads nbgrader's release from the grader's template in the
+    # checkout's build folder (intake.course_template): made once, then read, for as long as the
+    # sources and nbgrader are the same (tests/test_grade_resume.py: a changed lab is made anew).
+    from distlab import paths
+    from distlab.grading import course_dir
+    made = []
+    generate = course_dir.generate
+
+    def counted(labs, root):
+        made.append(list(labs))
+        return generate(labs, root)
+    monkeypatch.setattr(course_dir, "generate", counted)
+    monkeypatch.setattr(notebooks, "generate", counted)
+    monkeypatch.setattr(paths, "build", lambda: tmp_path / "build")
+    monkeypatch.setattr(notebooks, "_in_checkout", lambda: True)
+    lab = LABS[0]
+    first = notebooks.build_student_notebooks([lab])
+    again = notebooks.build_student_notebooks([lab])
+    assert made == [[lab]] and first == again
+    assert notebooks.stale(lab, first[lab]) == []          # what the committed notebooks are
+    # elsewhere (an installed course: ./build of the folder it runs in) a throw-away folder
+    assert [p.parent.parent.name for p in (tmp_path / "build").glob("*/*/release")] == \
+        ["grading-templates"]
+    monkeypatch.setattr(paths, "build", lambda: tmp_path / "elsewhere" / "build")
+    monkeypatch.setattr(notebooks, "_in_checkout", lambda: False)
+    assert notebooks.build_student_notebooks([lab]) == first and len(made) == 2
+    assert not (tmp_path / "elsewhere").exists()

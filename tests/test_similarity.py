@@ -366,6 +366,17 @@ def course_references():
     return References(course_implementations(), course_code())
 
 
+def test_the_kept_course_side_is_the_one_computed_now(course_references):
+    # References.course() reads the course side from the user's cache folder when a run made it
+    # before (similarity_cache.py; tests/test_similarity_cache.py changes the sources): whether
+    # read or computed, it is what the course's files give now.
+    kept = References.course()
+    assert kept.sources == course_references.sources and kept.code == course_references.code
+    assert kept.prints == course_references.prints
+    assert {fp: sorted(names) for fp, names in kept.index.items()} == \
+        {fp: sorted(names) for fp, names in course_references.index.items()}
+
+
 def _beyond_handed_out(base: list[str]) -> int:
     ground = fingerprints(base[0])[1] | definition_fingerprints(base[0])
     return len(fingerprints(base[1])[1] - ground) + K - 1

@@ -2,7 +2,9 @@
 
 A lab's source is ``solutions/<lab>/<lab>.py``, a jupytext percent script whose cell headers carry
 nbgrader metadata. ``build`` turns it into nbgrader's source notebook and runs
-``nbgrader generate_assignment`` on it in a throw-away course directory; the release version
+``nbgrader generate_assignment`` on it in a course directory of the checkout's ``build/`` (the
+grader's template, made once per version of the sources: ``intake.course_template``; elsewhere a
+throw-away one); the release version
 (solutions replaced by stubs, hidden tests removed, outputs cleared) is copied to
 ``notebooks/<lab>/``. Everything is deterministic (cell ids, metadata), so a test can rebuild and
 compare byte for byte: ``distlab build --check`` fails when ``notebooks/`` is stale.
@@ -31,6 +33,7 @@ import nbformat
 
 from distlab import paths
 from distlab.grading.folders import FolderInUse
+from distlab.grading.intake import course_template
 from distlab.grading.course_dir import (KERNELSPEC, generate, nbgrader_api,  # noqa: F401
                                         source_notebook, write_source)
 
@@ -75,16 +78,29 @@ def student_notebook_text(path: Path) -> str:
 
 def build_student_notebooks(labs_: list[str], out: Path = NOTEBOOKS) -> dict[str, dict[str, str]]:
     """Build the student version of ``labs_``: {lab: {relative file name: text}} (not written)."""
+    if _in_checkout():
+        # nbgrader's release as the grader makes it, made once per version of the labs' sources
+        # and of nbgrader in the checkout's build folder (intake.course_template)
+        return _student_files(labs_, course_template(sorted(labs_)) / "release")
+    with tempfile.TemporaryDirectory(prefix="distlab-build-") as tmp:   # nothing left in ./build
+        return _student_files(labs_, generate(labs_, Path(tmp)))
+
+
+def _in_checkout() -> bool:
+    """Whether the build folder is the course's own (a checkout's ``build/``), not ``./build`` of
+    the folder an installed course's command runs in."""
+    return paths.build().is_relative_to(paths.root())
+
+
+def _student_files(labs_: list[str], release: Path) -> dict[str, dict[str, str]]:
     files: dict[str, dict[str, str]] = {}
-    with tempfile.TemporaryDirectory(prefix="distlab-build-") as tmp:
-        release = generate(labs_, Path(tmp))
-        for lab in labs_:
-            files[lab] = {}
-            for f in sorted((release / lab).rglob("*")):
-                if f.is_file():
-                    rel = str(f.relative_to(release / lab))
-                    files[lab][rel] = (student_notebook_text(f) if f.suffix == ".ipynb"
-                                       else f.read_text())
+    for lab in labs_:
+        files[lab] = {}
+        for f in sorted((release / lab).rglob("*")):
+            if f.is_file():
+                rel = str(f.relative_to(release / lab))
+                files[lab][rel] = (student_notebook_text(f) if f.suffix == ".ipynb"
+                                   else f.read_text())
     return files
 
 

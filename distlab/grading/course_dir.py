@@ -3,6 +3,8 @@ and hidden tests included, made from ``solutions/<lab>/<lab>.py``), the release 
 ``nbgrader generate_assignment`` makes of it, and an in-process nbgrader API on such a folder."""
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import os
 import re
@@ -18,10 +20,9 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 
 def source_notebook(lab: str) -> nbformat.NotebookNode:
-    """nbgrader's source notebook (solutions and hidden tests included) for ``lab``."""
-    import jupytext
-
-    nb = jupytext.read(paths.lab_source(lab), fmt="py:percent")
+    """nbgrader's source notebook (solutions and hidden tests included) for ``lab``: a new
+    notebook on every call (callers edit it)."""
+    nb = copy.deepcopy(_parsed(paths.lab_source(lab).read_text(encoding="utf-8")))
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
     seen: dict[str, int] = {}
     for i, cell in enumerate(nb.cells):
@@ -33,6 +34,15 @@ def source_notebook(lab: str) -> nbformat.NotebookNode:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return nb
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(source: str) -> nbformat.NotebookNode:
+    """A lab's source parsed by jupytext, once per text (keyed by the text: an edited source is
+    parsed again). Parsing costs 0.05-0.2 CPU-s a lab, and making the test suite's samples asks
+    for the same labs' notebooks hundreds of times; a deep copy costs milliseconds."""
+    import jupytext
+    return jupytext.reads(source, fmt="py:percent")
 
 
 def write_source(lab: str, dest: Path) -> Path:

@@ -49,14 +49,24 @@ def prepare_template(workdir: Path, labs: list[str]) -> Path:
     template = workdir / "template"
     if _stamp(template) == key:
         return template
+    made = course_template(labs, key)
+    shutil.rmtree(template, ignore_errors=True)
+    shutil.copytree(made, template)
+    return template
+
+
+def course_template(labs: list[str], key: str | None = None) -> Path:
+    """The template for ``labs`` in the course's build folder, made there if it is not (``key``:
+    ``template_key(labs)``, when the caller has it). Read it, or copy it: never write into it.
+    ``distlab build`` reads its student notebooks from its release too (the same
+    ``generate_assignment`` of the same sources)."""
+    key = key or template_key(labs)
     cache = paths.build() / "grading-templates"
     made = cache / key
     if _stamp(made) != key:
         _generate(made, labs, key)
-    shutil.rmtree(template, ignore_errors=True)
-    shutil.copytree(made, template)
     _prune(cache, keep=made)
-    return template
+    return made
 
 
 def template_key(labs: list[str]) -> str:

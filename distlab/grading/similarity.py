@@ -72,7 +72,8 @@ from distlab import paths
 from distlab.grading.similarity_code import MIN_INSTRUCTIONS, code_keys, definitions  # noqa: F401
 # the course's side lived here before: its names stay importable from here
 from distlab.grading.similarity_course import (REFERENCE_FLOORS, course_cells,  # noqa: F401
-                                               course_code, course_implementations, sources_code)
+                                               course_code, course_implementations, course_side,
+                                               sources_code)
 from distlab.grading.similarity_dynamic import describe_uses, dynamic_uses
 from distlab.grading.similarity_solution import SOLUTION_FLOOR, SolutionCopies  # noqa: F401
 from distlab.grading.similarity_solution import KIND as SOLUTION_KIND
@@ -111,14 +112,24 @@ class References:
     implementations holding it (so an answer meets only those it shares something with), and
     their code objects by key (``code``; compiled from ``sources`` when not given)."""
 
-    def __init__(self, sources: dict[str, str], code: dict[str, list[str]] | None = None):
+    def __init__(self, sources: dict[str, str], code: dict[str, list[str]] | None = None,
+                 prints: dict[str, list[int]] | None = None):
+        """``prints``: each source's fingerprints, already computed (``course()``)."""
         self.sources = sources
-        self.prints = {name: fingerprints(src)[1] for name, src in sources.items()}
+        self.prints = {name: fingerprints(src)[1] for name, src in sources.items()} \
+            if prints is None else {name: frozenset(fps) for name, fps in prints.items()}
         self.index = collections.defaultdict(list)
         for name, prints in self.prints.items():
             for fp in prints:
                 self.index[fp].append(name)
         self.code = sources_code(sources) if code is None else code
+
+    @classmethod
+    def course(cls) -> "References":
+        """The shipped lab and check modules' implementations (similarity_course.course_side:
+        computed once per version of those files)."""
+        side = course_side()
+        return cls(side["sources"], side["code"], side["prints"])
 
     def copied(self, own: frozenset[int], common: frozenset[int]) -> list[tuple[str, float, int]]:
         """(name, containment, tokens) of each implementation that ``own`` (an answer's
@@ -237,7 +248,7 @@ def report(submissions: Path, found: dict[str, list[str]],
            released: Path | None = None) -> list[Flag]:
     """Every flag for the submissions ``found`` ({student: [lab, ...]}); ``released``: the
     release folder of the grading run's template, if there is one (see ``course_cells``)."""
-    references = References(course_implementations(), course_code())
+    references = References.course()
     flags = []
     for lab in sorted({lab for labs in found.values() for lab in labs}):
         cells = course_cells(lab, released)

@@ -8,17 +8,23 @@ import collections
 from pathlib import Path
 
 from distlab import paths
+from distlab.grading import similarity_cache
 from distlab.grading.similarity_code import code_keys, definitions
+from distlab.grading.similarity_text import fingerprints
 
 REFERENCE_FLOORS = ("labs", "checks")   # the package's floors whose code could be an answer
 
 
+def _files(package: Path) -> list[tuple[str, Path]]:
+    """(module name, path) of each lab and check module."""
+    return [(".".join(path.relative_to(package.parent).with_suffix("").parts), path)
+            for floor in REFERENCE_FLOORS for path in sorted((package / floor).rglob("*.py"))]
+
+
 def _modules(package: Path):
     """(module name, source) of each lab and check module."""
-    for floor in REFERENCE_FLOORS:
-        for path in sorted((package / floor).rglob("*.py")):
-            yield ".".join(path.relative_to(package.parent).with_suffix("").parts), \
-                path.read_text()
+    for module, path in _files(package):
+        yield module, path.read_text()
 
 
 def course_implementations(package: Path = paths.PACKAGE) -> dict[str, str]:
@@ -36,6 +42,20 @@ def course_code(package: Path = paths.PACKAGE) -> dict[str, list[str]]:
         for key, (_, qualname, _) in code_keys(source, f"{module}.py").items():
             found[key].append(f"{module}:{qualname}")
     return dict(found)
+
+
+def course_side(package: Path = paths.PACKAGE) -> dict:
+    """What the report compares answers with, computed once per version of the course's lab and
+    check modules (kept by similarity_cache.py in the user's cache folder, keyed by those files'
+    bytes, the interpreter and the report's own code): ``{"sources": course_implementations(),
+    "prints": {name: the fingerprints of its source, sorted}, "code": course_code()}``."""
+    def compute() -> dict:
+        sources = course_implementations(package)
+        return {"sources": sources,
+                "prints": {name: sorted(fingerprints(src)[1]) for name, src in sources.items()},
+                "code": course_code(package)}
+    return similarity_cache.cached("course", _files(package), compute,
+                                   fields=("sources", "prints", "code"))
 
 
 def sources_code(sources: dict[str, str]) -> dict[str, list[str]]:
