@@ -150,7 +150,6 @@ PAD_HINT = ("A collective's sizes did not fit the world size: a reduce-scatter's
             "parameters and gradients to W·s elements, s = ceil(P / W) (padded_flat does), even "
             "when W does not divide the bucket's P elements.")
 
-
 DEPRECATED = {"reduce_scatter_tensor": "reduce_scatter_single",
               "all_gather_into_tensor": "all_gather_single"}
 
@@ -366,9 +365,8 @@ def check_choose_checkpoints(fn, *, seed: int | None = None, fraction: float = 0
 # The prediction and the open design exercise (lab08_prediction, lab08_design)
 
 def check_step_bytes(predict, *, seed: int | None = None) -> str:
-    """``predict(scheme, block_numels, world_size, itemsize)``: the bytes one rank's collectives
-    move per step, against the ZeRO paper's count (sec. 7) with the flat layout's padding
-    (``lab08_prediction``)."""
+    """``predict(scheme, block_numels, world_size, itemsize)``: one rank's bytes per step against
+    the ZeRO paper's count (sec. 7) with the flat layout's padding (``lab08_prediction``)."""
     __tracebackhide__ = True  # noqa: F841
     from distlab.checks.lab08_prediction import grade_step_bytes
     return grade_step_bytes(predict, seed=seed)
