@@ -622,8 +622,8 @@ padded_rows = padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traff
 # Both directions move the same fixed size on every rank, whatever the router did, and the
 # received buffer needs no size from anyone. The price is in the last two columns: at c = 1.0
 # the padded message equals the dropless one when E divides T·k, yet where the uneven routing
-# overflows the slots, the excess is dropped; a larger c drops less and sends more zeros. A dropless layer pays neither, with the count exchange and buffers whose size changes
-# every step.
+# overflows the slots, the excess is dropped; a larger c drops less and sends more zeros. A
+# dropless layer pays neither, with the count exchange and buffers whose size changes every step.
 #
 # ## 8. Exercise 6 — the load-balancing loss (2 points)
 #
