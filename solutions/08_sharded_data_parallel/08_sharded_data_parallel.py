@@ -856,17 +856,12 @@ print(check_design_bar(design, world_size=4, seed=fresh_seed()))   # test_design
 # - Fitting under a budget (section 10's table, measured on 2 ranks): neither lever alone fits.
 #   Sharding divides the model states (32 bytes per float64 parameter with AdamW), checkpointing
 #   the activations; Hint 3's design (every block checkpointed and sharded) peaks at 1,425,128
-#   bytes, in backward, while block 4 is recomputed. Below it, the bytes alive there that the
-#   moment does not read: the next block gathered ahead (no backward prefetch: 1,374,048), a
-#   whole block gathered where one Linear is used (a unit per Linear: 1,325,288), a unit kept
-#   gathered from its recomputed forward to its backward (resharded at once: 1,291,496), the
-#   inputs of five checkpointed blocks (blocks 0-1 and 2-3 as pairs around their checkpoints:
-#   1,261,160, the course's design). The bar is 1,293,364 and the bound 1,161,600 (on 4 ranks:
-#   821,288, 697,064, 701,044 and 580,800). Dropping any one of the first three from the
-#   course's design misses the bar (per block units: 1,444,712; no resharding: 1,344,872;
-#   prefetch: 1,294,952); without the pairs it passes by 1,868 bytes. Stepping AdamW in
-#   the backward hooks instead saves only the one block's gradients alive at the peak (1,391,720
-#   for Hint 3's design): the peak is not the step's, and the check refuses it anyway.
+#   bytes, in backward, while block 4 is recomputed; the bar is 1,293,364 and the bound
+#   1,161,600 (on 4 ranks: 821,288, 701,044 and 580,800). The course's own design peaks at
+#   1,261,160 (697,064 on 4 ranks) by releasing, one after another, bytes alive at that peak that
+#   its work does not read; which ones, and what each costs in traffic, is the exercise. Stepping
+#   AdamW in the backward hooks saves only the one block's gradients alive there (1,391,720 for
+#   Hint 3's design): the peak is not the step's, and the check refuses it anyway.
 # - Grading cost: the hidden design case on 4 ranks reads the 4-rank peaks of the plain designs
 #   and the course's from `data/` (bytes follow the shapes, not the seed; a test measures the
 #   course's design again under another seed) instead of measuring them with four more 4-rank
