@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
-from distlab.grading import files, gradebook, grade, intake, records, selection
+from distlab.grading import files, gradebook, grade, intake, records, selection, similarity
 from distlab.grading.merge import MergeError, merge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,6 +188,10 @@ def test_slurm_shards_merge_into_what_one_run_gives(resumed, samples, tmp_path_f
                               stderr=subprocess.STDOUT, text=True) for k in range(2)]
     outputs = [task.communicate(timeout=900)[0] for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    # A shard makes no similarity report (each would compare the whole class again) and says
+    # which command makes the one report after the merge.
+    assert not any((shards / f"shard-{k}" / "similarity.csv").exists() for k in range(2))
+    assert all(f"python -m distlab.grading.similarity {subs}" in o for o in outputs), outputs
     done = subprocess.run(["bash", str(REPO / "grader/slurm/merge.sbatch")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -197,7 +201,18 @@ def test_slurm_shards_merge_into_what_one_run_gives(resumed, samples, tmp_path_f
     assert_gradebook_agrees(merged, merged / "scores.csv")
     for student in SHARDED:
         assert (merged / "feedback" / student / LAB1 / f"{LAB1}.html").is_file()
+    # The report after the merge, as the shards said: what one run over these students reports.
+    assert similarity.main([str(subs), "--workdir", str(merged)]) == 0
+    report = _similarity_rows(merged)
+    assert report == [r for r in _similarity_rows(resumed["work"])
+                      if r["student"] in SHARDED and r["other"] not in set(STUDENTS) - set(SHARDED)]
+    assert any(r["student"] == "partial" for r in report), report   # its answers are the course's
     _merge_refuses_what_does_not_fit(shards, tmp_path)
+
+
+def _similarity_rows(work: Path) -> list[dict]:
+    with open(work / "similarity.csv", newline="") as f:
+        return sorted(csv.DictReader(f), key=lambda r: tuple(r.values()))
 
 
 def _merge_refuses_what_does_not_fit(shards: Path, tmp_path: Path) -> None:

@@ -118,7 +118,9 @@ def parse_args(argv):
                         "SUBMISSIONS_DIR): everyone")
     p.add_argument("--shard", type=selection.shard_arg, metavar="K/N",
                    help="grade only the students with sha256(name) mod N == K (K from 0); "
-                        "join the shards' work directories with `distlab merge`")
+                        "join the shards' work directories with `distlab merge`, then make the "
+                        "similarity report once with `python -m distlab.grading.similarity` "
+                        "(a shard makes none)")
     return p.parse_args(argv)
 
 
@@ -171,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             mark(workdir, "grade")
             status = grade_run(settings_of(args), args.submissions, found, workdir, out,
                                jobs=args.jobs, shard=args.shard, regrade=args.regrade)
+            if args.shard:
+                # A shard reads every student's answers, so its report would be the whole
+                # class's, made again by each of the N tasks and merged by none: it is made once,
+                # after the merge, by the command README.md gives.
+                print(similarity.after_shard(args.submissions))
+                return status
             # A report on the graded work that never changes a score: <workdir>/similarity.csv
             return similarity.after_grading(args.submissions, found, workdir, status)
     except (Busy, FolderInUse) as exc:

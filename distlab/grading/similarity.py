@@ -333,6 +333,13 @@ def after_grading(submissions: Path, found: dict[str, list[str]], workdir: Path,
     return code
 
 
+def after_shard(submissions: Path) -> str:
+    """What a ``--shard K/N`` run prints instead of a report (each shard would compare the whole
+    class again): the command that makes the one report, after ``distlab merge``."""
+    return (f"similarity: not made by a shard; after `distlab merge`, run `python -m "
+            f"distlab.grading.similarity {submissions} --workdir MERGED_WORKDIR` once")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m distlab.grading.similarity",
