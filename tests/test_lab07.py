@@ -783,19 +783,19 @@ def test_check_mesh_placement(sol):
         lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=seed)
 
 
-def _tp_across_nodes(shape, per_node, cfg):
+def _tp_across_nodes(shape, per_node, sent):
     return torch.arange(shape.world_size).reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()
 
 
-def _dp_outermost(shape, per_node, cfg):       # Llama 3's order: here DP moves more than PP
+def _dp_outermost(shape, per_node, sent):       # Llama 3's order: here DP moves more than PP
     return torch.arange(shape.world_size).reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()
 
 
 @pytest.mark.parametrize("place,message", [
     (_tp_across_nodes, r"sent 196608 bytes on groups that span nodes \(tp 196608 bytes\); the budget is 32768"),
     (_dp_outermost, r"\(dp 171008 bytes\); the budget is 32768"),
-    (lambda shape, per_node, cfg: [[[0, 1], [2, 3]], [[4, 5], [6, 6]]], "every rank 0..7 must appear exactly once"),
-    (lambda shape, per_node, cfg: [[0, 1, 2, 3], [4, 5, 6, 7]], r"a layout of shape \(2, 4\)"),
+    (lambda shape, per_node, sent: [[[0, 1], [2, 3]], [[4, 5], [6, 6]]], "every rank 0..7 must appear exactly once"),
+    (lambda shape, per_node, sent: [[0, 1, 2, 3], [4, 5, 6, 7]], r"a layout of shape \(2, 4\)"),
 ])
 def test_check_mesh_placement_catches(place, message):
     with pytest.raises(CheckFailed, match=message):
@@ -828,18 +828,22 @@ def test_placement_text_names_its_sources():
 # ----------------------------------------------------------------------------- the design's scale
 
 
-def _best_order(shape, per_node, cfg):
+def _best_order(shape, per_node, sent):
     """Hint 3's design: the order of the dimensions whose layout sends the least across nodes, by
-    the prediction's bytes (the formulas)."""
+    the bytes per rank the check hands over."""
     return min((lab07_scale.order_layout(shape, order) for order in lab07_scale.ORDERS),
-               key=lambda layout: _spanning_bytes(shape, per_node, cfg, layout))
+               key=lambda layout: _spanning_bytes(shape, per_node, sent, layout))
 
 
-def _spanning_bytes(shape, per_node, cfg, layout):
-    course = megatron_layout(shape)          # predict_traffic's ranks: the row-major numbering
-    return sum(lab07_prediction.formula_traffic(shape, cfg, course[p][d][t])[a]
+def _spanning_bytes(shape, per_node, sent, layout):
+    course = megatron_layout(shape)          # sent's ranks: the row-major numbering
+    return sum(sent[course[p][d][t]][a]
                for p in range(shape.pp) for d in range(shape.dp) for t in range(shape.tp)
                for a in lab07_design._spanning(layout, layout[p][d][t], per_node))
+
+
+def _sent(shape, cfg):
+    return lab07_design.sent_dicts(lab07_design.sent_rows(shape, cfg))
 
 
 def test_scale_figures_are_the_best_order_and_the_least_of_every_placement():
@@ -848,7 +852,8 @@ def test_scale_figures_are_the_best_order_and_the_least_of_every_placement():
     cfg, table, fig = lab07_scale.problem(None)
     shape, per_node = lab07_scale.SHAPE, lab07_scale.PER_NODE
     assert cfg == lab07_scale.VISIBLE_CFG
-    orders = {order: _spanning_bytes(shape, per_node, cfg, lab07_scale.order_layout(shape, order))
+    orders = {order: _spanning_bytes(shape, per_node, _sent(shape, cfg),
+                                     lab07_scale.order_layout(shape, order))
               for order in lab07_scale.ORDERS}
     assert orders == lab07_scale.order_crossings(shape, per_node, cfg)
     least = lab07_design.least_crossing(shape, per_node, cfg)[0]
@@ -864,11 +869,12 @@ def test_scale_bytes_are_what_a_run_on_the_layout_sends():
     stage keeps another axis on a node) and on the best order's."""
     shape, per_node, cfg = lab07_scale.SHAPE, lab07_scale.PER_NODE, lab07_scale.VISIBLE_CFG
     table = lab07_scale.problem(None)[1]
-    for layout in ([[[0, 2], [1, 3]], [[4, 5], [6, 7]]], _best_order(shape, per_node, cfg)):
+    best = _best_order(shape, per_node, _sent(shape, cfg))
+    for layout in ([[[0, 2], [1, 3]], [[4, 5], [6, 7]]], best):
         out = traced_run(shape, megatron_plan, layout, dataclasses.replace(cfg, steps=2))
         measured = sum(cross_node_bytes(out[r], out.comms[r], r, per_node) for r in range(8))
         assert measured == lab07_scale.crossed(table, layout, per_node) \
-            == _spanning_bytes(shape, per_node, cfg, layout)
+            == _spanning_bytes(shape, per_node, _sent(shape, cfg), layout)
 
 
 def test_every_hidden_model_gains_and_the_solution_reaches_each_bound(sol):
@@ -885,9 +891,10 @@ def test_every_hidden_model_gains_and_the_solution_reaches_each_bound(sol):
             gaining.append(cfg)
             kinds.add(min(orders, key=orders.get)[-1])
             table = lab07_scale.call_table(lab07_scale.SHAPE, cfg)
-            layout = sol["place_mesh"](lab07_scale.SHAPE, lab07_scale.PER_NODE, cfg)
+            sent = _sent(lab07_scale.SHAPE, cfg)
+            layout = sol["place_mesh"](lab07_scale.SHAPE, lab07_scale.PER_NODE, sent)
             assert lab07_scale.crossed(table, layout, lab07_scale.PER_NODE) == bound, cfg
-            best = _best_order(lab07_scale.SHAPE, lab07_scale.PER_NODE, cfg)
+            best = _best_order(lab07_scale.SHAPE, lab07_scale.PER_NODE, sent)
             assert lab07_scale.crossed(table, best, lab07_scale.PER_NODE) == hinted, cfg
     assert len(gaining) >= 20 and kinds == {"tp", "dp"}
     for seed in range(5):
@@ -900,8 +907,9 @@ def test_the_visible_scale_reads_stored_numbers_not_the_search(sol, monkeypatch)
     test and the printed scale read the stored set."""
     def withheld(*args, **kwargs):
         raise NotImplementedError("withheld")
-    for name in ("call_table", "order_crossings", "_figures", "hidden_model"):
+    for name in ("call_table", "order_crossings", "_figures", "hidden_model", "sent_rows"):
         monkeypatch.setattr(lab07_scale, name, withheld)
+    monkeypatch.setattr(lab07_design, "sent_rows", withheld)
     for name in ("least_crossing", "_calls", "_placements", "crossing"):
         monkeypatch.setattr(lab07_design, name, withheld)
     fig = lab07_scale.problem(None)[2]
@@ -909,10 +917,22 @@ def test_the_visible_scale_reads_stored_numbers_not_the_search(sol, monkeypatch)
     assert f"the bound {fig['bound']:,.0f} (no placement sends less)" in lab07_scale.placement_scale()
 
 
+def _planted_best_order():
+    """The graded sample's best_order mistake (MISTAKES), as a function."""
+    ns = {}
+    exec("def place_mesh(shape, per_node, sent):\n" + PLACE + BEST_ORDER, ns)
+    return ns["place_mesh"]
+
+
 def test_hinted_design_passes_the_first_test_and_misses_the_bar():
-    """Hint 3's design (the best order, by the prediction): the first test's verdict shows its
-    bytes beside the scale; the bar's test fails naming the bar and asking Hint 4's question."""
-    fig = lab07_scale.problem(None)[2]
+    """Hint 3's design (the best order, by the bytes handed over; as the graded sample plants
+    it): the first test's verdict shows its bytes beside the scale; the bar's test fails naming
+    the bar and asking Hint 4's question."""
+    fig, planted = lab07_scale.problem(None)[2], _planted_best_order()
+    for shape, per_node, cfg in ((MESH_3D, 4, TinyConfig()),
+                                 (lab07_scale.SHAPE, lab07_scale.PER_NODE, lab07_scale.VISIBLE_CFG)):
+        sent = _sent(shape, cfg)
+        assert planted(shape, per_node, sent) == _best_order(shape, per_node, sent)
     line = lab07.check_mesh_placement(_best_order, megatron_plan)
     assert f"{lab07_scale.comparison(fig['hinted'], fig)}: within the best order's bytes" in line
     with pytest.raises(CheckFailed, match=rf"This test's limit is the bar, {fig['bar']:,.0f} "
@@ -925,7 +945,7 @@ def test_hinted_design_passes_the_first_test_and_misses_the_bar():
 def test_the_course_order_everywhere_misses_the_first_tests_scale():
     """TP innermost and PP outermost on every problem (what Hints 1 and 2 alone suggest): on 4
     nodes of 2 it is not the best order for the visible model, and the first test says so."""
-    course = lambda shape, per_node, cfg: megatron_layout(shape)        # noqa: E731
+    course = lambda shape, per_node, sent: megatron_layout(shape)        # noqa: E731
     cfg, table, fig = lab07_scale.problem(None)
     got = lab07_scale.crossed(table, megatron_layout(lab07_scale.SHAPE), lab07_scale.PER_NODE)
     assert got > fig["hinted"]
@@ -955,14 +975,14 @@ BEST_ORDER = """\
     for order in itertools.permutations(sizes):
         grid = torch.arange(shape.world_size).reshape(*[sizes[a] for a in order])
         grid = grid.permute(*[order.index(a) for a in sizes])                # (pp, dp, tp)
-        sent = 0.0
+        cost = 0.0
         for p, d, t in itertools.product(range(shape.pp), range(shape.dp), range(shape.tp)):
-            mine = predict_traffic(shape, cfg, (p * shape.dp + d) * shape.tp + t)
+            mine = sent[(p * shape.dp + d) * shape.tp + t]
             for axis, group in (("pp", grid[:, d, t]), ("dp", grid[p, :, t]), ("tp", grid[p, d, :])):
                 if len(set((group // per_node).tolist())) > 1:
-                    sent += mine[axis]
-        if best is None or sent < best[0]:
-            best = (sent, grid.tolist())
+                    cost += mine[axis]
+        if best is None or cost < best[0]:
+            best = (cost, grid.tolist())
     return best[1]
 """
 # {mistake: (the test(s) it must lose, [(solution cell, old, new)])}
@@ -1015,3 +1035,20 @@ def test_grader_takes_each_mistake_off_its_own_test_only(graded, mistake):
     assert packing.tests(MISTAKES[mistake][0]) <= lost
     assert {t: row[t] for t in POINTS} == {t: "fail" if t in lost else "pass" for t in POINTS}
     assert float(row["score"]) == float(graded["solution"]["score"]) - sum(POINTS[t] for t in lost)
+
+
+@pytest.mark.slow
+def test_graded_design_cells_print_the_scale_not_none(graded_samples):
+    """Under the grader each design cell shows the verdict line the judge sends back: the
+    solution's bytes beside the best order's, the bar and the bound (the site shows the same
+    comparison, from the executed solution), never a bare None."""
+    import nbformat
+    fig = lab07_scale.problem(None)[2]
+    nb = nbformat.read(graded_samples["autograded"]("solution", LAB), as_version=4)
+    for grade_id, verdict in (("test_place_mesh", "within the best order's bytes"),
+                              ("test_place_mesh_bar", "within the bar")):
+        cell = next(c for c in nb.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert f"{lab07_scale.comparison(fig['bound'], fig)}: {verdict}" in text, text
+        assert "None" not in text.split(), text

@@ -21,7 +21,7 @@ Exercises:
    pipeline, and needs 8 ranks for each of the three axes to be larger than 1.
 5. ``predict_traffic(shape, cfg, rank) -> {"tp", "pp", "dp"}``: the bytes a rank of the mesh run
    sends per step on each axis, against section 3's formulas (``lab07_prediction``).
-6. ``place_mesh(shape, per_node, cfg) -> layout[pp][dp][tp]``, the open design exercise, on a
+6. ``place_mesh(shape, per_node, sent) -> layout[pp][dp][tp]``, the open design exercise, on a
    scale of two tests (``lab07_design``). The first: trained on real ranks with the student's
    plan, the losses must equal single-process training and the bytes sent across nodes stay
    within the best placement's (the lab's 8-rank mesh on nodes of 4, visible; a 4-rank mesh on
@@ -339,7 +339,7 @@ def check_traffic_prediction(predict_traffic, *, seed: int | None = None) -> str
 
 
 def check_mesh_placement(place_mesh, plan_fn, *, seed: int | None = None) -> str:
-    """The open design exercise's first test: ``place_mesh(shape, per_node, cfg)``, graded on a
+    """The open design exercise's first test: ``place_mesh(shape, per_node, sent)``, graded on a
     real run with ``plan_fn``'s TP plan by its losses and the bytes that cross nodes, and on the
     scale's problem at the best order's bytes (``lab07_design``)."""
     from distlab.checks.lab07_design import grade_placement

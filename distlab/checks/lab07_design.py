@@ -1,7 +1,9 @@
 """Lab 7's open design exercise (called from ``distlab.checks.lab07``, which the judge serves):
-``place_mesh(shape, per_node, cfg) -> layout``, the global rank at each (pp, dp, tp) coordinate of
-a mesh whose ranks sit on nodes of ``per_node`` consecutive ranks, for the model ``cfg``, graded
-on a scale of two tests (``common.design_scale``):
+``place_mesh(shape, per_node, sent) -> layout``, the global rank at each (pp, dp, tp) coordinate
+of a mesh whose ranks sit on nodes of ``per_node`` consecutive ranks, given what each rank of the
+row-major numbering sends per step on each axis (``sent``, by exercise 5's formulas, handed over
+so that a mistake in the prediction does not cost the design too), graded on a scale of two tests
+(``common.design_scale``):
 
 - the first trains the lab's small transformer on the student's layout with
   the student's TP plan, on real ranks (``distlab.labs.mesh_traffic``): the losses must equal
@@ -120,12 +122,28 @@ def least_crossing(shape: MeshShape, per_node: int, cfg: TinyConfig) -> tuple[fl
     return best, count
 
 
+SENT_AXES = ("tp", "pp", "dp")
+
+
+def sent_rows(shape: MeshShape, cfg: TinyConfig) -> torch.Tensor:
+    """(ranks, 3) float64: what each rank of the row-major numbering sends per step on tp, pp and
+    dp, by the formulas: the ``sent`` a check hands ``place_mesh``."""
+    return torch.tensor([[formula_traffic(shape, cfg, r)[a] for a in SENT_AXES]
+                         for r in range(shape.world_size)], dtype=torch.float64)
+
+
+def sent_dicts(rows: torch.Tensor) -> list[dict[str, float]]:
+    """``sent`` as the student reads it: one {"tp", "pp", "dp"} dict of bytes per rank."""
+    return [dict(zip(SENT_AXES, row)) for row in rows.tolist()]
+
+
 def placement_set() -> dict:
-    """The visible problem's budget and single-process losses, for ``data/<lab>/placement.pt``."""
+    """The visible problem's budget, bytes per rank and single-process losses, for
+    ``data/<lab>/placement.pt``."""
     shape, per_node = VISIBLE
     return {"seed": SEED, "budget": torch.tensor(least_crossing(shape, per_node, TinyConfig())[0],
                                                  dtype=torch.float64),
-            "losses": reference_losses(TinyConfig(), SEED)}
+            "sent": sent_rows(shape, TinyConfig()), "losses": reference_losses(TinyConfig(), SEED)}
 
 
 def placement_budget() -> float:
@@ -135,17 +153,23 @@ def placement_budget() -> float:
 
 
 def _problem(seed: int | None):
-    """(shape, per_node, cfg, seed, budget, losses); hidden: a mesh of 4 ranks and another seed.
-    The stored losses are the lab's run's, ``TinyConfig().steps`` of them: the check's run makes
-    the same batches' first ``CHECK_CFG.steps`` (``tests/test_lab07.py``)."""
+    """(shape, per_node, cfg, seed, budget, losses, sent); hidden: a mesh of 4 ranks and another
+    seed. The stored losses are the lab's run's, ``TinyConfig().steps`` of them: the check's run
+    makes the same batches' first ``CHECK_CFG.steps`` (``tests/test_lab07.py``)."""
     cfg = CHECK_CFG
     if seed is None:
         from distlab.checks.stored import load
-        return (*VISIBLE, cfg, SEED, placement_budget(),
-                load("07_3d_parallelism", "placement")["losses"][:cfg.steps])
+        stored = load("07_3d_parallelism", "placement")
+        return (*VISIBLE, cfg, SEED, placement_budget(), stored["losses"][:cfg.steps],
+                stored["sent"])
     shape, per_node = MeshShape(*random.Random(seed).choice(HIDDEN_TRIPLES)), HIDDEN_PER_NODE
     budget = least_crossing(shape, per_node, cfg)[0]
-    return shape, per_node, cfg, seed, budget, reference_losses(cfg, seed)
+    return shape, per_node, cfg, seed, budget, reference_losses(cfg, seed), sent_rows(shape, cfg)
+
+
+def sent_note(shape: MeshShape, what: str) -> str:
+    """How a verdict names the ``sent`` it handed over."""
+    return f"sent=<the bytes per step of each of the {shape.world_size} ranks of {what}>"
 
 
 def _layout(got, shape: MeshShape, call: str) -> list:
@@ -169,9 +193,10 @@ def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
     """The first test's run: losses and bytes across nodes within the least (the scale's problem
     is ``lab07_scale``'s)."""
     from distlab.checks.ranks import run_each_backend
-    shape, per_node, cfg, run_seed, budget, losses = _problem(seed)
-    call = f"place_mesh({shape!r}, per_node={per_node}, cfg={cfg!r})"
-    layout = _layout(place_mesh(shape, per_node, cfg), shape, call)
+    shape, per_node, cfg, run_seed, budget, losses, sent = _problem(seed)
+    note = sent_note(shape, "the lab's model")
+    call = f"place_mesh({shape!r}, per_node={per_node}, {note})"
+    layout = _layout(place_mesh(shape, per_node, sent_dicts(sent)), shape, call)
     losses = reference(losses)
     shares = PerRank(mesh_shares(shape, cfg, run_seed, layout))   # stage and rows, not the seed
     for backend, out in run_each_backend(traced_mesh_rank, shape.world_size, shape, layout, cfg,

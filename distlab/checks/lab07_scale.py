@@ -1,13 +1,14 @@
-"""Lab 7's design exercise on a scale (issue 42; called from ``lab07_design``'s graders): the
-problem where the best order of the mesh's dimensions is not the best placement.
+"""Lab 7's design exercise on a scale (issue 42; called from ``distlab.checks.lab07``, which the
+judge serves): the problem where the best order of the mesh's dimensions is not the best placement.
 
 PP=2 x DP=2 x TP=2 on 4 nodes of 2: a node holds half of one stage's DP x TP ranks, so in every
 order of the dimensions two of the three axes cross nodes. The visible model has 3 layers and a
-vocabulary of 384 (stored in ``data/<lab>/placement_scale.pt``: a handout has neither the search
-nor the formulas): per step, by exercise 5's formulas, the best of the six orders sends 655,360
-bytes across nodes and the least of the 105 placements of the coordinates on the nodes 596,992
-(8.9% less). Hidden problems draw another model of the same mesh from a grid (odd layer counts,
-vocabularies of 192 to 768) where the least is at least ``MIN_GAIN`` below the best order's.
+vocabulary of 384 (stored in ``data/<lab>/placement_scale.pt`` with the bytes per rank the check
+hands ``place_mesh``: a handout has neither the search nor the formulas): per step, by exercise
+5's formulas, the least of the 105 placements of the coordinates on the nodes sends 8.9% less
+across nodes than the best of the six orders (the lab's closing note gives the bytes). Hidden
+problems draw another model of the same mesh from a grid (odd layer counts, vocabularies of 192
+to 768) where the least is at least ``MIN_GAIN`` below the best order's.
 
 Graded on a scale of two tests (``common.design_scale``): the first at the best order's bytes
 (the design Hint 3 leads to), the second at a bar halfway from there to the least (the bound).
@@ -25,7 +26,8 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import design_scale
-from distlab.checks.lab07_design import _calls, _layout, least_crossing
+from distlab.checks.lab07_design import (_calls, _layout, least_crossing, sent_dicts, sent_note,
+                                         sent_rows)
 from distlab.labs.mesh import MeshShape, TinyConfig, check_batch_fits
 
 LAB = "07_3d_parallelism"
@@ -111,20 +113,21 @@ def scale_set() -> dict:
     scale's ends (the best order's bytes, the least)."""
     hinted, bound = _figures(VISIBLE_CFG)
     return {"seed": 0, "cfg": torch.tensor([getattr(VISIBLE_CFG, f) for f in _CFG_FIELDS]),
-            **call_table(SHAPE, VISIBLE_CFG),
+            **call_table(SHAPE, VISIBLE_CFG), "sent": sent_rows(SHAPE, VISIBLE_CFG),
             "ends": torch.tensor([hinted, bound], dtype=torch.float64)}
 
 
 def problem(seed: int | None) -> tuple[TinyConfig, dict, dict[str, float]]:
-    """(model, call table, {"hinted", "bar", "bound"}): visible as stored, hidden drawn here."""
+    """(model, call table with "sent", {"hinted", "bar", "bound"}): visible as stored, hidden
+    drawn here."""
     if seed is None:
         from distlab.checks.stored import load
         stored = load(LAB, "placement_scale")
         cfg = TinyConfig(**dict(zip(_CFG_FIELDS, stored["cfg"].tolist())))
         hinted, bound = stored["ends"].tolist()
-        return cfg, {k: stored[k] for k in ("cells", "bytes")}, design_scale(hinted, bound)
+        return cfg, {k: stored[k] for k in ("cells", "bytes", "sent")}, design_scale(hinted, bound)
     cfg, hinted, bound = hidden_model(seed)
-    return cfg, call_table(SHAPE, cfg), design_scale(hinted, bound)
+    return cfg, {**call_table(SHAPE, cfg), "sent": sent_rows(SHAPE, cfg)}, design_scale(hinted, bound)
 
 
 def problem_line(cfg: TinyConfig) -> str:
@@ -142,8 +145,8 @@ def grade_scale(place_mesh, seed: int | None, level: str) -> str:
     """The student's placement of the scale's problem, its bytes across nodes against ``level``
     ("hinted": the best order's; "bar"); returns the line the test cell prints."""
     cfg, table, fig = problem(seed)
-    call = f"place_mesh({SHAPE!r}, per_node={PER_NODE}, cfg={cfg!r})"
-    layout = _layout(place_mesh(SHAPE, PER_NODE, cfg), SHAPE, call)
+    call = f"place_mesh({SHAPE!r}, per_node={PER_NODE}, {sent_note(SHAPE, 'this model')})"
+    layout = _layout(place_mesh(SHAPE, PER_NODE, sent_dicts(table["sent"])), SHAPE, call)
     got = crossed(table, layout, PER_NODE)
     case = "visible" if seed is None else "hidden"
     name = "the best order's bytes" if level == "hinted" else "the bar"

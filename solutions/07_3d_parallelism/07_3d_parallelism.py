@@ -776,10 +776,13 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 # `init_device_mesh` gave you one placement of the `(pp, dp, tp)` coordinates on those ranks; it
 # is not the only one.
 #
-# **Goal.** Write `place_mesh(shape, per_node, cfg)`: the placement, `layout[pp][dp][tp]` = the
+# **Goal.** Write `place_mesh(shape, per_node, sent)`: the placement, `layout[pp][dp][tp]` = the
 # global rank at those coordinates (nested lists of shape `(shape.pp, shape.dp, shape.tp)`, every
-# rank once), for nodes of `per_node` consecutive ranks and the model `cfg` (a `TinyConfig`, as in
-# exercise 5).
+# rank once), for nodes of `per_node` consecutive ranks. `sent[r]` is what rank `r` of the
+# row-major numbering (at `shape.coords(r)`) sends per step, `{"tp": ..., "pp": ..., "dp": ...}`
+# in bytes: exercise 5's count for the model trained, which the check hands you (the formulas'
+# numbers, so that your design is graded on its own). Try it on
+# `[predict_traffic(shape, cfg, r) for r in range(shape.world_size)]`.
 #
 # **Budget, on a scale of two tests.** The first (2 points) trains the lab's model on your layout
 # with your `tp_plan`, on real ranks: the losses must equal single-process training's. It then adds
@@ -800,8 +803,8 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 #
 # <details><summary>Hint 1</summary>
 #
-# Your prediction says what each axis sends per step. Which is the most, which the least? With
-# 8 ranks on 2 nodes of 4, can every axis stay inside a node?
+# `sent` says what each axis sends per step. Which is the most, which the least? With 8 ranks on
+# 2 nodes of 4, can every axis stay inside a node?
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -813,9 +816,9 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 # <details><summary>Hint 3</summary>
 #
 # If you number the ranks row-major over some order of the three dimensions, which axes' groups
-# stay inside a node, and which cross? Your prediction gives each rank's bytes on each axis: what
-# does each of the six orders send across nodes, which sends the least, and how do you return its
-# grid as `(pp, dp, tp)`?
+# stay inside a node, and which cross? `sent` gives each rank's bytes on each axis: what does each
+# of the six orders send across nodes, which sends the least, and how do you return its grid as
+# `(pp, dp, tp)`?
 # </details>
 #
 # <details><summary>Hint 4</summary>
@@ -836,15 +839,16 @@ print(f"{MeshShape(pp=2, dp=2, tp=2)} on 2 nodes of 4: at most {placement_budget
 print(placement_scale())
 
 # %% nbgrader={"grade": false, "grade_id": "place_mesh", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def place_mesh(shape: MeshShape, per_node: int, cfg: TinyConfig) -> list:
-    """layout[pp][dp][tp] = the global rank at those coordinates, ranks on nodes of per_node."""
+def place_mesh(shape: MeshShape, per_node: int, sent: list) -> list:
+    """layout[pp][dp][tp] = the global rank at those coordinates, ranks on nodes of per_node;
+    sent[r] = {"tp", "pp", "dp"}: bytes per step of rank r of the row-major numbering."""
     ### BEGIN SOLUTION
     import torch
     per_stage, layout = shape.dp * shape.tp, []
     for stage in range(shape.pp):                 # PP outermost: a stage's ranks are consecutive
-        sent = predict_traffic(shape, cfg, stage * per_stage)     # any rank of the stage
+        mine = sent[stage * per_stage]                            # any rank of the stage
         grid = torch.arange(per_stage).reshape(shape.dp, shape.tp)        # (dp, tp): TP innermost
-        if sent["dp"] > sent["tp"]:                               # this stage's heavier axis inside
+        if mine["dp"] > mine["tp"]:                               # this stage's heavier axis inside
             grid = torch.arange(per_stage).reshape(shape.tp, shape.dp).T  # (dp, tp): DP innermost
         layout.append((grid + stage * per_stage).tolist())
     return layout

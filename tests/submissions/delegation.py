@@ -107,7 +107,7 @@ DELEGATED = {
         "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
         "predict_traffic": [("predict_traffic", "distlab.checks.lab07_prediction:formula_traffic")],
         "place_mesh": [("place_mesh", "distlab.labs.mesh_traffic:megatron_layout",
-                        ("shape, per_node, cfg", "shape"))],
+                        ("shape, per_node, sent", "shape"))],
     },
     "08_sharded_data_parallel": {
         "predict_step_bytes": [("predict_step_bytes",
