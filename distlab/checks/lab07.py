@@ -32,7 +32,8 @@ Exercises:
 Grading cost: this lab's budget is 12 s for a full answer (``--jobs 1``, an idle 2-core machine),
 not the course's 6 s, for its two 8-rank runs (4's hidden PP x DP x TP, every axis larger than 1;
 6's visible mesh, three axes of which only the outermost crosses nodes); every other run uses
-the fewest ranks its property needs (closing note of the lab).
+the fewest ranks its property needs (closing note of the lab). Exercise 6's scale runs no rank:
+its problem's bytes are counted on a table of calls (``lab07_scale``).
 
 References come from the reference implementations in ``distlab.labs.planning`` and
 ``distlab.labs.mesh``; visible tests read the stored sets (``data/07_3d_parallelism/``),

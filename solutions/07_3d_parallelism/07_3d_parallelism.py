@@ -858,7 +858,7 @@ def place_mesh(shape: MeshShape, per_node: int, sent: list) -> list:
 # %% nbgrader={"grade": true, "grade_id": "test_place_mesh", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 print(check_mesh_placement(place_mesh, tp_plan))
 ### BEGIN HIDDEN TESTS
-print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks on 2 nodes of 2
+print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks on nodes of 2; another model on 4 of 2
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "test_place_mesh_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -910,3 +910,8 @@ print(check_mesh_placement_bar(place_mesh, seed=fresh_seed()))   # another model
 # the first after set-up, and its loss already shows an update. Graded beside the previous version on the same busy machine (load average 18–20, two
 # runs each): 115 s and 45 CPU-s before, 85 s and 38 CPU-s after
 # (`python bench/grading_phases.py --lab 07_3d_parallelism --cells --runs` gives each test's share).
+# Exercise 6's scale (the second problem in its first test, and its second test) runs no rank:
+# its bytes are counted on the problem's table of calls, which the course's tests check against
+# a real run's records. Graded beside the version without it (`bench/grading_budget.py`, the
+# two alternated, twice each, load average 8–11): a full answer took 27.5 and 26.6 CPU-s
+# before, 26.7 and 28.2 after; the second test's share is 0.14 CPU-s.
