@@ -5,19 +5,19 @@ row-major numbering sends per step on each axis (``sent``, by exercise 5's formu
 so that a mistake in the prediction does not cost the design too), graded on a scale of two tests
 (``common.design_scale``):
 
-- the first trains the lab's small transformer on the student's layout with
-  the student's TP plan, on real ranks (``distlab.labs.mesh_traffic``): the losses must equal
-  single-process training's, and the bytes the ranks send in one step on collectives whose ranks
-  are not all on one node (a send counts when its two ranks are on different nodes) may not
-  exceed the least any layout reaches, by the prediction's formulas (``lab07_prediction``). On
-  these problems the best order of the dimensions reaches that least (``grade_placement``). It
-  then grades the scale's problem at the best order's bytes (``lab07_scale.grade_scale``);
-- the second grades the scale's problem at the bar, halfway from the
-  best order's bytes to the least of every placement (``lab07_scale``).
+- the first trains the lab's small transformer on the student's layout with the student's TP
+  plan, on real ranks (``distlab.labs.mesh_traffic``): the losses must equal single-process
+  training's, and the bytes the ranks send in one step on collectives whose ranks are not all on
+  one node (a send counts when its two ranks are on different nodes) may not exceed the least
+  any layout reaches, by the prediction's formulas (``lab07_prediction``). On these problems the
+  best order of the dimensions reaches that least (``grade_placement``). It then grades the
+  scale's problem at the best order's bytes (``lab07_scale.grade_scale``);
+- the second grades the scale's problem at the bar, halfway from the best order's bytes to the
+  least of every placement (``lab07_scale``).
 
-The run's visible problem is the lab's 8-rank mesh on 2 nodes of 4, its budget and losses stored
-in ``data/07_3d_parallelism/placement.pt``; hidden problems draw another mesh and seed, their
-budget computed in the judge. A hidden mesh has 4 ranks on 2 nodes of 2, two of its axes larger
+The run's visible problem is the lab's 8-rank mesh on 2 nodes of 4, its budget, bytes per rank
+and losses stored in ``data/07_3d_parallelism/placement.pt``; hidden problems draw another mesh
+and seed, their budget computed in the judge. A hidden mesh has 4 ranks on 2 nodes of 2, two of its axes larger
 than 1: one of the two must cross nodes, and which one is the decision the visible problem grades
 (on 8 ranks the outermost axis alone crosses). Both placements the lab's planted mistakes make
 (TP across nodes; DP across nodes rather than PP) send more than the budget there as on 8 ranks,
