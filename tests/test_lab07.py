@@ -4,6 +4,7 @@
 The correct answers are the lab's own solutions (``solution_functions()``); the wrong ones below
 are mistakes the checks must catch, each with the message a student would read.
 """
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 from distlab.labs import planning as P
 from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
 from distlab.checks.lab07_cases import _degree_case
-from distlab.checks import lab07, lab07_design, lab07_prediction
+from distlab.checks import lab07, lab07_design, lab07_prediction, lab07_scale
 from distlab.course.solutions import solution_functions
 from distlab.labs.mesh_traffic import (axis_traffic, cross_node_bytes, groups_of, megatron_layout,
                                        traced_run)
@@ -776,23 +777,25 @@ def test_check_mesh_placement(sol):
     line, budget = lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"]), lab07_design.placement_budget()
     assert f"{budget:.0f} bytes per step cross nodes (budget {budget:.0f}: the least of every " \
            f"placement of the ranks on nodes" in line
+    fig = lab07_scale.problem(None)[2]
+    assert f"{lab07_scale.comparison(fig['bound'], fig)}: within the best order's bytes" in line
     for seed in (0, 1, 5):                                   # every hidden mesh (4 ranks, nodes of 2)
         lab07.check_mesh_placement(sol["place_mesh"], sol["tp_plan"], seed=seed)
 
 
-def _tp_across_nodes(shape, per_node):
+def _tp_across_nodes(shape, per_node, sent):
     return torch.arange(shape.world_size).reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()
 
 
-def _dp_outermost(shape, per_node):       # Llama 3's order: here DP moves more than PP
+def _dp_outermost(shape, per_node, sent):       # Llama 3's order: here DP moves more than PP
     return torch.arange(shape.world_size).reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()
 
 
 @pytest.mark.parametrize("place,message", [
     (_tp_across_nodes, r"sent 196608 bytes on groups that span nodes \(tp 196608 bytes\); the budget is 32768"),
     (_dp_outermost, r"\(dp 171008 bytes\); the budget is 32768"),
-    (lambda shape, per_node: [[[0, 1], [2, 3]], [[4, 5], [6, 6]]], "every rank 0..7 must appear exactly once"),
-    (lambda shape, per_node: [[0, 1, 2, 3], [4, 5, 6, 7]], r"a layout of shape \(2, 4\)"),
+    (lambda shape, per_node, sent: [[[0, 1], [2, 3]], [[4, 5], [6, 6]]], "every rank 0..7 must appear exactly once"),
+    (lambda shape, per_node, sent: [[0, 1, 2, 3], [4, 5, 6, 7]], r"a layout of shape \(2, 4\)"),
 ])
 def test_check_mesh_placement_catches(place, message):
     with pytest.raises(CheckFailed, match=message):
@@ -817,27 +820,183 @@ def test_placement_text_names_its_sources():
     assert groups == {"pp": (0, 4), "dp": (0, 2), "tp": (0, 1)}
     tried = [lab07_design.least_crossing(MeshShape(*t), n, TinyConfig())[1]
              for t, n in [((2, 2, 2), 4), (lab07_design.HIDDEN_TRIPLES[0], lab07_design.HIDDEN_PER_NODE)]]
+    scale = lab07_design.least_crossing(lab07_scale.SHAPE, lab07_scale.PER_NODE, TinyConfig())[1]
     assert f"every way to put the coordinates on the nodes ({tried[0]} for the visible mesh, " \
-           f"{tried[1]} for each hidden one)" in text
+           f"{tried[1]} for each hidden one, {scale} for 8 ranks on 4 nodes of 2)" in text
+
+
+# ----------------------------------------------------------------------------- the design's scale
+
+
+def _best_order(shape, per_node, sent):
+    """Hint 3's design: the order of the dimensions whose layout sends the least across nodes, by
+    the bytes per rank the check hands over."""
+    return min((lab07_scale.order_layout(shape, order) for order in lab07_scale.ORDERS),
+               key=lambda layout: _spanning_bytes(shape, per_node, sent, layout))
+
+
+def _spanning_bytes(shape, per_node, sent, layout):
+    course = megatron_layout(shape)          # sent's ranks: the row-major numbering
+    return sum(sent[course[p][d][t]][a]
+               for p in range(shape.pp) for d in range(shape.dp) for t in range(shape.tp)
+               for a in lab07_design._spanning(layout, layout[p][d][t], per_node))
+
+
+def _sent(shape, cfg):
+    return lab07_design.sent_dicts(lab07_design.sent_rows(shape, cfg))
+
+
+def test_scale_figures_are_the_best_order_and_the_least_of_every_placement():
+    """The visible problem as stored: the best of the six orders (Hint 3's design) above the bar,
+    halfway to the least of every placement (the bound), the three as computed today."""
+    cfg, table, fig = lab07_scale.problem(None)
+    shape, per_node = lab07_scale.SHAPE, lab07_scale.PER_NODE
+    assert cfg == lab07_scale.VISIBLE_CFG
+    orders = {order: _spanning_bytes(shape, per_node, _sent(shape, cfg),
+                                     lab07_scale.order_layout(shape, order))
+              for order in lab07_scale.ORDERS}
+    assert orders == lab07_scale.order_crossings(shape, per_node, cfg)
+    least = lab07_design.least_crossing(shape, per_node, cfg)[0]
+    assert fig == {"hinted": min(orders.values()), "bar": (min(orders.values()) + least) / 2,
+                   "bound": least}
+    assert fig["bound"] < fig["bar"] < fig["hinted"] < orders[("pp", "dp", "tp")]   # not the course's order
+    assert lab07_scale.placement_scale().startswith(lab07_scale.problem_line(cfg))
+
+
+def test_scale_bytes_are_what_a_run_on_the_layout_sends():
+    """The scale's count, on its call table, against a real 8-rank run of its visible model on
+    4 nodes of 2: the bytes its records hold across nodes, on a placement that is no order (each
+    stage keeps another axis on a node) and on the best order's."""
+    shape, per_node, cfg = lab07_scale.SHAPE, lab07_scale.PER_NODE, lab07_scale.VISIBLE_CFG
+    table = lab07_scale.problem(None)[1]
+    best = _best_order(shape, per_node, _sent(shape, cfg))
+    for layout in ([[[0, 2], [1, 3]], [[4, 5], [6, 7]]], best):
+        out = traced_run(shape, megatron_plan, layout, dataclasses.replace(cfg, steps=2))
+        measured = sum(cross_node_bytes(out[r], out.comms[r], r, per_node) for r in range(8))
+        assert measured == lab07_scale.crossed(table, layout, per_node) \
+            == _spanning_bytes(shape, per_node, _sent(shape, cfg), layout)
+
+
+def test_every_hidden_model_gains_and_the_solution_reaches_each_bound(sol):
+    """The grid holds models whose least is MIN_GAIN below the best order's, of both kinds (the
+    best order keeps TP on a node, or DP); the solution reaches the bound on each, the best
+    order only its own figure; hidden draws are among them."""
+    from distlab.checks.common import design_scale
+    gaining, kinds = [], set()
+    for cfg in lab07_scale._grid_models(0):
+        orders = lab07_scale.order_crossings(lab07_scale.SHAPE, lab07_scale.PER_NODE, cfg)
+        hinted, bound = min(orders.values()), lab07_design.least_crossing(
+            lab07_scale.SHAPE, lab07_scale.PER_NODE, cfg)[0]
+        if bound <= hinted * (1 - lab07_scale.MIN_GAIN):
+            gaining.append(cfg)
+            kinds.add(min(orders, key=orders.get)[-1])
+            table = lab07_scale.call_table(lab07_scale.SHAPE, cfg)
+            sent = _sent(lab07_scale.SHAPE, cfg)
+            layout = sol["place_mesh"](lab07_scale.SHAPE, lab07_scale.PER_NODE, sent)
+            assert lab07_scale.crossed(table, layout, lab07_scale.PER_NODE) == bound, cfg
+            best = _best_order(lab07_scale.SHAPE, lab07_scale.PER_NODE, sent)
+            assert lab07_scale.crossed(table, best, lab07_scale.PER_NODE) == hinted, cfg
+    assert len(gaining) >= 20 and kinds == {"tp", "dp"}
+    for seed in range(5):
+        cfg, _, fig = lab07_scale.problem(seed)
+        assert cfg in gaining and fig == design_scale(fig["hinted"], fig["bound"])
+
+
+def test_the_visible_scale_reads_stored_numbers_not_the_search(sol, monkeypatch):
+    """A handout withholds the search, the orders' count and the call tables: the bar's visible
+    test and the printed scale read the stored set."""
+    def withheld(*args, **kwargs):
+        raise NotImplementedError("withheld")
+    for name in ("call_table", "order_crossings", "_figures", "hidden_model", "sent_rows"):
+        monkeypatch.setattr(lab07_scale, name, withheld)
+    monkeypatch.setattr(lab07_design, "sent_rows", withheld)
+    for name in ("least_crossing", "_calls", "_placements", "crossing"):
+        monkeypatch.setattr(lab07_design, name, withheld)
+    fig = lab07_scale.problem(None)[2]
+    assert "within the bar" in lab07.check_mesh_placement_bar(sol["place_mesh"])
+    assert f"the bound {fig['bound']:,.0f} (no placement sends less)" in lab07_scale.placement_scale()
+
+
+def _planted_best_order():
+    """The graded sample's best_order mistake (MISTAKES), as a function."""
+    ns = {}
+    exec("def place_mesh(shape, per_node, sent):\n" + PLACE + BEST_ORDER, ns)
+    return ns["place_mesh"]
+
+
+def test_hinted_design_passes_the_first_test_and_misses_the_bar():
+    """Hint 3's design (the best order, by the bytes handed over; as the graded sample plants
+    it): the first test's verdict shows its bytes beside the scale; the bar's test fails naming
+    the bar and asking Hint 4's question."""
+    fig, planted = lab07_scale.problem(None)[2], _planted_best_order()
+    for shape, per_node, cfg in ((MESH_3D, 4, TinyConfig()),
+                                 (lab07_scale.SHAPE, lab07_scale.PER_NODE, lab07_scale.VISIBLE_CFG)):
+        sent = _sent(shape, cfg)
+        assert planted(shape, per_node, sent) == _best_order(shape, per_node, sent)
+    line = lab07.check_mesh_placement(_best_order, megatron_plan)
+    assert f"{lab07_scale.comparison(fig['hinted'], fig)}: within the best order's bytes" in line
+    with pytest.raises(CheckFailed, match=rf"This test's limit is the bar, {fig['bar']:,.0f} "
+                                          r"bytes\. Does every stage"):
+        lab07.check_mesh_placement_bar(_best_order)
+    with pytest.raises(CheckFailed, match="This test's limit is the bar"):
+        lab07.check_mesh_placement_bar(_best_order, seed=3)
+
+
+def test_the_course_order_everywhere_misses_the_first_tests_scale():
+    """TP innermost and PP outermost on every problem (what Hints 1 and 2 alone suggest): on 4
+    nodes of 2 it is not the best order for the visible model, and the first test says so."""
+    course = lambda shape, per_node, sent: megatron_layout(shape)        # noqa: E731
+    cfg, table, fig = lab07_scale.problem(None)
+    got = lab07_scale.crossed(table, megatron_layout(lab07_scale.SHAPE), lab07_scale.PER_NODE)
+    assert got > fig["hinted"]
+    with pytest.raises(CheckFailed, match=re.escape(lab07_scale.comparison(got, fig)) +
+                       r"\. This test's limit is the best order's bytes"):
+        lab07.check_mesh_placement(course, megatron_plan)
+
+
+def test_closing_note_gives_the_scales_figures():
+    text = " ".join(SOURCE.read_text().replace("# ", " ").split())
+    fig = lab07_scale.problem(None)[2]
+    assert f"the best order sends {fig['hinted']:,.0f} bytes per step across nodes, the course's " \
+           f"placement {fig['bound']:,.0f}, the bound ({1 - fig['bound'] / fig['hinted']:.1%} " \
+           f"less); each hidden model has a bound at least {lab07_scale.MIN_GAIN:.0%} below" in text
 
 
 # ----------------------------------------------------------------------------- graded: each mistake its own test
 
 LAB = lab07.LAB
 POINTS = {"test_memory_per_gpu": 3, "test_choose_degrees": 3, "test_answers": 3, "test_tp_plan": 2,
-          "test_predict_traffic": 2, "test_place_mesh": 3}
-# {mistake: (the test it must lose, [(solution cell, old, new)])}
+          "test_predict_traffic": 2, "test_place_mesh": 2, "test_place_mesh_bar": 1}
+PLACE = "    import torch\n"          # the solution's first line: a mistake returns right after it
+BOTH = ("test_place_mesh", "test_place_mesh_bar")   # over the first test's limits: over the bar too
+BEST_ORDER = """\
+    import itertools
+    sizes, best = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp}, None
+    for order in itertools.permutations(sizes):
+        grid = torch.arange(shape.world_size).reshape(*[sizes[a] for a in order])
+        grid = grid.permute(*[order.index(a) for a in sizes])                # (pp, dp, tp)
+        cost = 0.0
+        for p, d, t in itertools.product(range(shape.pp), range(shape.dp), range(shape.tp)):
+            mine = sent[(p * shape.dp + d) * shape.tp + t]
+            for axis, group in (("pp", grid[:, d, t]), ("dp", grid[p, :, t]), ("tp", grid[p, d, :])):
+                if len(set((group // per_node).tolist())) > 1:
+                    cost += mine[axis]
+        if best is None or cost < best[0]:
+            best = (cost, grid.tolist())
+    return best[1]
+"""
+# {mistake: (the test(s) it must lose, [(solution cell, old, new)])}
 MISTAKES = {
     # Lab 4's fused qkv counted: four TP all-reduces per block and micro-batch instead of six
     "fused_qkv": ("test_predict_traffic", [("predict_traffic", "m * blocks * 6 * 2", "m * blocks * 4 * 2")]),
     # TP outermost: every TP pair split across the two nodes
-    "tp_across_nodes": ("test_place_mesh", [
-        ("place_mesh", "torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()",
-         "torch.arange(shape.world_size).reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()")]),
+    "tp_across_nodes": (BOTH, [("place_mesh", PLACE, PLACE + "    return torch.arange(shape.world_size)"
+                                ".reshape(shape.tp, shape.pp, shape.dp).permute(1, 2, 0).tolist()\n")]),
     # Llama 3's order, DP outermost: TP stays inside a node, but DP sends more than PP here
-    "dp_across_nodes": ("test_place_mesh", [
-        ("place_mesh", "torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()",
-         "torch.arange(shape.world_size).reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()")]),
+    "dp_across_nodes": (BOTH, [("place_mesh", PLACE, PLACE + "    return torch.arange(shape.world_size)"
+                                ".reshape(shape.dp, shape.pp, shape.tp).permute(1, 0, 2).tolist()\n")]),
+    # Hint 3's design: the best of the six orders by the student's prediction (the bar's test only)
+    "best_order": ("test_place_mesh_bar", [("place_mesh", PLACE, PLACE + BEST_ORDER)]),
 }
 SAMPLE_KINDS = ()
 
@@ -873,6 +1032,23 @@ def test_grader_takes_each_mistake_off_its_own_test_only(graded, mistake):
     from submissions import packing
     sample, lost = packing.lost(packing.grouped(LAB, MISTAKES), MISTAKES, mistake)
     row = graded[sample]
-    assert MISTAKES[mistake][0] in lost
+    assert packing.tests(MISTAKES[mistake][0]) <= lost
     assert {t: row[t] for t in POINTS} == {t: "fail" if t in lost else "pass" for t in POINTS}
     assert float(row["score"]) == float(graded["solution"]["score"]) - sum(POINTS[t] for t in lost)
+
+
+@pytest.mark.slow
+def test_graded_design_cells_print_the_scale_not_none(graded_samples):
+    """Under the grader each design cell shows the verdict line the judge sends back: the
+    solution's bytes beside the best order's, the bar and the bound (the site shows the same
+    comparison, from the executed solution), never a bare None."""
+    import nbformat
+    fig = lab07_scale.problem(None)[2]
+    nb = nbformat.read(graded_samples["autograded"]("solution", LAB), as_version=4)
+    for grade_id, verdict in (("test_place_mesh", "within the best order's bytes"),
+                              ("test_place_mesh_bar", "within the bar")):
+        cell = next(c for c in nb.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert f"{lab07_scale.comparison(fig['bound'], fig)}: {verdict}" in text, text
+        assert "None" not in text.split(), text

@@ -102,7 +102,9 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                 + names("distlab.labs.mesh_traffic", "megatron_layout")
                 + names("distlab.checks.lab07_prediction", "formula_traffic", "_stage_elements")
                 + names("distlab.checks.lab07_design", "_budget", "least_crossing", "crossing",
-                        "_calls", "_placements"))
+                        "_calls", "_placements")
+                + names("distlab.checks.lab07_scale", "call_table", "order_crossings",
+                        "_figures", "hidden_model"))
 LAB8_SHIPPED = (names("distlab.labs.sharded.problem", "reference_sharded_training")
                 + BASELINE
                 + names("distlab.labs.sharded.checkpointing", "best_checkpoint_choice")

@@ -21,15 +21,19 @@ Exercises:
    pipeline, and needs 8 ranks for each of the three axes to be larger than 1.
 5. ``predict_traffic(shape, cfg, rank) -> {"tp", "pp", "dp"}``: the bytes a rank of the mesh run
    sends per step on each axis, against section 3's formulas (``lab07_prediction``).
-6. ``place_mesh(shape, per_node) -> layout[pp][dp][tp]``, the open design exercise: trained on
-   real ranks with the student's plan, the losses must equal single-process training and the
-   bytes sent across nodes stay within the best placement's (``lab07_design``): the lab's
-   8-rank mesh on nodes of 4 (visible), a 4-rank mesh on nodes of 2 (hidden).
+6. ``place_mesh(shape, per_node, sent) -> layout[pp][dp][tp]``, the open design exercise, on a
+   scale of two tests (``lab07_design``). The first: trained on real ranks with the student's
+   plan, the losses must equal single-process training and the bytes sent across nodes stay
+   within the best placement's (the lab's 8-rank mesh on nodes of 4, visible; a 4-rank mesh on
+   nodes of 2, hidden), and on the scale's problem (8 ranks on 4 nodes of 2, counted without
+   ranks: ``lab07_scale``) within the best order of the dimensions'. The second: the scale's
+   problem within the bar, halfway from there to the least of every placement.
 
 Grading cost: this lab's budget is 12 s for a full answer (``--jobs 1``, an idle 2-core machine),
 not the course's 6 s, for its two 8-rank runs (4's hidden PP x DP x TP, every axis larger than 1;
 6's visible mesh, three axes of which only the outermost crosses nodes); every other run uses
-the fewest ranks its property needs (closing note of the lab).
+the fewest ranks its property needs (closing note of the lab). Exercise 6's scale runs no rank:
+its problem's bytes are counted on a table of calls (``lab07_scale``).
 
 References come from the reference implementations in ``distlab.labs.planning`` and
 ``distlab.labs.mesh``; visible tests read the stored sets (``data/07_3d_parallelism/``),
@@ -90,16 +94,19 @@ def make_references() -> dict:
     every candidate layout), the memory of every layout of the 70B question, and the
     single-process losses of the visible mesh run. Visible tests read these and call no answer:
     a student's handout has none (distlab.grading.student_package). With them, the prediction's
-    bytes per axis and the design exercise's budget (lab07_prediction, lab07_design)."""
+    bytes per axis and the design exercise's budget and scale (lab07_prediction, lab07_design,
+    lab07_scale)."""
     from distlab.checks.lab07_design import placement_set
     from distlab.checks.lab07_prediction import traffic_set
+    from distlab.checks.lab07_scale import scale_set
     cfg = TinyConfig()
     return {"memory": {"seed": SEED, **memory_cases(SEED)},
             "degrees": {"seed": SEED, **degree_cases(SEED)},
             "layouts_70b": {"seed": SEED, "memory": torch.tensor(
                 _candidate_memory(LLAMA3_70B, H100_16x8, JOB_70B), dtype=torch.float64)},
             "mesh": {"seed": SEED, "losses": reference_losses(cfg, SEED)},
-            "traffic": traffic_set(), "placement": placement_set()}
+            "traffic": traffic_set(), "placement": placement_set(),
+            "placement_scale": scale_set()}
 
 
 def _stored(name: str, drawn: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -333,17 +340,25 @@ def check_traffic_prediction(predict_traffic, *, seed: int | None = None) -> str
 
 
 def check_mesh_placement(place_mesh, plan_fn, *, seed: int | None = None) -> str:
-    """The open design exercise: ``place_mesh(shape, per_node)``, graded on a real run with
-    ``plan_fn``'s TP plan by its losses and the bytes that cross nodes (``lab07_design``)."""
+    """The open design exercise's first test: ``place_mesh(shape, per_node, sent)``, graded on a
+    real run with ``plan_fn``'s TP plan by its losses and the bytes that cross nodes, and on the
+    scale's problem at the best order's bytes (``lab07_design``)."""
     from distlab.checks.lab07_design import grade_placement
-    return grade_placement(place_mesh, plan_fn, seed)
+    from distlab.checks.lab07_scale import grade_scale
+    return f"{grade_placement(place_mesh, plan_fn, seed)}; {grade_scale(place_mesh, seed, 'hinted')}"
+
+
+def check_mesh_placement_bar(place_mesh, *, seed: int | None = None) -> str:
+    """The second test: the scale's problem within the bar (``lab07_scale``)."""
+    from distlab.checks.lab07_scale import grade_scale
+    return grade_scale(place_mesh, seed, "bar")
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).
 from distlab.checks.course_code import LAB7_SHIPPED, CourseCode  # noqa: E402
 COURSE_CODE = dict.fromkeys([
     "check_memory_per_gpu", "check_choose_degrees", "check_tp_plan", "check_traffic_prediction",
-    "check_mesh_placement"],
+    "check_mesh_placement", "check_mesh_placement_bar"],
     CourseCode(forbidden=LAB7_SHIPPED))
 # Graded on values handed in (numbers and layouts the kernel computed): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.

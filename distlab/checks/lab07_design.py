@@ -1,35 +1,36 @@
 """Lab 7's open design exercise (called from ``distlab.checks.lab07``, which the judge serves):
-``place_mesh(shape, per_node) -> layout``, the global rank at each (pp, dp, tp) coordinate of a
-mesh whose ranks sit on nodes of ``per_node`` consecutive ranks, graded by its properties on a
-real run with the student's TP plan (``distlab.labs.mesh_traffic``):
+``place_mesh(shape, per_node, sent) -> layout``, the global rank at each (pp, dp, tp) coordinate
+of a mesh whose ranks sit on nodes of ``per_node`` consecutive ranks, given what each rank of the
+row-major numbering sends per step on each axis (``sent``, by exercise 5's formulas, handed over
+so that a mistake in the prediction does not cost the design too), graded on a scale of two tests
+(``common.design_scale``):
 
-- the losses of the lab's small transformer trained on that layout equal single-process
-  training's;
-- the bytes the ranks send, in one step, on collectives whose ranks are not all on one node (a
-  send counts when its two ranks are on different nodes) stay within a budget: the least any
-  layout reaches, the course's placement's by the prediction's formulas (``lab07_prediction``).
+- the first trains the lab's small transformer on the student's layout with the student's TP
+  plan, on real ranks (``distlab.labs.mesh_traffic``): the losses must equal single-process
+  training's, and the bytes the ranks send in one step on collectives whose ranks are not all on
+  one node (a send counts when its two ranks are on different nodes) may not exceed the least
+  any layout reaches, by the prediction's formulas (``lab07_prediction``). On these problems the
+  best order of the dimensions reaches that least (``grade_placement``). It then grades the
+  scale's problem at the best order's bytes (``lab07_scale.grade_scale``);
+- the second grades the scale's problem at the bar, halfway from the best order's bytes to the
+  least of every placement (``lab07_scale``).
 
-The visible problem is the lab's 8-rank mesh on 2 nodes of 4, its budget and losses stored in
-``data/07_3d_parallelism/placement.pt``; hidden problems draw another mesh and seed, their budget
-computed in the judge. A hidden mesh has 4 ranks on 2 nodes of 2, two of its axes larger than 1:
-one of the two must cross nodes, and which one is the decision the visible problem grades (on 8
-ranks the outermost axis alone crosses). Both placements the lab's planted mistakes make (TP
-across nodes; DP across nodes rather than PP) send more than the budget there as on 8 ranks, at
-half the ranks' cost (``tests/test_lab07.py``).
+The run's visible problem is the lab's 8-rank mesh on 2 nodes of 4, its budget, bytes per rank
+and losses stored in ``data/07_3d_parallelism/placement.pt``; hidden problems draw another mesh
+and seed, their budget computed in the judge. A hidden mesh has 4 ranks on 2 nodes of 2, two of its axes larger
+than 1: one of the two must cross nodes, and which one is the decision the visible problem grades
+(on 8 ranks the outermost axis alone crosses). Both placements the lab's planted mistakes make
+(TP across nodes; DP across nodes rather than PP) send more than the budget there as on 8 ranks,
+at half the ranks' cost (``tests/test_lab07.py``).
 
-The budget is ``least_crossing``: the least, by the formulas, of every way to put the mesh's
+The least is ``least_crossing``: the least, by the formulas, of every way to put the mesh's
 coordinates on the nodes (not only the six row-major orders of the dimensions: 35 placements for
-8 ranks on 2 nodes of 4, 3 for 4 ranks on 2 nodes of 2), computed in the judge. On these problems
-the best order of the dimensions reaches it, so the exercise has one graded level
-(``bench/mesh_placements.py`` searches every mesh of 4 to 8 ranks and node size over a grid of
-model sizes: a placement that is no order does better only on PP=2 x DP=2 x TP=2 on 4 nodes of 2,
-with an odd layer count and a large vocabulary, by at most 8.9%: a node holds less than one
-stage's DP x TP ranks, and one stage's DP bytes outweigh its TP bytes while the other's do not,
-so each stage keeps its own heavier group inside a node. That takes a step of few micro-batches:
-by the same formulas, the 70B answer's first stage (TP=2, PP=16, DP=4: 256 micro-batches per
-DP replica) sends about 60 times more on TP than on DP).
+8 ranks on 2 nodes of 4, 3 for 4 ranks on 2 nodes of 2, 105 for 8 ranks on 4 nodes of 2),
+computed in the judge (``bench/mesh_placements.py`` searches every mesh of 4 to 8 ranks and node
+size over a grid of model sizes for where it is below the best order's).
 
-Cost: each problem is one run of ``CHECK_CFG.steps`` steps; the bytes are the last step's."""
+Cost: the first test's problem is one run of ``CHECK_CFG.steps`` steps, the bytes the last
+step's; the scale's problem is counted on its call table, without ranks."""
 from __future__ import annotations
 
 import itertools
@@ -121,12 +122,28 @@ def least_crossing(shape: MeshShape, per_node: int, cfg: TinyConfig) -> tuple[fl
     return best, count
 
 
+SENT_AXES = ("tp", "pp", "dp")
+
+
+def sent_rows(shape: MeshShape, cfg: TinyConfig) -> torch.Tensor:
+    """(ranks, 3) float64: what each rank of the row-major numbering sends per step on tp, pp and
+    dp, by the formulas: the ``sent`` a check hands ``place_mesh``."""
+    return torch.tensor([[formula_traffic(shape, cfg, r)[a] for a in SENT_AXES]
+                         for r in range(shape.world_size)], dtype=torch.float64)
+
+
+def sent_dicts(rows: torch.Tensor) -> list[dict[str, float]]:
+    """``sent`` as the student reads it: one {"tp", "pp", "dp"} dict of bytes per rank."""
+    return [dict(zip(SENT_AXES, row)) for row in rows.tolist()]
+
+
 def placement_set() -> dict:
-    """The visible problem's budget and single-process losses, for ``data/<lab>/placement.pt``."""
+    """The visible problem's budget, bytes per rank and single-process losses, for
+    ``data/<lab>/placement.pt``."""
     shape, per_node = VISIBLE
     return {"seed": SEED, "budget": torch.tensor(least_crossing(shape, per_node, TinyConfig())[0],
                                                  dtype=torch.float64),
-            "losses": reference_losses(TinyConfig(), SEED)}
+            "sent": sent_rows(shape, TinyConfig()), "losses": reference_losses(TinyConfig(), SEED)}
 
 
 def placement_budget() -> float:
@@ -136,17 +153,23 @@ def placement_budget() -> float:
 
 
 def _problem(seed: int | None):
-    """(shape, per_node, cfg, seed, budget, losses); hidden: a mesh of 4 ranks and another seed.
-    The stored losses are the lab's run's, ``TinyConfig().steps`` of them: the check's run makes
-    the same batches' first ``CHECK_CFG.steps`` (``tests/test_lab07.py``)."""
+    """(shape, per_node, cfg, seed, budget, losses, sent); hidden: a mesh of 4 ranks and another
+    seed. The stored losses are the lab's run's, ``TinyConfig().steps`` of them: the check's run
+    makes the same batches' first ``CHECK_CFG.steps`` (``tests/test_lab07.py``)."""
     cfg = CHECK_CFG
     if seed is None:
         from distlab.checks.stored import load
-        return (*VISIBLE, cfg, SEED, placement_budget(),
-                load("07_3d_parallelism", "placement")["losses"][:cfg.steps])
+        stored = load("07_3d_parallelism", "placement")
+        return (*VISIBLE, cfg, SEED, placement_budget(), stored["losses"][:cfg.steps],
+                stored["sent"])
     shape, per_node = MeshShape(*random.Random(seed).choice(HIDDEN_TRIPLES)), HIDDEN_PER_NODE
     budget = least_crossing(shape, per_node, cfg)[0]
-    return shape, per_node, cfg, seed, budget, reference_losses(cfg, seed)
+    return shape, per_node, cfg, seed, budget, reference_losses(cfg, seed), sent_rows(shape, cfg)
+
+
+def sent_note(shape: MeshShape, what: str) -> str:
+    """How a verdict names the ``sent`` it handed over."""
+    return f"sent=<the bytes per step of each of the {shape.world_size} ranks of {what}>"
 
 
 def _layout(got, shape: MeshShape, call: str) -> list:
@@ -167,10 +190,13 @@ def _layout(got, shape: MeshShape, call: str) -> list:
 
 
 def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
+    """The first test's run: losses and bytes across nodes within the least (the scale's problem
+    is ``lab07_scale``'s)."""
     from distlab.checks.ranks import run_each_backend
-    shape, per_node, cfg, run_seed, budget, losses = _problem(seed)
-    call = f"place_mesh({shape!r}, per_node={per_node})"
-    layout = _layout(place_mesh(shape, per_node), shape, call)
+    shape, per_node, cfg, run_seed, budget, losses, sent = _problem(seed)
+    note = sent_note(shape, "the lab's model")
+    call = f"place_mesh({shape!r}, per_node={per_node}, {note})"
+    layout = _layout(place_mesh(shape, per_node, sent_dicts(sent)), shape, call)
     losses = reference(losses)
     shares = PerRank(mesh_shares(shape, cfg, run_seed, layout))   # stage and rows, not the seed
     for backend, out in run_each_backend(traced_mesh_rank, shape.world_size, shape, layout, cfg,
@@ -193,6 +219,7 @@ def grade_placement(place_mesh, plan_fn, seed: int | None = None) -> str:
                 f"span nodes ({spans}); the budget is {budget:.0f} bytes. Nodes hold ranks "
                 f"{nodes}. Which axis sends the most per step, and which the least? Keep the "
                 f"heavy ones inside a node.")
-    return (f"layout {layout}: losses equal single-process training's; {crossed} bytes per step "
-            f"cross nodes (budget {budget:.0f}: the least of every placement of the ranks on "
-            f"nodes, which the course's placement, TP innermost and PP outermost, reaches)")
+    return (f"{shape} on {shape.world_size // per_node} nodes of {per_node}: layout {layout}, "
+            f"losses equal single-process training's; {crossed} bytes per step cross nodes "
+            f"(budget {budget:.0f}: the least of every placement of the ranks on nodes, which the "
+            f"best order of the dimensions reaches here)")

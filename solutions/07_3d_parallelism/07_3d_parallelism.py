@@ -43,8 +43,10 @@ from distlab.labs import planning
 from distlab.checks.assertions import fresh_seed
 from distlab.checks.lab07 import (HIDDEN_MESH, JOB_70B, check_405b_answer, check_70b_plan,
                                   check_choose_degrees, check_layout_numbers, check_memory_per_gpu,
-                                  check_mesh_placement, check_tp_plan, check_traffic_prediction)
+                                  check_mesh_placement, check_mesh_placement_bar, check_tp_plan,
+                                  check_traffic_prediction)
 from distlab.checks.lab07_design import placement_budget
+from distlab.checks.lab07_scale import placement_scale
 from distlab.labs.mesh import MeshShape, TinyConfig, run_mesh
 from distlab.labs.mesh_traffic import predicted_traffic_table, traced_run
 from distlab.labs.planning import (GB, H100_16x8, LLAMA3_8B, LLAMA3_70B, LLAMA3_405B,
@@ -774,16 +776,26 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 # `init_device_mesh` gave you one placement of the `(pp, dp, tp)` coordinates on those ranks; it
 # is not the only one.
 #
-# **Goal.** Write `place_mesh(shape, per_node)`: the placement, `layout[pp][dp][tp]` = the global
-# rank at those coordinates (nested lists of shape `(shape.pp, shape.dp, shape.tp)`, every rank
-# once), for nodes of `per_node` consecutive ranks.
+# **Goal.** Write `place_mesh(shape, per_node, sent)`: the placement, `layout[pp][dp][tp]` = the
+# global rank at those coordinates (nested lists of shape `(shape.pp, shape.dp, shape.tp)`, every
+# rank once), for nodes of `per_node` consecutive ranks. `sent[r]` is what rank `r` of the
+# row-major numbering (at `shape.coords(r)`) sends per step, `{"tp": ..., "pp": ..., "dp": ...}`
+# in bytes: exercise 5's count for the model trained, which the check hands you (the formulas'
+# numbers, so that your design is graded on its own). Try it on
+# `[predict_traffic(shape, cfg, r) for r in range(shape.world_size)]`.
 #
-# **Budget.** The check trains the lab's model on your layout with your `tp_plan`, on real
-# ranks: the losses must equal single-process training's. It then adds up, over all ranks, the bytes sent in one step
-# on groups whose ranks are not all on one node (a send counts when its two ranks are on
-# different nodes), measured from the run's records as in exercise 5. That total may not exceed
-# the least any placement reaches, printed below for PP=2 × DP=2 × TP=2 on 2 nodes of 4. Hidden:
-# a mesh of 4 ranks with two axes of 2, on 2 nodes of 2.
+# **Budget, on a scale of two tests.** The first (2 points) trains the lab's model on your layout
+# with your `tp_plan`, on real ranks: the losses must equal single-process training's. It then adds
+# up, over all ranks, the bytes sent in one step on groups whose ranks are not all on one node (a
+# send counts when its two ranks are on different nodes), measured from the run's records as in
+# exercise 5. That total may not exceed the least any placement reaches, printed below for
+# PP=2 × DP=2 × TP=2 on 2 nodes of 4 (hidden: a mesh of 4 ranks with two axes of 2, on 2 nodes of
+# 2). The same test places PP=2 × DP=2 × TP=2 on **4 nodes of 2** for another model, printed below
+# too, and counts your layout's bytes across nodes by exercise 5's formulas (no run: the first
+# problem showed your layouts train): they may not exceed what the best of the six orders of the
+# dimensions sends. The second test (1 point) asks more of that problem: at most the bar, halfway
+# from the best order's bytes to the bound, the least that any placement sends (hidden: other
+# models of that mesh).
 #
 # **Why it matters.** The degrees say how many ways each axis splits; the placement says which
 # of them pays the network. The same 3D run can be several times slower across nodes from the
@@ -791,8 +803,8 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 #
 # <details><summary>Hint 1</summary>
 #
-# Your prediction says what each axis sends per step. Which is the most, which the least? With
-# 8 ranks on 2 nodes of 4, can every axis stay inside a node?
+# `sent` says what each axis sends per step. Which is the most, which the least? With 8 ranks on
+# 2 nodes of 4, can every axis stay inside a node?
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -803,34 +815,56 @@ print(predicted_traffic_table(traced, mesh_3d, predict_traffic))   # yours / the
 #
 # <details><summary>Hint 3</summary>
 #
-# If you number the ranks row-major over some order of the three dimensions, which axis's groups
-# stay inside a node, and which axis alone crosses? Which of the six orders leaves the network
-# only the lightest axis, and how do you return its grid as `(pp, dp, tp)`?
+# If you number the ranks row-major over some order of the three dimensions, which axes' groups
+# stay inside a node, and which cross? `sent` gives each rank's bytes on each axis: what does each
+# of the six orders send across nodes, which sends the least, and how do you return its grid as
+# `(pp, dp, tp)`?
 # </details>
 #
-# The budget is a bound, not a bar to beat: it is the least that any placement sends across
-# nodes, computed by trying every way to put the coordinates on the nodes (35 for the visible
-# mesh, 3 for each hidden one), not only the six orders of the dimensions. So this exercise has
-# one graded level: a placement that meets the budget is as good as any placement can be here.
+# <details><summary>Hint 4</summary>
+#
+# An order of the dimensions treats every stage alike. On 4 nodes of 2, does every stage of the
+# second problem's model send the same mix of bytes on its axes (count its blocks, and what else
+# each stage holds)?
+# </details>
+#
+# The bound is the least that any placement sends across nodes, computed by trying every way to
+# put the coordinates on the nodes (35 for the visible mesh, 3 for each hidden one, 105 for 8 ranks
+# on 4 nodes of 2), not only the six orders of the dimensions. On 2 nodes of 4, and on the hidden
+# meshes of 4 ranks, the best order reaches it; on 4 nodes of 2 it need not.
 
 # %% nbgrader={"grade": false, "grade_id": "placement_budget", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(f"{MeshShape(pp=2, dp=2, tp=2)} on 2 nodes of 4: at most {placement_budget():.0f} bytes per "
       f"step may cross nodes")
+print(placement_scale())
 
 # %% nbgrader={"grade": false, "grade_id": "place_mesh", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def place_mesh(shape: MeshShape, per_node: int) -> list:
-    """layout[pp][dp][tp] = the global rank at those coordinates, ranks on nodes of per_node."""
+def place_mesh(shape: MeshShape, per_node: int, sent: list) -> list:
+    """layout[pp][dp][tp] = the global rank at those coordinates, ranks on nodes of per_node;
+    sent[r] = {"tp", "pp", "dp"}: bytes per step of rank r of the row-major numbering."""
     ### BEGIN SOLUTION
     import torch
-    # TP sends most per step and PP least, so TP innermost and PP outermost (Megatron's order)
-    return torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()
+    per_stage, layout = shape.dp * shape.tp, []
+    for stage in range(shape.pp):                 # PP outermost: a stage's ranks are consecutive
+        mine = sent[stage * per_stage]                            # any rank of the stage
+        grid = torch.arange(per_stage).reshape(shape.dp, shape.tp)        # (dp, tp): TP innermost
+        if mine["dp"] > mine["tp"]:                               # this stage's heavier axis inside
+            grid = torch.arange(per_stage).reshape(shape.tp, shape.dp).T  # (dp, tp): DP innermost
+        layout.append((grid + stage * per_stage).tolist())
+    return layout
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "test_place_mesh", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "test_place_mesh", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 print(check_mesh_placement(place_mesh, tp_plan))
 ### BEGIN HIDDEN TESTS
-print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks on 2 nodes of 2
+print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks on nodes of 2; another model on 4 of 2
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_place_mesh_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+print(check_mesh_placement_bar(place_mesh))
+### BEGIN HIDDEN TESTS
+print(check_mesh_placement_bar(place_mesh, seed=fresh_seed()))   # another model, 4 nodes of 2
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -848,10 +882,14 @@ print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks 
 # the model's resolution of the fastest (section 5 prints by how much).
 #
 # **The placement.** In the small run TP sends the most per step and PP the least (exercise 5's
-# table), so the placement that keeps TP and DP inside a node and lets only the pipeline cross
-# is the one within budget; a layout with TP across nodes sends several times as much over the
-# network. At scale the order of DP and PP can flip (Llama 3 put DP outermost, with its FSDP
-# traffic overlapped with compute); TP innermost does not.
+# table), so on 2 nodes of 4 the placement that keeps TP and DP inside a node and lets only the
+# pipeline cross is the one within budget; a layout with TP across nodes sends several times as
+# much over the network. On 4 nodes of 2 two axes cross in every order, and the second problem's
+# model shows that the best order is not the best placement: the best order sends 655,360 bytes
+# per step across nodes, the course's placement 596,992, the bound (8.9% less); each hidden model
+# has a bound at least 3% below its best order. At the 70B answer's scale the order of DP and PP
+# can flip (Llama 3 put DP outermost, with its FSDP traffic overlapped with compute); TP, which
+# sends the most there, stays innermost.
 #
 # **The measured runs** (a shared 2-core CPU, gloo, `distlab.run`; your times will differ): three
 # training steps of DP=2 × TP=2 on 4 ranks took 4–5 s of wall time, PP=2 × DP=2 × TP=2 on 8 ranks
@@ -872,3 +910,8 @@ print(check_mesh_placement(place_mesh, tp_plan, seed=fresh_seed()))   # 4 ranks 
 # the first after set-up, and its loss already shows an update. Graded beside the previous version on the same busy machine (load average 18–20, two
 # runs each): 115 s and 45 CPU-s before, 85 s and 38 CPU-s after
 # (`python bench/grading_phases.py --lab 07_3d_parallelism --cells --runs` gives each test's share).
+# Exercise 6's scale (the second problem in its first test, and its second test) runs no rank:
+# its bytes are counted on the problem's table of calls, which the course's tests check against
+# a real run's records. Graded beside the version without it (`bench/grading_budget.py`, the
+# two alternated, twice each, load average 8–11): a full answer took 27.5 and 26.6 CPU-s
+# before, 26.7 and 28.2 after; the second test's share is 0.14 CPU-s.

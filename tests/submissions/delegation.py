@@ -107,7 +107,7 @@ DELEGATED = {
         "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
         "predict_traffic": [("predict_traffic", "distlab.checks.lab07_prediction:formula_traffic")],
         "place_mesh": [("place_mesh", "distlab.labs.mesh_traffic:megatron_layout",
-                        ("shape, per_node", "shape"))],
+                        ("shape, per_node, sent", "shape"))],
     },
     "08_sharded_data_parallel": {
         "predict_step_bytes": [("predict_step_bytes",
@@ -155,7 +155,7 @@ ZEROED = {
     "06_timelines": ("test_collective_events", "test_comm_share", "test_classify",
                      "test_overlap_fraction", "test_predict_messages"),
     "07_3d_parallelism": ("test_memory_per_gpu", "test_choose_degrees", "test_tp_plan",
-                          "test_predict_traffic", "test_place_mesh"),
+                          "test_predict_traffic", "test_place_mesh", "test_place_mesh_bar"),
     "08_sharded_data_parallel": ("test_predict_step_bytes", "test_choose_checkpoints",
                                  "test_design", "test_design_bar"),
     "09_expert_parallel": ("test_dispatch", "test_moe_layer", "test_capacity", "test_aux_loss",
