@@ -3,7 +3,6 @@ and that a lab that fails stops the build with the lab and the cell named. What 
 like in a browser is tests/test_browser.py's."""
 from __future__ import annotations
 
-import html
 import io
 import json
 import random
@@ -11,6 +10,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+from html import unescape
 
 import nbformat
 import pytest
@@ -46,6 +46,9 @@ DESIGN_TESTS = {"05_pipeline_parallel": ("test_budget_step", "test_budget_step_b
                 "08_sharded_data_parallel": ("test_design", "test_design_bar"),
                 "09_expert_parallel": ("test_padded_moe", "test_padded_moe_bar"),
                 "10_context_parallel": ("test_causal_layout", "test_causal_layout_better")}
+# A figure measured on ranks, not on paper, as it may differ between two runs: Lab 8's peak (a
+# run in eight measures about 1 KB more, by when the ranks' buffers are freed).
+MEASURED = {"08_sharded_data_parallel": r"(?<=peak )[\d,]+(?= bytes per rank)"}
 
 
 def design_verdicts(lab: str, monkeypatch) -> list[str]:
@@ -79,10 +82,14 @@ def test_lab_pages_have_outputs_figures_and_links(course_site, monkeypatch):
     out, pages, _ = course_site
     text = _texts(out, pages)
     for lab, tests in DESIGN_TESTS.items():      # each test cell's line, figures and scale
-        shown, lines = html.unescape(text[lab]), design_verdicts(lab, monkeypatch)
+        shown, lines = unescape(text[lab]), design_verdicts(lab, monkeypatch)
         assert len(lines) >= len(tests) and all("bar" in line for line in lines), (lab, lines)
+        if lab in MEASURED:
+            shown, lines = (re.sub(MEASURED[lab], "N", shown),
+                            [re.sub(MEASURED[lab], "N", line) for line in lines])
         for line in lines:
-            assert all(part in shown for part in line.splitlines()), (lab, line)
+            on_page = [row for row in shown.splitlines() if line[:20] in row]
+            assert all(part in shown for part in line.splitlines()), (lab, line, on_page)
     assert "[rank 0] hello from rank 0 of 4" in text["01_collectives"]
     figures = re.findall(r'<img [^>]*src="(_images/[^"]+\.png)"', text["01_collectives"])
     assert len(figures) >= 5 and all((out / f).is_file() for f in figures)
