@@ -464,6 +464,24 @@ def test_hinted_design_passes_the_first_test_and_misses_the_bar_on_one_run(monke
         lab08.check_design_bar(hinted, world_size=2)
 
 
+def test_the_first_test_run_again_grades_a_fixed_helper_afresh():
+    """In a student's kernel: ``design`` calls a helper; the student fixes the helper and runs
+    the test cell again without redefining ``design``. The same function object must be trained
+    again (the stale run failed), and the bar's test then takes that new run."""
+    from distlab.labs.sharded.budget import hinted_design
+    helper = {"plan": lambda model, mesh: model}        # shards nothing: over Hint 3's peak
+
+    def design(model, mesh):
+        return helper["plan"](model, mesh)
+    with pytest.raises(CheckFailed, match=r"This test's limit is Hint 3's design's peak"):
+        lab08.check_design(design, world_size=2)
+    helper["plan"] = hinted_design                       # the fix
+    assert "within Hint 3's design's peak" in lab08.check_design(design, world_size=2)
+    with pytest.raises(CheckFailed, match=r"peak [\d,]+ bytes per rank; Hint 3's design .* "
+                                          r"This test's limit is the bar"):
+        lab08.check_design_bar(design, world_size=2)
+
+
 def test_a_design_that_steps_in_backward_is_refused():
     """The bound counts every gradient waiting for the check's AdamW: a design that steps and
     drops gradients in backward hooks is named, not scored."""

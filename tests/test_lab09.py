@@ -7,6 +7,7 @@ notebook), so they stay in step with the lab.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from pathlib import Path
@@ -341,10 +342,12 @@ def test_a_padded_all_to_all_of_another_size_names_the_budget():
 def test_prediction_formulas_and_their_stored_values():
     from distlab.checks.lab09_prediction import KEYS, _a2a_bytes, a2a_cases
     # T=10, h=6, E=8, k=2, p=4, c=1.25: C = ceil(3.125) = 4 slots; 8·4 rows of 6 floats
-    assert _a2a_bytes(10, 6, 8, 2, 4, 1.25) == {"dropless": 480, "padded": 768,
+    # T·k = 20 assignments fill 20 of the 32 rows: 12 rows of 6 floats are zeros at the least
+    assert _a2a_bytes(10, 6, 8, 2, 4, 1.25) == {"padded": 768, "padding": 288,
                                                "padded_off_rank": 576}
     # the lab's table: at c = 1.0 with E dividing T·k, the padded message is the dropless one
-    assert _a2a_bytes(64, 32, 4, 2, 2, 1.0)["padded"] == _a2a_bytes(64, 32, 4, 2, 2, 1.0)["dropless"]
+    assert _a2a_bytes(64, 32, 4, 2, 2, 1.0)["padding"] == 0
+    assert _a2a_bytes(64, 32, 4, 2, 2, 1.0)["padded"] == 64 * 2 * 32 * 4
     stored = lab09.make_references()["prediction"]["bytes"].tolist()
     assert stored == [[_a2a_bytes(*c)[key] for key in KEYS] for c in a2a_cases(None)]
 
@@ -370,10 +373,14 @@ def test_padded_table_measures_what_the_prediction_says(capsys):
     assert re.fullmatch(rf"largest difference from the plain layer's output: EP {BOUND}, "
                         rf"TP {BOUND}", line), line
     rows = experts.padded_traffic(ns["padded_moe_forward"], ns["predict_all_to_all_bytes"], traffic)
-    assert rows[0]["measured"] == str([rows[0]["your prediction"]] * 2)
+    size = inspect.signature(experts.padded_traffic).parameters
+    t, h, k = (size[name].default for name in ("tokens", "hidden", "k"))
+    assert rows[0]["measured"] == str([t * k * h * 4] * 2)      # Exercise 1's contract, each rank
     for row in rows[1:]:
         assert row["measured"] == str([row["your prediction"]])
-    assert rows[1]["your prediction"] == rows[0]["your prediction"]
+        # the fewest zeros predicted are what the padded message sends beyond the dropless one
+        assert row["over the dropless, measured"] == str([row["padding, predicted"]])
+    assert rows[1]["padding, predicted"] == 0 < rows[2]["padding, predicted"]
     assert rows[-1]["dropped, per rank"] == str(["0%", "0%"])
 
 def test_references_are_the_plain_layer():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -37,6 +38,57 @@ def design_scale(hinted: float, bound: float) -> dict[str, float]:
     the hinted design's figure; its second's, the bar halfway from there to the bound; and the
     bound no design beats. Each verdict shows the student's figure beside all three."""
     return {"hinted": hinted, "bar": (hinted + bound) / 2, "bound": bound}
+
+
+class DesignRuns:
+    """The one run a design exercise's two tests grade (its first test at the hinted design's
+    figure, its second at the bar): the first test runs the submission and keeps what it
+    measured; the second takes that, once. Use one per design module::
+
+        _RUNS = DesignRuns()
+        measured = _RUNS.run(fn, (world_size, seed is None), lambda: measure(fn, ...),
+                             first=level == "hinted")
+
+    Keyed on the submission (in the judge the function's cloudpickled source, ``Submitted.data``,
+    the same bytes for both tests of a notebook; in a student's kernel the function itself) and
+    the case (hashable: world size, visible or hidden, sizes). The first test always runs afresh,
+    and the second takes the entry away: a rerun of either cell in a student's kernel runs the
+    design again (after a fix to a helper the design calls, the same function object grades its
+    new behaviour), and a second test without a first's entry (the first failed, or never ran)
+    runs its own. At most ``keep`` entries: a grading worker's judge serves many notebooks, and a
+    notebook whose second test never runs leaves its entry behind; the oldest goes first."""
+
+    def __init__(self, keep: int = 8):
+        self.keep, self._runs, self._lock = keep, {}, threading.Lock()
+
+    @staticmethod
+    def submission(fn):
+        """What identifies a submission: its source as the judge received it, or the object."""
+        data = getattr(fn, "data", None)
+        return data if isinstance(data, bytes) else fn
+
+    def run(self, fn, case: tuple, measure: Callable, *, first: bool):
+        """``measure()``'s result for (``fn``, ``case``): run now on a ``first`` test (and kept
+        for the second), else the first test's, taken away (or run now when there is none)."""
+        key = (self.submission(fn), case)
+        try:
+            hash(key)
+        except TypeError:      # an unhashable object handed in: no sharing, every test runs
+            return measure()
+        with self._lock:
+            found = self._runs.pop(key, self)   # self: no entry (a run may measure None)
+        if found is not self and not first:
+            return found
+        measured = measure()   # outside the lock: a run takes seconds
+        if first:
+            with self._lock:
+                self._runs[key] = measured
+                while len(self._runs) > self.keep:
+                    self._runs.pop(next(iter(self._runs)))
+        return measured
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
 
 def nan_hint(got, expected, hint: str) -> str:

@@ -13,8 +13,8 @@ on real ranks:
   step by step (so the gradients were averaged over the ranks), and every parameter has its
   gradient when the check's AdamW steps (the bound counts on it).
 
-Both tests grade one run: the second reads the first's (``_design_run``), so the scale costs no
-more ranks than one test did. The hinted design's peak on 2 ranks (the visible case) is stored in
+Both tests grade one run: the second takes the first's (``_design_run``, ``common.DesignRuns``),
+so the scale costs no more ranks than one test did. The hinted design's peak on 2 ranks (the visible case) is stored in
 ``data/<lab>/design_budget.pt`` with the reference losses (a handout has neither the designs nor
 the reference training); on 4 ranks (hidden cases, another seed) in
 ``data/<lab>/design_peaks_4.pt``: bytes follow the shapes, not the seed (``tests/test_lab08.py``
@@ -29,7 +29,7 @@ import functools
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import design_scale
+from distlab.checks.common import DesignRuns, design_scale
 from distlab.checks.stored import tolerance
 from distlab.labs.sharded.budget import (DESIGN_SETUP, DESIGN_STEPS, PLAIN_DESIGNS, DesignPeaks,
                                          budget_training, design_bound, hinted_design,
@@ -97,19 +97,19 @@ def peak_scale(peaks: DesignPeaks, world_size: int) -> dict[str, int]:
     return {k: int(v) for k, v in design_scale(peaks.course, design_bound(world_size)).items()}
 
 
-# The run each design was graded on, by (design, world size, visible): the bar's test reads the
-# first test's run (a grading judge serves one student). Keyed by a submission's bytes in the
-# judge, by the function itself elsewhere.
-_RUNS: dict = {}
+# The run both tests grade, by (design, world size, visible or hidden): the first test runs it,
+# the bar's test takes it (``common.DesignRuns``).
+_RUNS = DesignRuns()
 
 
-def _design_run(design, run, world_size: int, seed: int | None) -> tuple:
+def _design_run(design, run, world_size: int, seed: int | None, first: bool) -> tuple:
     """(the run's per-rank results, the peaks it is graded against, the case, the reference
-    losses, their tolerance): the design trained once per (design, world size, visible or
-    hidden)."""
-    key = (getattr(design, "data", design), world_size, seed is None)
-    if key in _RUNS:
-        return _RUNS[key]
+    losses, their tolerance): the design trained once for both tests (``first``: the first's)."""
+    return _RUNS.run(design, (world_size, seed is None),
+                     lambda: _train(design, run, world_size, seed), first=first)
+
+
+def _train(design, run, world_size: int, seed: int | None) -> tuple:
     setup = _setup(seed)
     if seed is None and world_size == 2:
         peaks, losses = stored_design()
@@ -124,8 +124,7 @@ def _design_run(design, run, world_size: int, seed: int | None) -> tuple:
     # Each rank: the initial model (the design's input, whole on every rank) and its own rows.
     out = run(budget_training, world_size, f"your design ({case})", design,
               PerRank(setup.shares(world_size)), DESIGN_STEPS)
-    _RUNS[key] = out, peaks, case, reference(losses), tol
-    return _RUNS[key]
+    return out, peaks, case, reference(losses), tol
 
 
 def _check_values(out, world_size: int, losses, tol: dict) -> None:
@@ -152,7 +151,7 @@ def grade_design(design, run, world_size: int = 2, seed: int | None = None,
     """``run(fn, world_size, what, *args)`` runs the rank bodies (``lab08._run``). Every rank's
     peak against ``level``: "hinted" (Hint 3's design's peak) or "bar"; returns the line the test
     cell prints."""
-    out, peaks, case, losses, tol = _design_run(design, run, world_size, seed)
+    out, peaks, case, losses, tol = _design_run(design, run, world_size, seed, level == "hinted")
     fig = peak_scale(peaks, world_size)
     limit, name = fig[level], ("Hint 3's design's peak" if level == "hinted" else "the bar")
     ranks = {r: steady_peak(out[r]["peaks"]) for r in range(world_size)}

@@ -341,7 +341,8 @@ def _aux_reference(ref: dict, world_size: int, experts: int, k: int) -> dict:
 
 def check_predicted_bytes(predict_all_to_all_bytes, seed: int | None = None) -> str:
     """``predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor)``: the
-    bytes of one dispatch all-to-all, dropless and padded, by the formulas (``lab09_prediction``)."""
+    bytes of one padded dispatch all-to-all, its least padding and its part off the rank, by the
+    formulas (``lab09_prediction``)."""
     from distlab.checks.lab09_prediction import grade_a2a_bytes
     return grade_a2a_bytes(predict_all_to_all_bytes, seed)
 

@@ -25,7 +25,8 @@ graded sizes that is S, the hinted design's. The bytes are the exchange's fixed 
 design changes at that price is how many assignments it drops.
 
 The grade reads only the forward (the combine's backward would be the same fixed all-to-all).
-Both tests grade one run: the first test's run and figures serve the second (``_RUNS``).
+Both tests grade one run: the first test's run and figures serve the second (``_RUNS``, a
+``common.DesignRuns``).
 Visible: the stored problem (2 ranks, default sizes, capacity factor 1.0), references stored in
 ``data/09_expert_parallel/padded.pt``; hidden: fresh problems, references computed in the judge."""
 from __future__ import annotations
@@ -35,7 +36,8 @@ import math
 import torch
 
 from distlab.checks.assertions import CheckFailed
-from distlab.checks.common import Collectives, design_scale, expect_collectives, rank_device
+from distlab.checks.common import (Collectives, DesignRuns, design_scale, expect_collectives,
+                                   rank_device)
 from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab09_problems import (LAB, experts_by_rank, layer_of, mine, moe_case, moe_shape,
                                            own_rows)
@@ -198,13 +200,9 @@ def _check_keep(keep: torch.Tensor, must: torch.Tensor, idx: torch.Tensor, where
                 f"experts compute).")
 
 
-# One run grades both tests: the first test's figures, by submitted function and problem
-# (a hidden problem's first seed serves the second test's, as Lab 6's recordings do).
-_RUNS: dict = {}
-
-
-def _run_key(fn, world_size, seed, sizes) -> tuple:
-    return (getattr(fn, "data", None) or fn, world_size, seed is None, tuple(sizes.items()))
+# One run grades both tests: the first test's figures, by submitted function and problem, taken
+# by the second (``common.DesignRuns``; a hidden problem's first seed serves the second test's).
+_RUNS = DesignRuns()
 
 
 def _measure(fn, world_size: int, seed, sizes: dict, factor: float) -> dict:
@@ -252,14 +250,9 @@ def grade_padded(fn, world_size: int = 2, seed: int | None = None, tokens=12, hi
     """Both tests of the design: the properties, and the drops within ``level`` ("hinted" or
     "bar"); returns the verdict line."""
     sizes = moe_shape(tokens, hidden, ffn, experts, k)
-    key = _run_key(fn, world_size, seed, {**sizes, "factor": capacity_factor})
-    if level == "hinted":
-        _RUNS.pop(key, None)     # a failed first test leaves no run behind: the bar's runs its own
-        if len(_RUNS) > 8:       # a grading worker's judge serves many notebooks: keep it small
-            _RUNS.clear()
-    fig = _RUNS.get(key)
-    if fig is None:
-        fig = _RUNS[key] = _measure(fn, world_size, seed, sizes, capacity_factor)
+    case = (world_size, seed is None, tuple(sizes.items()), capacity_factor)
+    fig = _RUNS.run(fn, case, lambda: _measure(fn, world_size, seed, sizes, capacity_factor),
+                    first=level == "hinted")
     limit, name = fig["scale"][level], "budget" if level == "hinted" else "bar"
     if fig["dropped"] > limit:
         why = ("halfway from Exercise 3's rule to the bound; the course's layer reaches it"

@@ -1,14 +1,15 @@
 """Lab 9's graded prediction (served by ``distlab.checks.lab09``): ``predict_all_to_all_bytes(
-tokens, hidden, experts, k, world_size, capacity_factor)``, the bytes of one dispatch all-to-all
-of a rank, as nccl-tests counts a message (the tensor the rank hands in), in float32:
+tokens, hidden, experts, k, world_size, capacity_factor)``, for one rank's dispatch all-to-all, as
+nccl-tests counts a message (the tensor the rank hands in), in float32:
 
-- ``"dropless"``: the message of Exercise 1's uneven all-to-all (GShard §2.2 dispatches with one
-  all-to-all);
 - ``"padded"``: the message of a capacity-padded all-to-all (GShard §2.2, Switch Transformer
   §2.2), which gives every expert exactly C = ⌈c·T·k/E⌉ rows (Switch Transformer eq. 3, with k
   assignments a token), kept or padding;
+- ``"padding"``: the fewest of those bytes that are zeros, over every routing;
 - ``"padded_off_rank"``: the part of the padded message that leaves the rank.
 
+Not the uneven message itself: Exercise 1's contract states it (each assignment sent once, its
+check reads the bytes), and a prediction asks what the text has not answered (issue 42).
 The formulas are ``_a2a_bytes``'s. Visible values are stored in ``data/09_expert_parallel/prediction.pt`` (a handout has no
 ``_a2a_bytes``); hidden cases are drawn from the seed and computed in the judge."""
 from __future__ import annotations
@@ -25,7 +26,7 @@ from distlab.checks.stored import expected_values
 
 LAB = "09_expert_parallel"
 SEED = 909
-KEYS = ("dropless", "padded", "padded_off_rank")
+KEYS = ("padded", "padding", "padded_off_rank")
 FLOAT32 = 4
 
 
@@ -34,7 +35,10 @@ def _a2a_bytes(tokens: int, hidden: int, experts: int, k: int, world_size: int,
     """The three byte counts of the module's docstring (the formulas)."""
     capacity = math.ceil(capacity_factor * tokens * k / experts)
     padded = experts * capacity * hidden * FLOAT32
-    return {"dropless": tokens * k * hidden * FLOAT32, "padded": padded,
+    # The rank's T·k assignments fill at most T·k of the E·C rows (all of them when the routing
+    # fits every expert's C, which T·k <= E·C allows); the rest are zeros.
+    padding = max(0, experts * capacity - tokens * k) * hidden * FLOAT32
+    return {"padded": padded, "padding": padding,
             "padded_off_rank": padded * (world_size - 1) / world_size}
 
 
@@ -80,14 +84,15 @@ def grade_a2a_bytes(predict, seed: int | None = None) -> str:
             if not math.isclose(g, w, rel_tol=1e-9):
                 raise CheckFailed(
                     f"{call}[{key!r}] = {g:.6g}; the formula gives {w:.6g} bytes (float32). "
-                    + {"dropless": "The uneven dispatch sends each of the rank's T·k assignments "
-                                   "once, h numbers each, whatever the routing.",
-                       "padded": "Every expert gets exactly C slots from every rank, kept or "
+                    + {"padded": "Every expert gets exactly C slots from every rank, kept or "
                                  "not: how many slots does one rank's send buffer hold, and how "
                                  "is C rounded?",
+                       "padding": "Zeros are the slots no assignment fills: how many of the "
+                                  "buffer's slots can the rank's assignments fill at most, and "
+                                  "can a routing fill that many?",
                        "padded_off_rank": "With equal splits, which share of the padded "
                                           "message does a rank send to itself?"}[key])
         shown.append(f"T={t} h={h} E={e} k={k} p={p} c={c:g}: "
                      + "/".join(f"{g:,.0f}" for g in got))
-    return joined(f"predict_all_to_all_bytes: your dropless/padded/off-rank bytes equal the "
+    return joined(f"predict_all_to_all_bytes: your padded/padding/off-rank bytes equal the "
                   f"formulas' (relative 1e-9) on {len(todo)} cases: ", shown)

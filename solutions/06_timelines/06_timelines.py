@@ -515,7 +515,7 @@ check_bucket_plan(plan_buckets, seed=fresh_seed());  # another width, depth (3-7
 # %% nbgrader={"grade": true, "grade_id": "test_plan_buckets_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 check_bucket_plan_bar(plan_buckets);   # the bar, between the hinted designs and the bound
 ### BEGIN HIDDEN TESTS
-check_bucket_plan_bar(plan_buckets, seed=fresh_seed());  # another problem, its own scale
+check_bucket_plan_bar(plan_buckets, seed=fresh_seed());  # the first cell's hidden problem and plan
 ### END HIDDEN TESTS
 
 # %% [markdown]

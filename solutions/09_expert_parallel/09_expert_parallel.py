@@ -384,8 +384,9 @@ check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), 
 #
 # **Build** `predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor)`,
 # a dict of three numbers of bytes, in float32, for one rank and one dispatch:
-# - `"dropless"`: the message the rank hands to the token all-to-all of Exercise 1;
-# - `"padded"`: the message it hands to a capacity-padded dispatch;
+# - `"padded"`: the message the rank hands to a capacity-padded dispatch;
+# - `"padding"`: the fewest of those bytes that are zeros, over every routing the router could
+#   make;
 # - `"padded_off_rank"`: the part of the padded message that leaves the rank.
 #
 # A message is counted as nccl-tests and `out.comms` count it: the input tensor's bytes. The
@@ -399,27 +400,30 @@ check_capacity(expert_capacity, capacity_mask, world_size=2, seed=fresh_seed(), 
 #
 # <details><summary>Hint 1</summary>
 #
-# Dropless: how many rows does a rank send, whatever the router decides?
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
 # Padded: every expert gets C slots from this rank, kept assignment or zeros. How many experts
 # are there across all destinations, and how is C rounded?
 # </details>
 #
+# <details><summary>Hint 2</summary>
+#
+# Padding: a slot is zeros when no assignment fills it. How many assignments does a rank have to
+# fill slots with, whatever the router decides, and which routing fills the most slots?
+# </details>
+#
 # <details><summary>Hint 3</summary>
 #
-# With equal splits, 1/p of the message goes to the rank itself.
+# With equal splits, which share of the message does a rank address to itself?
 # </details>
 
 # %% nbgrader={"grade": false, "grade_id": "predict_all_to_all_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, capacity_factor) -> dict:
-    """Bytes of one rank's dispatch message (float32): dropless, padded, padded off the rank."""
+    """Bytes of one rank's padded dispatch message (float32): the message, its fewest zeros, its
+    part off the rank."""
     ### BEGIN SOLUTION
     capacity = math.ceil(capacity_factor * tokens * k / experts)
     padded = experts * capacity * hidden * 4                          # E·C rows of h floats
-    return {"dropless": tokens * k * hidden * 4, "padded": padded,
+    filled = min(tokens * k, experts * capacity)                      # rows T·k assignments fill
+    return {"padded": padded, "padding": padded - filled * hidden * 4,
             "padded_off_rank": padded * (world_size - 1) / world_size}
     ### END SOLUTION
 
@@ -435,7 +439,7 @@ check_predicted_bytes(predict_all_to_all_bytes, seed=fresh_seed())  # sizes draw
 # %% [markdown]
 # ## 7. What expert parallelism sends
 #
-# Your prediction's first number, in the layer you wrote: per layer and rank, the dispatch sends
+# Exercise 1's contract in bytes, in the layer you wrote: per layer and rank, the dispatch sends
 # the rank's T·k assignments, T·k·h·b bytes (b bytes per element), and the combine sends back
 # what the rank received, which is T·k·h·b on average over the ranks; the backward repeats both.
 # (GShard dispatches and combines with the same two all-to-alls. Under balanced routing (p−1)/p
@@ -620,10 +624,11 @@ padded_rows = padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traff
 
 # %% [markdown]
 # Both directions move the same fixed size on every rank, whatever the router did, and the
-# received buffer needs no size from anyone. The price is in the last two columns: at c = 1.0
+# received buffer needs no size from anyone. The price is in the last three columns: at c = 1.0
 # the padded message equals the dropless one when E divides T·k, yet where the uneven routing
 # overflows the slots, the excess is dropped; a larger c drops less and sends more zeros. A
-# dropless layer pays neither, with the count exchange and buffers whose size changes every step.
+# dropless layer pays neither, with the count exchange and buffers whose size changes every
+# step.
 #
 # ## 8. Exercise 6 — the load-balancing loss (2 points)
 #

@@ -43,14 +43,15 @@ def padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traffic_rows: l
                    world_size: int = 2, tokens: int = 64, hidden: int = 32, ffn: int = 64,
                    experts: int = 4, k: int = 2, seed: int = 0, factors=FACTORS) -> list[dict]:
     """The padded layer (the reader's) at each capacity factor against the dropless dispatch of
-    the traffic table: predicted and measured bytes per all-to-all, dropped share per rank.
+    the traffic table: predicted and measured bytes per all-to-all, the predicted fewest zeros
+    beside what the padded message measures over the dropless one, dropped share per rank.
     Prints the table and returns its rows."""
     import distlab
     args = (seed, tokens, hidden, ffn, experts, k)
     dropless = _dropless_dispatch(traffic_rows)
-    predicted = predict_all_to_all_bytes(tokens, hidden, experts, k, world_size, factors[0])
-    rows = [{"layout": "dropless (Exercise 1)", "C": "-", "your prediction": predicted["dropless"],
+    rows = [{"layout": "dropless (Exercise 1)", "C": "-", "your prediction": "-",
              "measured": str(dropless), "off the rank, predicted": "-",
+             "padding, predicted": "-", "over the dropless, measured": "-",
              "dropped, per rank": "0%"}]
     for factor in factors:
         out = distlab.run(_padded_rank, world_size, padded_moe_forward, *args, factor)
@@ -61,10 +62,13 @@ def padded_traffic(padded_moe_forward, predict_all_to_all_bytes, traffic_rows: l
                      "C": math.ceil(factor * tokens * k / experts),
                      "your prediction": predicted["padded"], "measured": str(measured),
                      "off the rank, predicted": f"{predicted['padded_off_rank']:.0f}",
+                     "padding, predicted": predicted["padding"],
+                     "over the dropless, measured": str(sorted({m - d for m in measured
+                                                                for d in dropless})),
                      "dropped, per rank": str([f"{d:.0%}" for d in out])})
     print(format_table(rows))
     print(f"\nmeasured, in bytes, from out.comms: dropless, each rank's dispatch (section 7's "
           f"table); padded, the distinct sizes of every all-to-all (dispatch and combine) of "
-          f"every rank. p = {world_size}, T = {tokens}, h = {hidden}, E = {experts}, k = {k}, "
-          f"float32")
+          f"every rank, and what they send beyond a dropless dispatch. p = {world_size}, "
+          f"T = {tokens}, h = {hidden}, E = {experts}, k = {k}, float32")
     return rows
