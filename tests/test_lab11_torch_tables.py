@@ -5,6 +5,7 @@ import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from distlab.labs.pipeline import replay, tables
+from distlab.labs.pipeline.compare import compare_tables, messages
 from distlab.labs.pipeline.torch_tables import TORCH_SCHEDULES, from_torch, torch_table
 
 UNIT = dict(t_fwd=1.0, t_bwd=1.0, t_wgt=1.0)
@@ -61,3 +62,21 @@ def test_every_torch_schedule_replays_without_deadlock():
         assert sum(map(len, table)) == len({a for row in table for a in row})
         r = replay(table, placement=placement, **UNIT)
         assert r.busy == 8 * 8 * 3     # every stage's F, B and W of every microbatch, once
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (2, 4)])
+def test_messages_per_step_count_only_what_crosses_ranks(p, m):
+    """Every stage boundary crossed once each way per microbatch: 2 (S - 1) m messages for S
+    stages, less the V's turn (stages p-1 and p share rank p-1)."""
+    assert messages(tables.one_f_one_b(p, m), list(range(p))) == 2 * (p - 1) * m
+    assert messages(tables.interleaved_1f1b(p, m, 2), tables.round_robin(p, 2)) == 2 * (2 * p - 1) * m
+    assert messages(tables.zb_v(p, m), tables.v_shape(p)) == 2 * (2 * p - 2) * m
+
+
+def test_the_comparison_shows_each_replay():
+    p, m = 4, 8
+    text = compare_tables({"ZB-V": (tables.zb_v(p, m), tables.v_shape(p)),
+                           "torch": torch_table("ScheduleInterleaved1F1B", p, m, v=2)})
+    zbv = replay(tables.zb_v(p, m), t_fwd=0.5, t_bwd=0.5, t_wgt=0.5)   # a half-stage's times
+    row = next(line for line in text.splitlines() if line.startswith("ZB-V")).split()
+    assert row[1:] == ["2", f"{zbv.bubble:.4f}", f"{zbv.span:g}", "8/8/8/8", "4", "96"]
