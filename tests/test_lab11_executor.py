@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from distlab.labs.pipeline import PipeSpec, tables
-from distlab.labs.pipeline.executor import reference, run_tables, table_error
+from distlab.labs.pipeline.executor import run_tables, single_process_step, table_error
 from distlab.labs.pipeline.torch_tables import torch_table
 
 TOL = 1e-6   # the figure
@@ -32,7 +32,7 @@ def runs():
 def test_a_table_run_on_ranks_matches_one_process(runs, name):
     loss_error, grad_error = table_error(runs[name], SPEC, torch.float64)
     assert loss_error <= TOL and grad_error <= TOL
-    assert set(runs[name]["grads"]) == set(reference(SPEC, torch.float64)[1])
+    assert set(runs[name]["grads"]) == set(single_process_step(SPEC, torch.float64)[1])
 
 
 def test_a_backward_without_its_w_is_the_whole_backward(runs):

@@ -165,7 +165,7 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
             for name, (_, placement) in tables.items()}
 
 
-def reference(spec: PipeSpec, dtype: torch.dtype = torch.float32) -> tuple[float, dict]:
+def single_process_step(spec: PipeSpec, dtype: torch.dtype = torch.float32) -> tuple[float, dict]:
     """The single-process step of ``spec`` in ``dtype``: the loss and every gradient by name."""
     if dtype == torch.float32:
         return reference_step(spec)
@@ -177,6 +177,6 @@ def reference(spec: PipeSpec, dtype: torch.dtype = torch.float32) -> tuple[float
 
 def table_error(result: dict, spec: PipeSpec, dtype: torch.dtype = torch.float32):
     """The largest differences of a run's loss and gradients from the single-process step."""
-    loss, ref = reference(spec, dtype)
+    loss, ref = single_process_step(spec, dtype)
     return abs(result["loss"] - loss), max((result["grads"][n] - g).abs().max().item()
                                            for n, g in ref.items())
