@@ -155,7 +155,14 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
             # a copy per table: the tables of one rank must not add into each other's grads
             layers[r][name] = copy.deepcopy({s: stage_layers(model, s, S, bounds)
                                              for s in range(S) if placement[s] == r})
-    out = distlab.run(_rank_tables, p, PerRank(layers), x.to(dtype), target.to(dtype),
+    # the batch where a table's first stage runs, the target where its last does, NaN elsewhere
+    x, target = x.to(dtype), target.to(dtype)
+    blind = torch.full_like(x, float("nan"))
+    firsts = {placement[0] for _, placement in tables.values()}
+    lasts = {placement[-1] for _, placement in tables.values()}
+    out = distlab.run(_rank_tables, p, PerRank(layers),
+                      PerRank([x if r in firsts else blind for r in range(p)]),
+                      PerRank([target if r in lasts else blind for r in range(p)]),
                       PerRank([{name: table[r] for name, (table, _) in tables.items()}
                                for r in range(p)]),
                       {name: list(placement) for name, (_, placement) in tables.items()}, m,
