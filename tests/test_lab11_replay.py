@@ -37,6 +37,11 @@ def test_lab5_tables_replay_as_before(p, m):
     assert old.bubble == pytest.approx(bubble_of_compute(p, m))
 
 
+def test_a_lab5_stage_with_no_actions_deadlocks_as_before():
+    with pytest.raises(RuntimeError, match=r"deadlocks: stage 0 at \('B', 0\)"):
+        replay([[("F", 0), ("B", 0)], []])
+
+
 def test_a_split_backward_sends_its_gradient_sooner():
     """B then W right after it computes what the whole backward did, but the gradient leaves
     after B: the step is shorter although no rank computes less."""

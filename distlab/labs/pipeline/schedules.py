@@ -163,7 +163,8 @@ def replay(orders, *, t_fwd: float = 1.0, t_bwd: float = 2.0, t_wgt: float = 0.0
     stage-microbatches: with ``v`` stages per rank, each is ``1/v`` of a rank's layers.
     """
     table, lab5 = _actions(orders)
-    where = _placement(table, placement)
+    # Lab 5's form: stage r on rank r, even where a rank's list is empty (it deadlocks, as before)
+    where = list(range(len(table))) if lab5 and placement is None else _placement(table, placement)
     last, p = len(where) - 1, len(table)
     split = {(i, s) for row in table for op, i, s in row if op == "W"}
     cost = {"F": t_fwd, "W": t_wgt}
