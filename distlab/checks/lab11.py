@@ -13,10 +13,39 @@ from __future__ import annotations
 # LAB11-IMPORTS-SPLIT (l11split: one import line of your check_* names here)
 
 
+# Section 2 (l11tables): schedules as tables, graded on paper (``lab11_tables``)
 from distlab.checks import lab11_tables  # noqa: E402
-from distlab.checks.lab11_tables import (check_interleaved_1f1b, check_interleaved_prediction,  # noqa: E402,F401
-                                         check_zb_h1, check_zb_v)
 COURSE_CODE = {**globals().get("COURSE_CODE", {}), **lab11_tables.COURSE_CODE}   # each section adds its own
+
+
+def check_interleaved_1f1b(interleaved_1f1b, seed: int | None = None) -> str:
+    """interleaved_1f1b(p, m, v): a valid table (F and whole B of every microbatch on every
+    stage, stage s on rank s mod p, completes) whose bubble and peak activations are no worse
+    than PTD-P's interleaved schedule's (torch's ScheduleInterleaved1F1B) on every case."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab11_tables.grade_table(interleaved_1f1b, "interleaved", seed)
+
+
+def check_zb_h1(zb_h1, seed: int | None = None) -> str:
+    """zb_h1(p, m): a valid table (F, B and W of every microbatch, stage r on rank r,
+    completes) whose bubble and peak are no worse than ZB-H1's (Qi et al. 2023, sec. 3)."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab11_tables.grade_table(zb_h1, "zb_h1", seed)
+
+
+def check_zb_v(zb_v, seed: int | None = None) -> str:
+    """zb_v(p, m), m >= 2p: a valid table (F, B and W of every microbatch, stages s and
+    2p-1-s on rank s, completes) whose bubble and peak are no worse than the course's V
+    (torch's ScheduleZBVZeroBubble)."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab11_tables.grade_table(zb_v, "zb_v", seed)
+
+
+def check_interleaved_prediction(predict_interleaved, seed: int | None = None) -> str:
+    """predict_interleaved(p, m, v) -> (bubble, peak): interleaved 1F1B's bubble (idle over
+    compute) and peak activations (stage-microbatches, busiest rank), unit times."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab11_tables.grade_prediction(predict_interleaved, seed)
 
 
 # LAB11-IMPORTS-EXECUTOR (l11exec)

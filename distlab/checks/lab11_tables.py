@@ -230,47 +230,13 @@ def _peak_hint(got: float, want: int, p: int, v: int) -> str:
     return "Count what rank 0 holds when its first backward starts: its warm-up, plus one."
 
 
-# ---------------------------------------------------------------------------------------------
-# The checks (served by the judge from this module; distlab.checks.lab11 imports them)
-
-def check_interleaved_1f1b(interleaved_1f1b, seed: int | None = None) -> str:
-    """interleaved_1f1b(p, m, v): a valid table (F and whole B of every microbatch on every
-    stage, stage s on rank s mod p, completes) whose bubble and peak activations are no worse
-    than PTD-P's interleaved schedule's (torch's ScheduleInterleaved1F1B) on every case."""
-    __tracebackhide__ = True  # noqa: F841
-    return grade_table(interleaved_1f1b, "interleaved", seed)
-
-
-def check_zb_h1(zb_h1, seed: int | None = None) -> str:
-    """zb_h1(p, m): a valid table (F, B and W of every microbatch, stage r on rank r,
-    completes) whose bubble and peak are no worse than ZB-H1's (Qi et al. 2023, sec. 3)."""
-    __tracebackhide__ = True  # noqa: F841
-    return grade_table(zb_h1, "zb_h1", seed)
-
-
-def check_zb_v(zb_v, seed: int | None = None) -> str:
-    """zb_v(p, m), m >= 2p: a valid table (F, B and W of every microbatch, stages s and
-    2p-1-s on rank s, completes) whose bubble and peak are no worse than the course's V
-    (torch's ScheduleZBVZeroBubble)."""
-    __tracebackhide__ = True  # noqa: F841
-    return grade_table(zb_v, "zb_v", seed)
-
-
-def check_interleaved_prediction(predict_interleaved, seed: int | None = None) -> str:
-    """predict_interleaved(p, m, v) -> (bubble, peak): interleaved 1F1B's bubble (idle over
-    compute) and peak activations (stage-microbatches, busiest rank), unit times."""
-    __tracebackhide__ = True  # noqa: F841
-    return grade_prediction(predict_interleaved, seed)
-
-
 # The course code these exercises may not use (distlab.checks.course_code): the course's tables,
 # the greedy scheduler behind its V, and the figures the checks grade against.
 from distlab.checks.course_code import CourseCode, names  # noqa: E402
 TABLES_SHIPPED = (names("distlab.labs.pipeline.tables", "interleaved_1f1b", "zb_h1", "zb_v",
                         "greedy_table", "_ready")
                   + names(__name__, "formula_figures"))
+# (distlab.checks.lab11 serves the checks: the judge serves a lab's checks from labNN alone)
 COURSE_CODE = dict.fromkeys(["check_interleaved_1f1b", "check_zb_h1", "check_zb_v",
                              "check_interleaved_prediction"],
                             CourseCode(forbidden=TABLES_SHIPPED))
-from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
-judge_module(globals())
