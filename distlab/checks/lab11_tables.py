@@ -133,8 +133,9 @@ def grade_table(fn, kind: str, seed: int | None = None) -> str:
                 f"{call} is valid but holds more: rank {busiest} holds {peak} stage-microbatches' "
                 f"activations at once (per rank {per_rank}), expected at most {want_peak} "
                 f"(bubble {bubble:.4f}, expected {want_bubble:.4f}). {_too_full(kind)}")
-        shown.append(f"p={p}, m={m}{f', v={v}' if kind == 'interleaved' else ''}: bubble "
-                     f"{bubble:.4f} (expected {want_bubble:.4f}), peak {peak} ({want_peak})")
+        special = "" if why == "visible" else f" ({why})"
+        shown.append(f"p={p}, m={m}{f', v={v}' if kind == 'interleaved' else ''}{special}: "
+                     f"bubble {bubble:.4f} (expected {want_bubble:.4f}), peak {peak} ({want_peak})")
     return joined(f"{NAMES[kind]}: valid, bubble and peak no worse than expected on {len(cases)} "
                   f"cases: ", shown)
 

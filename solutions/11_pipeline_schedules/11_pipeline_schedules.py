@@ -106,7 +106,7 @@ print(table_summary(table, [0, 1, 2, 3], 8, "1F1B"))
 plot_table(table, [0, 1, 2, 3], 8, title="1F1B, p = 4, m = 8");
 
 # %% [markdown]
-# Rank 3 starts after three forwards and rank 0 ends three backwards after the others: every
+# Rank 3 starts after three forwards and rank 0 ends three backwards after rank 3: every
 # rank idles p−1 forward-and-backward times, $(p-1)/m$ of its compute (PTD-P §2.2), whatever the
 # order in between.
 #
