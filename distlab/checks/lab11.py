@@ -1,14 +1,16 @@
 """Graded checks of Lab 11, "Pipelines without bubbles".
 
 LAB11-DOCSTRING: each section's owner lists its exercises here, in the lab's order.
-1. (l11split)  the split backward, ``lab11_split``.
+1. (l11split)  the split backward, ``backward_input`` / ``backward_weight`` (B, W), and the
+   prediction ``predict_held_bytes``: ``lab11_split``.
 2. (l11tables) schedules as tables and the prediction, ``lab11_tables``.
 3. (l11exec)   the executor on real ranks, ``lab11_executor``.
 4. (l11design) the open design on a scale, ``lab11_design``.
 """
 from __future__ import annotations
 
-# LAB11-IMPORTS-SPLIT (l11split: one import line of your check_* names here)
+from distlab.checks.lab11_split import (COURSE_CODE, check_held_prediction,  # noqa: F401
+                                        check_split_backward, make_references)
 
 
 # LAB11-IMPORTS-TABLES (l11tables)
