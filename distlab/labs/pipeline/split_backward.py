@@ -121,17 +121,21 @@ def _tensors(obj, seen=None):
 
 
 def held_between(stage: nn.Module, x: torch.Tensor, grad_output, backward_input, backward_weight,
-                 forward=None) -> int:
+                 forward=None, flops: dict | None = None) -> int:
     """Run one microbatch's forward, B and W on ``stage`` and return the bytes held between B and
     W: the tensors autograd saved in the forward that are still alive after B, and those B's
     ``kept`` reaches, each storage once, parameters excluded (``ActivationMeter``'s count).
     ``forward(stage, x) -> (output, extra)`` for a way whose B takes ``extra`` as a fourth
-    argument (``keep_forward``); by default the plain ``stage(x)``."""
+    argument (``keep_forward``); by default the plain ``stage(x)``. ``flops``, if given, gets
+    the matrix-multiply FLOPs of B and of W (``torch.utils.flop_counter``)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counters = {"B": FlopCounterMode(display=False), "W": FlopCounterMode(display=False)}
     params = list(stage.parameters())
     meter = ActivationMeter(params)
     with meter.hooks():
         output, *extra = (stage(x),) if forward is None else forward(stage, x)
-    _, kept = backward_input(output, grad_output, x, *extra)
+    with counters["B"]:
+        _, kept = backward_input(output, grad_output, x, *extra)
     del output, extra   # from here on, only what the way keeps holds anything
     held = meter.live
     counted = set(meter.refs) | set(meter.param_storages)
@@ -140,5 +144,59 @@ def held_between(stage: nn.Module, x: torch.Tensor, grad_output, backward_input,
         if key not in counted:
             counted.add(key)
             held += t.untyped_storage().nbytes()
-    backward_weight(kept, params)
+    with counters["W"]:
+        backward_weight(kept, params)
+    if flops is not None:
+        flops.update({op: c.get_total_flops() for op, c in counters.items()})
     return held
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's own split (torch.distributed.pipelining._backward), in the same contract
+
+def torch_backward_input(output, grad_output, stage_input, params):
+    """torch 2.13's B: ``stage_backward_input`` (pre-hooks on the nodes where each parameter's
+    branch meets the input-to-output path keep the gradients arriving there; the graph is
+    retained; the output is detached). ``kept``: its parameter groups."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+    grads, groups = stage_backward_input([output], None if grad_output is None else [grad_output],
+                                         [stage_input], iter(params))
+    return grads[0], groups
+
+
+def torch_backward_weight(kept, params):
+    """torch 2.13's W: ``stage_backward_weight``, autograd from the kept nodes to the weights."""
+    from torch.distributed.pipelining._backward import stage_backward_weight
+    stage_backward_weight(iter(params), kept)
+
+
+def held_rows(backward_input, backward_weight, predict=None, num_layers: int = 2,
+              batch: int = 8, hidden: int = 16, seed: int = 0) -> list[dict]:
+    """The bytes held between B and W on a middle stage of ``num_layers`` of Lab 5's layers
+    (float64, one microbatch of ``batch`` rows), measured by ``held_between`` for the recompute
+    way (``backward_input``/``backward_weight``: yours), the keep way and torch's own; beside
+    them ``predict(num_layers, batch, hidden, 8)`` where it predicts that way, and the
+    matrix-multiply FLOPs each way's B and W ran."""
+    from distlab.labs.pipeline.model import PipeSpec, stage_layers
+    spec = PipeSpec(num_layers=num_layers, hidden=hidden, batch=batch, seed=seed)
+    model = stage_layers(spec.model().to(torch.float64), 0, 1)
+    gen = torch.Generator().manual_seed(seed + 3)
+    x, dy = (torch.randn(batch, hidden, generator=gen, dtype=torch.float64) for _ in range(2))
+    predicted = predict(num_layers, batch, hidden, 8) if predict else {}
+    params = list(model.parameters())
+    ways = {"recompute": (backward_input, backward_weight, None),
+            "keep": (keep_backward_input, keep_backward_weight, keep_forward),
+            "torch 2.13": (lambda y, g, inp: torch_backward_input(y, g, inp, params),
+                           torch_backward_weight, None)}
+    rows = []
+    for name, (b, w, forward) in ways.items():
+        flops = {}
+        held = held_between(model, x.clone().requires_grad_(), dy, b, w, forward, flops)
+        for p in params:
+            p.grad = None
+        guess = predicted.get(name)
+        rows.append({"way": name, "held between B and W (bytes)": f"{held:,}",
+                     "in units of b·h·8": f"{held / (batch * hidden * 8):g}",
+                     "predicted": "" if guess is None else f"{guess:,.0f}",
+                     "B FLOPs": f"{flops['B']:,}", "W FLOPs": f"{flops['W']:,}"})
+    return rows
