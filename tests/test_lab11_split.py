@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from distlab.checks import lab11_split
+from distlab.checks import lab11, lab11_split
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.labs.pipeline import split_backward as split
@@ -70,9 +70,9 @@ def solution_namespace(edit: tuple[str, str, str] | None = None) -> dict:
 def run_checks(ns: dict, seed: int | None = None, **sizes) -> dict[str, str]:
     """{test id: "pass" or the failure message}."""
     calls = {
-        "test_split_backward": lambda: lab11_split.check_split_backward(
+        "test_split_backward": lambda: lab11.check_split_backward(
             ns["backward_input"], ns["backward_weight"], seed, **sizes),
-        "test_predict_held_bytes": lambda: lab11_split.check_held_prediction(
+        "test_predict_held_bytes": lambda: lab11.check_held_prediction(
             ns["predict_held_bytes"], seed),
     }
     out = {}
@@ -111,9 +111,9 @@ def test_each_mistake_loses_exactly_its_own_test(name, cell, old, new, loses):
 
 def test_the_verdict_lines_show_the_figures():
     ns = solution_namespace()
-    line = lab11_split.check_split_backward(ns["backward_input"], ns["backward_weight"])
+    line = lab11.check_split_backward(ns["backward_input"], ns["backward_weight"])
     assert "first (B0 B1 W0 W1); middle (B0 W0 B1 W1); last (B0 B1 W1 W0)" in line
-    line = lab11_split.check_held_prediction(ns["predict_held_bytes"])
+    line = lab11.check_held_prediction(ns["predict_held_bytes"])
     assert "num_layers=2, batch=8, hidden=16, itemsize=8: 6,144/4,096" in line
 
 

@@ -63,6 +63,12 @@ def _lab10_penalties() -> list[float]:
     return [_penalty_and_error(p)[0] for p in (4, 8)]   # 1.5 at p = 2 is too common a figure
 
 
+def _lab11_held() -> list[float]:
+    from distlab.checks.lab11_split import _held_bytes
+    # the measured stage's recompute bytes (its keep bytes, 4096, are too common a figure)
+    return [_held_bytes(2, 8, 16, 8)["recompute"]]
+
+
 PREDICTIONS = (
     Prediction("02_data_parallel", "test_predict_state_bytes",
                (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+([\w-]+\s+)?(parameter|element)",
@@ -104,6 +110,9 @@ PREDICTIONS = (
                (rf"\b2{MINUS}1\s*/\s*p\b", rf"\(2\s*p{MINUS}1\)\s*/\s*p\b",
                 rf"\\frac\{{2p{MINUS}1\}}\{{p\}}", rf"2{MINUS}\\frac\{{1\}}\{{p\}}"),
                _lab10_penalties),
+    Prediction("11_pipeline_schedules", "test_predict_held_bytes",
+               (rf"\b2\s*\(?\s*L\s*\+\s*[12]\b", rf"\b2\s*L{TIMES}(a|b{TIMES}h)\b"),
+               _lab11_held),
 )
 
 # Labs whose text and checks other sessions own: what the scan finds there is reported for them

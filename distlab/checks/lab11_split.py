@@ -1,4 +1,6 @@
-"""Lab 11, Section 1 (served by ``distlab.checks.lab11``): the backward of a stage split in two.
+"""Lab 11, Section 1: the backward of a stage split in two (the judge serves only
+``distlab.checks.lab11``'s ``check_*`` functions: ``check_split_backward`` and
+``check_held_prediction`` there call ``grade_split_backward`` and ``grade_held_prediction`` here).
 
 Exercise 1, ``backward_input(output, grad_output, stage_input) -> (grad_input, kept)`` (B) and
 ``backward_weight(kept, params)`` (W), graded on one rank, in float64, on three stages of Lab 5's
@@ -190,7 +192,7 @@ def _tolerance(layers: int, hidden: int) -> float:
     return 4 * layers * hidden * EPS64
 
 
-def check_split_backward(backward_input, backward_weight, seed: int | None = None, layers=2,
+def grade_split_backward(backward_input, backward_weight, seed: int | None = None, layers=2,
                          hidden=6, batch=8) -> str:
     """backward_input / backward_weight on the first, a middle and the last stage (``layers``
     layers each, two microbatches): equal to the full backward, B computing no weight
@@ -248,11 +250,11 @@ def _run(backward_input, backward_weight, cases: list) -> list:
 # The prediction: bytes held between B and W
 
 def _held_bytes(num_layers: int, batch: int, hidden: int, itemsize: int) -> dict:
-    """What each way holds between B and W on a stage of ``num_layers`` of Lab 5's layers
-    ``x + gelu(x Wᵀ + c)`` that is not the last (activations (batch, hidden)): recompute keeps
-    the graph (per layer, the Linear's input, saved by addmm, and gelu's input), the output and
-    its gradient; keep holds per layer the Linear's input and its output's gradient."""
-    unit = batch * hidden * itemsize
+    """The prediction's reference: the bytes each way holds between B and W on a stage of
+    ``num_layers`` of Lab 5's layers that is not the last."""
+    unit = batch * hidden * itemsize   # one (batch, hidden) tensor
+    # recompute: per layer addmm's input and gelu's input, saved; kept: the output, its gradient
+    # keep: per Linear its input and its output's gradient; the graph freed
     return {"recompute": (2 * num_layers + 2) * unit, "keep": 2 * num_layers * unit}
 
 
@@ -277,7 +279,7 @@ def make_references() -> dict[str, dict]:
     return {"split_prediction": held_prediction_set()}
 
 
-def check_held_prediction(predict_held_bytes, seed: int | None = None) -> str:
+def grade_held_prediction(predict_held_bytes, seed: int | None = None) -> str:
     """predict_held_bytes(num_layers, batch, hidden, itemsize) -> {"recompute": bytes,
     "keep": bytes}, equal to the formulas (``_held_bytes``) on the visible or drawn cases."""
     __tracebackhide__ = True  # noqa: F841
@@ -308,8 +310,8 @@ def check_held_prediction(predict_held_bytes, seed: int | None = None) -> str:
                   f"{len(todo)} cases: ", shown)
 
 
-# The course code these exercises may not use (see distlab.checks.course_code); served through
-# ``distlab.checks.lab11``'s COURSE_CODE.
+# The course code these exercises may not use (see distlab.checks.course_code), keyed by the
+# names of ``distlab.checks.lab11``'s checks, whose COURSE_CODE this is.
 from distlab.checks.course_code import CourseCode, names  # noqa: E402
 SPLIT_SHIPPED = (names("distlab.labs.pipeline.split_backward", "backward_input",
                        "backward_weight")
