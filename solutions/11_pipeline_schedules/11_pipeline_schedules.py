@@ -171,7 +171,7 @@ check_split_backward(backward_input, backward_weight)
 
 # %% nbgrader={"grade": false, "grade_id": "predict_held_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_held_bytes(num_layers, batch, hidden, itemsize):
-    """Bytes held between B and W, {"recompute": ..., "keep": ...}, on a stage that is not the last."""
+    """Bytes held between B and W, {"recompute": ..., "keep": ...}, by a stage not the last."""
     ### BEGIN SOLUTION
     act = batch * hidden * itemsize   # one (batch, hidden) activation or gradient
     # recompute: per layer addmm saves its input x, gelu its input z; kept: output, its gradient
