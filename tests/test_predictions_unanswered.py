@@ -69,6 +69,12 @@ def _lab11_values() -> list[float]:
     return [formula_figures("interleaved", *case)[0] for case in interleaved_prediction_cases(None)]
 
 
+def _lab11_held() -> list[float]:
+    from distlab.checks.lab11_split import _held_bytes
+    # the measured stage's recompute bytes (its keep bytes, 4096, are too common a figure)
+    return [_held_bytes(2, 8, 16, 8)["recompute"]]
+
+
 PREDICTIONS = (
     Prediction("02_data_parallel", "test_predict_state_bytes",
                (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+([\w-]+\s+)?(parameter|element)",
@@ -117,6 +123,9 @@ PREDICTIONS = (
                 r"(divides|divided|cuts?|shrinks?)\s+(1F1B's\s+|the\s+)?bubble\s+by\s+v\b",
                 r"\bv\s+times\s+smaller"),
                _lab11_values),
+    Prediction("11_pipeline_schedules", "test_predict_held_bytes",
+               (rf"\b2\s*\(?\s*L\s*\+\s*[12]\b", rf"\b2\s*L{TIMES}(a|b{TIMES}h)\b"),
+               _lab11_held),
 )
 
 # Labs whose text and checks other sessions own: what the scan finds there is reported for them

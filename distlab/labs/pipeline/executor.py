@@ -8,10 +8,11 @@ gradient of the output (from stage ``s+1``, or the loss) to the stage's input an
 ``s-1``, and, when the table has no ``W`` for ``(s, i)``, into the weights too; ``W`` then
 computes the weights' gradient alone.
 
-Here W recomputes the chain of activation gradients inside the stage from its output's
-gradient (``torch.autograd.grad`` with the parameters as ``inputs``): B keeps the graph alive
-(``retain_graph``) and the output's gradient, nothing else. Cheaper in memory than keeping
-every intermediate gradient, dearer in compute: Lab 11 measures the other way.
+B and W are Section 1's ``split_backward.backward_input`` / ``backward_weight`` (or the pair
+``run_tables`` is given): W recomputes the chain of activation gradients inside the stage from
+its output's gradient (``torch.autograd.grad`` with the parameters as ``inputs``), B keeps the
+graph alive (``retain_graph``), the output and its gradient. Lab 11 measures what that holds
+between B and W against keeping each Linear's output gradient instead (``held_between``).
 
 Sends never block (``isend``); a receive is posted when its action needs it. A table whose
 replay on paper finishes (every wait ends) cannot deadlock here: each rank's waits are the
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import PipeSpec, partition_layers, reference_step, stage_layers
+from distlab.labs.pipeline.split_backward import backward_input, backward_weight
 
 
 def _tag(kind: str, stage: int, mb: int, m: int) -> int:
@@ -37,12 +39,13 @@ def _tag(kind: str, stage: int, mb: int, m: int) -> int:
 class _Rank:
     """One rank's stages and what it holds between actions."""
 
-    def __init__(self, rank, layers, placement, x, target, m):
+    def __init__(self, rank, layers, placement, x, target, m, split_backward):
         self.rank, self.layers, self.placement, self.m = rank, layers, placement, m
         self.last = len(placement) - 1
         self.xs = None if x is None else x.chunk(m)
         self.targets = None if target is None else target.chunk(m)
-        self.inputs, self.outputs, self.grads_out, self.losses = {}, {}, {}, {}
+        self.inputs, self.outputs, self.kept, self.losses = {}, {}, {}, {}
+        self.backward_input, self.backward_weight = split_backward
         self.local: dict[tuple, torch.Tensor] = {}   # hand-offs between stages of this rank
         self.sends: list = []
 
@@ -79,10 +82,10 @@ class _Rank:
         out = self.outputs[(s, i)]
         grad = None if s == self.last else self._receive("B", s + 1, s, i, like)
         x = self.inputs[(s, i)]
-        if split:   # the input's gradient alone; the graph stays for W
-            self.grads_out[(s, i)] = grad
+        if split:   # the input's gradient alone; what W needs is kept
+            gx, self.kept[(s, i)] = self.backward_input(out, grad, x)
+            del self.outputs[(s, i)], self.inputs[(s, i)]
             if s > 0:
-                (gx,) = torch.autograd.grad(out, [x], grad, retain_graph=True)
                 self._send("B", s - 1, i, gx)
             return
         torch.autograd.backward(out, grad)
@@ -91,14 +94,11 @@ class _Rank:
             self._send("B", s - 1, i, x.grad)
 
     def weights(self, i, s):
-        params = list(self.layers[s].parameters())
-        grads = torch.autograd.grad(self.outputs.pop((s, i)), params, self.grads_out.pop((s, i)))
-        del self.inputs[(s, i)]
-        for p, g in zip(params, grads):
-            p.grad = g if p.grad is None else p.grad + g
+        self.backward_weight(self.kept.pop((s, i)), list(self.layers[s].parameters()))
 
 
-def _rank_tables(rank, world_size, layers, x, target, rows, placements, m, shape):
+def _rank_tables(rank, world_size, layers, x, target, rows, placements, m, shape,
+                 split_backward):
     """On each rank, for each table in turn: run ``rows[name]`` (this rank's actions) on its
     stages' ``layers[name]``; return per table the loss (on the last stage's rank) and its
     parameters' gradients by their global names."""
@@ -107,7 +107,7 @@ def _rank_tables(rank, world_size, layers, x, target, rows, placements, m, shape
         placement = placements[name]
         first, last = placement[0] == rank, placement[-1] == rank
         me = _Rank(rank, layers[name], placement, x if first else None,
-                   target if last else None, m)
+                   target if last else None, m, split_backward)
         like = torch.empty(shape, dtype=x.dtype)
         split = {(s, i) for op, i, s in row if op == "W"}
         for op, i, s in row:
@@ -127,11 +127,14 @@ def _rank_tables(rank, world_size, layers, x, target, rows, placements, m, shape
 
 
 def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int = 4, *,
-               dtype: torch.dtype = torch.float32, timeout: float = 60) -> dict:
+               dtype: torch.dtype = torch.float32, timeout: float = 60,
+               split_backward: tuple = (backward_input, backward_weight)) -> dict:
     """Run each table of ``tables`` (name -> ``(table, placement)``: one list of
     ``(op, i, stage)`` per rank, stage ``s`` on rank ``placement[s]``), all on the same number
     of ranks, in one launch. The model of ``spec`` (in ``dtype``) is cut into
-    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches. Returns,
+    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches; where a
+    table splits a backward, ``split_backward`` (Section 1's ``(backward_input,
+    backward_weight)``, the course's by default) runs its B and its W. Returns,
     per name, ``loss`` (the whole batch's) and ``grads`` (every parameter's, by its name in
     the whole model)."""
     import distlab
@@ -166,7 +169,7 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
                       PerRank([{name: table[r] for name, (table, _) in tables.items()}
                                for r in range(p)]),
                       {name: list(placement) for name, (_, placement) in tables.items()}, m,
-                      (spec.batch // m, spec.hidden), timeout=timeout)
+                      (spec.batch // m, spec.hidden), tuple(split_backward), timeout=timeout)
     return {name: dict(loss=out[placement[-1]][name]["loss"],
                        grads={n: g for r in range(p) for n, g in out[r][name]["grads"].items()})
             for name, (_, placement) in tables.items()}
