@@ -18,6 +18,19 @@ from __future__ import annotations
 
 
 # LAB11-IMPORTS-DESIGN (l11design)
+from distlab.checks import lab11_design  # noqa: E402
+from distlab.checks.lab11_design import check_capped_schedule, check_capped_schedule_bar  # noqa: E402,F401
+
+
+# LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the
+# check's own module); this one merges them (the handout withholds what they name).
+COURSE_CODE: dict = {}
+COURSE_CODE.update(lab11_design.COURSE_CODE)   # l11design
+
+
+def make_references() -> dict[str, dict]:
+    """The stored sets of Lab 11, each section's."""
+    return {**lab11_design.design_sets()}   # l11design
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
