@@ -34,6 +34,7 @@ METHOD = {
                            r"route, dispatch, local experts"),
     "10_context_parallel": (r"zig-?zag", r"chunks r and 2p\s*-\s*1\s*-\s*r", r"one last hop",
                             r"delta = rowsum"),
+    "11_pipeline_schedules": (r"\bB first\b", r"\bBFW\b", r"a B before"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

@@ -4,7 +4,8 @@ LAB11-DOCSTRING: each section's owner lists its exercises here, in the lab's ord
 1. (l11split)  the split backward, ``lab11_split``.
 2. (l11tables) schedules as tables and the prediction, ``lab11_tables``.
 3. (l11exec)   the executor on real ranks, ``lab11_executor``.
-4. (l11design) the open design on a scale, ``lab11_design``.
+4. (l11design) the open design on a scale, ``lab11_design``: ``check_capped_schedule``,
+   ``check_capped_schedule_bar``.
 """
 from __future__ import annotations
 
@@ -17,9 +18,25 @@ from __future__ import annotations
 # LAB11-IMPORTS-EXECUTOR (l11exec)
 
 
-# LAB11-IMPORTS-DESIGN (l11design)
+# LAB11-IMPORTS-DESIGN (l11design). The judge serves only ``distlab.checks.lab11:check_*``, so
+# the section's checks are defined here, each one line into its module.
 from distlab.checks import lab11_design  # noqa: E402
-from distlab.checks.lab11_design import check_capped_schedule, check_capped_schedule_bar  # noqa: E402,F401
+from distlab.checks.lab11_design import VISIBLE as DESIGN_CASE, grade_capped  # noqa: E402
+
+
+def check_capped_schedule(capped_schedule, world_size: int = DESIGN_CASE[0],
+                          num_microbatches: int = DESIGN_CASE[1], max_held: int = DESIGN_CASE[2],
+                          seed: int | None = None) -> str:
+    """``capped_schedule(p, m, k)``: a complete table, its dependencies kept, at most ``k``
+    held per rank, equal to one process on real ranks, its bubble at most the hinted design's."""
+    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "hinted")
+
+
+def check_capped_schedule_bar(capped_schedule, world_size: int = DESIGN_CASE[0],
+                              num_microbatches: int = DESIGN_CASE[1],
+                              max_held: int = DESIGN_CASE[2], seed: int | None = None) -> str:
+    """The same properties, the bubble at most the bar (halfway to the course's design)."""
+    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "bar")
 
 
 # LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the

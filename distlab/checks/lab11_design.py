@@ -77,7 +77,7 @@ def design_sets() -> dict:
                   "figures": torch.tensor([fig[f] for f in FIGURES], dtype=torch.float64)}}
 
 
-def figures(p: int, m: int, k: int, visible: bool) -> dict[str, float]:
+def capped_scale(p: int, m: int, k: int, visible: bool) -> dict[str, float]:
     """The scale for a case: stored for the visible one, computed (in the judge) else."""
     if visible and (p, m, k) == VISIBLE:
         from distlab.checks.stored import load
@@ -95,7 +95,7 @@ def figures(p: int, m: int, k: int, visible: bool) -> dict[str, float]:
 def capped_figures() -> str:
     """The visible case's scale, as stored (the lab prints it before the exercise)."""
     p, m, k = VISIBLE
-    fig = figures(p, m, k, visible=True)
+    fig = capped_scale(p, m, k, visible=True)
     return (f"p = {p}, m = {m}, max_held = {k} (bubble: idle over compute, t_F = t_B = t_W): "
             f"the hinted design {fig['hinted']:.3f} (first test), the bar {fig['bar']:.3f} "
             f"(second test), the course's design {fig['course']:.3f}, the bound "
@@ -108,7 +108,7 @@ def capped_verdict(capped_schedule) -> str:
     p, m, k = VISIBLE
     table = capped_schedule(p, m, k)
     mine = replay(table, placement=list(range(p)), **UNITS)
-    fig = figures(p, m, k, visible=True)
+    fig = capped_scale(p, m, k, visible=True)
     peaks = "/".join(str(mine.peak[r]) for r in range(p))
     return (f"your table, p = {p}, m = {m}, max_held = {k}: {_comparison(fig, mine.bubble)}; "
             f"peak held per rank {peaks}; span {mine.span:g} units for {3 * m} of compute per "
@@ -220,8 +220,9 @@ def _measure(fn, p: int, m: int, k: int, seed: int | None) -> dict:
             f"max_held = {k} on every rank. Peaks per rank: {peaks}. Before a forward on a rank "
             f"that holds {k}, some W (or whole B) must have ended.")
     ran = _run_on_ranks(table, p, m, seed)
-    return {"what": what, "bubble": replayed.bubble, "peaks": peaks, "ran": ran,
-            "figures": figures(p, m, k, visible=seed is None), "k": k}
+    case = "the visible case" if seed is None else f"a hidden case, seed {seed}"
+    return {"what": what, "case": case, "bubble": replayed.bubble, "peaks": peaks, "ran": ran,
+            "figures": capped_scale(p, m, k, visible=seed is None), "k": k}
 
 
 def _comparison(fig: dict, bubble: float) -> str:
@@ -245,7 +246,7 @@ def grade_capped(fn, world_size: int, num_microbatches: int, max_held: int, seed
         got = _RUNS[key] = _measure(fn, p, m, k, seed)
     fig, bubble = got["figures"], got["bubble"]
     limit, name = fig[level], ("hinted design's bubble" if level == "hinted" else "bar")
-    case = "the visible case" if seed is None else f"a hidden case, seed {seed}"
+    case = got["case"]     # the first test's seed, where its run serves the second test
     if bubble > limit + 1e-9:
         advice = ("Split every backward: which of B and W does the rank upstream wait for, and "
                   "when must a W run at the latest?" if level == "hinted" else
@@ -264,21 +265,3 @@ DESIGN_SHIPPED = (names(__name__, "_greedy", "_hinted_table", "_course_table")
 COURSE_CODE = dict.fromkeys(["check_capped_schedule", "check_capped_schedule_bar"],
                             CourseCode(forbidden=DESIGN_SHIPPED))
 
-
-def check_capped_schedule(capped_schedule, world_size: int = VISIBLE[0],
-                          num_microbatches: int = VISIBLE[1], max_held: int = VISIBLE[2],
-                          seed: int | None = None) -> str:
-    """``capped_schedule(p, m, k)``: a complete table, its dependencies kept, at most ``k``
-    held per rank, equal to one process on real ranks, its bubble at most the hinted design's."""
-    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "hinted")
-
-
-def check_capped_schedule_bar(capped_schedule, world_size: int = VISIBLE[0],
-                              num_microbatches: int = VISIBLE[1], max_held: int = VISIBLE[2],
-                              seed: int | None = None) -> str:
-    """The same properties, the bubble at most the bar (halfway to the course's design)."""
-    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "bar")
-
-
-from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
-judge_module(globals())
