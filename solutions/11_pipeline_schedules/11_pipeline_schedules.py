@@ -119,8 +119,8 @@ from distlab.labs.pipeline.schedules import replay
 
 # %% nbgrader={"grade": false, "grade_id": "capped_figures", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(capped_figures())    # the visible tests' scale
-print("the bound at p = 4, m = 8, k = 3:", round(cap_bound(4, 8, 3), 3),
-      "; whole backwards:", round(whole_backward_bound(4, 8, 3), 3))
+print(f"cap_bound(4, 8, 3) = {cap_bound(4, 8, 3):.3f}; "
+      f"whole_backward_bound(4, 8, 3) = {whole_backward_bound(4, 8, 3):.3f}")
 
 # %% nbgrader={"grade": false, "grade_id": "capped_schedule", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def capped_schedule(num_ranks, num_microbatches, max_held):
