@@ -172,12 +172,18 @@ def _run_on_ranks(table, p: int, m: int, seed: int | None) -> str:
     from distlab.labs.pipeline import PipeSpec
     from distlab.labs.pipeline.executor import run_tables, single_process_step
     spec = PipeSpec(num_layers=p, hidden=8, batch=2 * m, seed=SEED if seed is None else seed)
+    from distlab.runtime.outcome import DistributedError, RankError
     try:
         got = run_tables({"yours": (table, list(range(p)))}, spec, m,
                          dtype=torch.float64)["yours"]
-    except NotImplementedError:
+    except (NotImplementedError, RankError) as err:
+        if not isinstance(err, NotImplementedError) and err.exc_type != "NotImplementedError":
+            raise _failed(p, err) from None
+        # a handout without the course's executor (a student's kernel): the grader runs it
         return ("the run on real ranks: the grader's (your handout's executor is the one you "
                 "write in Section 3)")
+    except DistributedError as err:
+        raise _failed(p, err) from None
     loss, grads = single_process_step(spec, torch.float64)
     where = f"your table run on {p} ranks"
     assert_close(torch.tensor(got["loss"]), reference(torch.tensor(loss)),
@@ -186,6 +192,12 @@ def _run_on_ranks(table, p: int, m: int, seed: int | None) -> str:
         assert_close(got["grads"].get(name), reference(want), what=f"{where}: grad of {name}",
                      hint="Every microbatch's B (and W) must run once on every rank.", **TOL)
     return f"on {p} real ranks the loss and all {len(grads)} gradients equal one process's"
+
+
+def _failed(p: int, err) -> CheckFailed:
+    from distlab.checks.rank_failures import ranks_failed
+    return ranks_failed(f"your table run by the course's executor on {p} ranks", err,
+                        "A table whose replay ends runs on ranks: tell the course's staff.")
 
 
 # One run grades both tests: the first test's table, replay and run, by submitted function and
