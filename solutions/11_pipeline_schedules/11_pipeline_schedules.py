@@ -37,7 +37,8 @@
 # %% [markdown]
 # ## 4. Open design: a schedule under a memory cap
 #
-# ZB-H1 kept 1F1B's memory and cut its bubble to a third by moving W into the idle time. Now
+# ZB-H1 kept 1F1B's memory and cut its bubble to a third by moving W into the idle time (Qi et
+# al. 2023, "Zero Bubble Pipeline Parallelism", §2.1). Now
 # suppose a rank can afford the activations of fewer than the $p$ microbatches 1F1B's rank 0
 # holds. Lab 5 met such a cap with whole backwards; a split backward does much better, if you
 # place each W well.
@@ -65,7 +66,7 @@ from distlab.labs.pipeline.schedules import replay
 #   forever: a W before its B, a B before the rank's own F, ...);
 # - *memory:* on every rank, `Replay.peak` at most $k$: a microbatch's activations are held from
 #   the start of its F to the end of its W (of its B when it has no W), as the replay counts
-#   them;
+#   them; a W that ends at the instant a forward starts has freed its slot;
 # - *values:* the course's executor runs your table on $p$ real ranks; the loss and every
 #   gradient equal single-process training's;
 # - *bubble:* `Replay.bubble` (idle over compute, $t_F = t_B = t_W$, messages free), on a scale:
@@ -86,15 +87,15 @@ from distlab.labs.pipeline.schedules import replay
 # same cap (`whole_backward_bound`) is higher than the first test's limit on every graded case: a
 # whole backward cannot meet it.
 #
-# **Why it matters.** A cap on activations is what decides a real pipeline's schedule (Qi et al.
-# 2023, "Zero Bubble Pipeline Parallelism", §3, schedule under a memory limit; DeepSeek-V3 §3.2.1
-# weighs DualPipe's bubble against its activation memory). Try ideas on paper first: `replay`
-# times any table in a millisecond.
+# **Why it matters.** A cap on activations is what decides a real pipeline's schedule: Qi et al.
+# (§3) search their schedules automatically under a memory limit, and DeepSeek-V3 (§3.2.1,
+# Table 2) sets DualPipe's bubble beside its activation memory. Try ideas on paper first:
+# `replay` times any table in a millisecond.
 #
 # <details><summary>Hint 1</summary>
 #
 # Time one microbatch's stay on rank 0, from its F to the end of its backward, with the backward
-# whole, then split. Which part of the backward does the rank before it wait for?
+# whole, then split. Which part of a rank's backward does the rank before it wait for?
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -105,9 +106,9 @@ from distlab.labs.pipeline.schedules import replay
 #
 # <details><summary>Hint 3</summary>
 #
-# Write the table by simulating it on paper, one unit of time after another: whenever a rank is
-# idle it starts one action whose input has ended, a forward if it holds fewer than $k$, else a
-# B, else a W. That design meets the first test.
+# Write the table by simulating it on paper, one unit of time after another. Whenever a rank is
+# idle it starts one action whose input has ended: a forward if one is ready and the rank holds
+# fewer than $k$; else a ready B; else a ready W. That design meets the first test.
 # </details>
 #
 # <details><summary>Hint 4</summary>
