@@ -128,7 +128,8 @@ def test_the_hinted_design_loses_only_the_bar():
         assert hinted(p, m, k) == lab11_design._hinted_table(p, m, k)
     assert "within the hinted design's bubble" in lab11.check_capped_schedule(hinted)
     with pytest.raises(CheckFailed, match=r"bubble on paper 0\.417; the hinted design 0\.417, "
-                                          r"the bar 0\.396 .*This test's limit is the bar, 0\.396\. "
+                                          r"the bar 0\.396 .*This test's limit is the bar, "
+                                          r"0\.396\. "
                                           r"When rank 0 cannot start a forward"):
         lab11.check_capped_schedule_bar(hinted)
 
@@ -136,8 +137,8 @@ def test_the_hinted_design_loses_only_the_bar():
 def test_a_table_over_the_cap_loses_its_tests():
     over = _edited("capped_over_the_cap")
     for check in (lab11.check_capped_schedule, lab11.check_capped_schedule_bar):
-        with pytest.raises(CheckFailed, match=r"rank 0 holds 4 microbatches' activations at "
-                                              r"once .*max_held = 3"):
+        with pytest.raises(CheckFailed, match=r"rank 0 holds 4 microbatches' activations "
+                                              r"at once .*max_held = 3"):
             check(over)
 
 

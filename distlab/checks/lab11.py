@@ -39,6 +39,11 @@ def check_capped_schedule_bar(capped_schedule, world_size: int = DESIGN_CASE[0],
     return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "bar")
 
 
+# What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py),
+# each section's: the design's ranks (the course's executor, one Submitted call) need nothing.
+RANK_IMPORTS: tuple[str, ...] = ()   # l11design: ()
+
+
 # LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the
 # check's own module); this one merges them (the handout withholds what they name).
 COURSE_CODE: dict = {}
