@@ -7,12 +7,13 @@ LAB11-DOCSTRING: each section's owner lists its exercises here, in the lab's ord
    v)``, ``zb_h1(p, m)``, ``zb_v(p, m)`` (tables replayed: valid, bubble and peak no worse than
    expected) and ``predict_interleaved(p, m, v)``.
 3. (l11exec)   the executor on real ranks, ``lab11_executor``.
-4. (l11design) the open design on a scale, ``lab11_design``.
+4. (l11design) the open design on a scale, ``lab11_design``: ``check_capped_schedule``,
+   ``check_capped_schedule_bar``.
 """
 from __future__ import annotations
 
 from distlab.checks import lab11_split  # noqa: E402
-from distlab.checks.lab11_split import COURSE_CODE, make_references  # noqa: E402,F401
+from distlab.checks.lab11_split import COURSE_CODE  # noqa: E402,F401  (each section adds its own below)
 
 
 def check_split_backward(backward_input, backward_weight, seed: int | None = None, layers=2,
@@ -70,7 +71,40 @@ def check_interleaved_prediction(predict_interleaved, seed: int | None = None) -
 # LAB11-IMPORTS-EXECUTOR (l11exec)
 
 
-# LAB11-IMPORTS-DESIGN (l11design)
+# LAB11-IMPORTS-DESIGN (l11design). The judge serves only ``distlab.checks.lab11:check_*``, so
+# the section's checks are defined here, each one line into its module.
+from distlab.checks import lab11_design  # noqa: E402
+from distlab.checks.lab11_design import VISIBLE as DESIGN_CASE, grade_capped  # noqa: E402
+
+
+def check_capped_schedule(capped_schedule, world_size: int = DESIGN_CASE[0],
+                          num_microbatches: int = DESIGN_CASE[1], max_held: int = DESIGN_CASE[2],
+                          seed: int | None = None) -> str:
+    """``capped_schedule(p, m, k)``: a complete table, its dependencies kept, at most ``k``
+    held per rank, equal to one process on real ranks, its bubble at most the hinted design's."""
+    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "hinted")
+
+
+def check_capped_schedule_bar(capped_schedule, world_size: int = DESIGN_CASE[0],
+                              num_microbatches: int = DESIGN_CASE[1],
+                              max_held: int = DESIGN_CASE[2], seed: int | None = None) -> str:
+    """The same properties, the bubble at most the bar (halfway to the course's design)."""
+    return grade_capped(capped_schedule, world_size, num_microbatches, max_held, seed, "bar")
+
+
+# What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py),
+# each section's: the design's ranks (the course's executor, one Submitted call) need nothing.
+RANK_IMPORTS: tuple[str, ...] = ()   # l11design: ()
+
+
+# LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the
+# check's own module); this one merges them (the handout withholds what they name).
+COURSE_CODE = {**COURSE_CODE, **lab11_design.COURSE_CODE}   # l11design
+
+
+def make_references() -> dict[str, dict]:
+    """The stored sets of Lab 11, each section's."""
+    return {**lab11_split.make_references(), **lab11_design.design_sets()}
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
