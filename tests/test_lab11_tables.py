@@ -14,6 +14,7 @@ import pytest
 
 from distlab.checks import lab11, lab11_tables
 from distlab.checks.assertions import VERDICT_CHARS, CheckFailed
+from distlab.checks.ranks import SubmittedError
 from distlab.course import solutions
 from distlab.labs.pipeline import tables
 from distlab.labs.pipeline.compare import messages
@@ -296,3 +297,37 @@ def test_grader_scores_lab11_tables(graded_samples):
     for student, lost in expected.items():
         row = rows[student]
         assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
+
+
+TORCH_COPIES = {
+    "test_interleaved_1f1b": ("interleaved_1f1b", "def interleaved_1f1b(p, m, v):\n"
+                              "    from distlab.labs.pipeline.torch_tables import torch_table\n"
+                              "    return torch_table('ScheduleInterleaved1F1B', p, m, v)[0]\n"),
+    "test_zb_v": ("zb_v", "def zb_v(p, m):\n"
+                  "    import types\n"
+                  "    from torch.distributed.pipelining import schedules\n"
+                  "    from distlab.labs.pipeline.torch_tables import _compute_actions\n"
+                  "    stages = [types.SimpleNamespace(group_size=p, group_rank=0, num_stages=2 * p,\n"
+                  "                                    submod=None, stage_index_to_group_rank=None)\n"
+                  "              for _ in range(2)]\n"
+                  "    order = schedules.ScheduleZBVZeroBubble(stages, m, loss_fn=None).pipeline_order\n"
+                  "    return [[a for act in order[r] for a in _compute_actions(act, r)]\n"
+                  "            for r in sorted(order)]\n"),
+}
+
+
+@pytest.mark.parametrize("test", list(TORCH_COPIES))
+def test_torchs_own_table_handed_in_earns_nothing(test):
+    """The comparison cell reads torch's tables; an answer that returns them (the course's
+    converter, or torch's schedule class called directly) is refused on the rank, as course code."""
+    from distlab.checks.course_code import guard_of
+    from distlab.runtime.call_guard import guarding
+    name, source = TORCH_COPIES[test]
+    ns = solution_namespace()
+    # a notebook cell's file name, as a kernel gives it (call_guard._kind: the student's code)
+    exec(compile(source, "<ipython-input-7-0>", "exec"), ns)    # noqa: S102  (the cell, redefined)
+    check = getattr(lab11, "check_" + name)
+    with guarding(guard_of(check)):                    # as the judge runs it (grading/judge.py)
+        with pytest.raises(SubmittedError, match="course's own implementation"):
+            check(ns[name])
+    assert run_checks(ns)[test] == "pass"     # unguarded, the copy is a valid table: the guard decides

@@ -232,11 +232,18 @@ def _peak_hint(got: float, want: int, p: int, v: int) -> str:
 
 
 # The course code these exercises may not use (distlab.checks.course_code): the course's tables,
-# the greedy scheduler behind its V, and the figures the checks grade against.
+# the greedy scheduler behind its V, the figures the checks grade against, and torch's tables.
 from distlab.checks.course_code import CourseCode, names  # noqa: E402
 TABLES_SHIPPED = (names("distlab.labs.pipeline.tables", "interleaved_1f1b", "zb_h1", "zb_v",
                         "greedy_table", "_ready")
-                  + names(__name__, "formula_figures"))
+                  + names(__name__, "formula_figures")
+                  # torch's own tables, which the lab's comparison cell reads: handed in as an
+                  # answer they would be a copy, not a schedule written
+                  + names("distlab.labs.pipeline.torch_tables", "torch_table", "torch_schedule",
+                          "from_torch")
+                  + names("torch.distributed.pipelining.schedules", "ScheduleInterleaved1F1B",
+                          "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
+                          "ScheduleDualPipeV"))
 # (distlab.checks.lab11 serves the checks: the judge serves a lab's checks from labNN alone)
 COURSE_CODE = dict.fromkeys(["check_interleaved_1f1b", "check_zb_h1", "check_zb_v",
                              "check_interleaved_prediction"],
