@@ -236,15 +236,15 @@ def _peak_hint(got: float, want: int, p: int, v: int) -> str:
 from distlab.checks.course_code import CourseCode, names  # noqa: E402
 TABLES_SHIPPED = (names("distlab.labs.pipeline.tables", "interleaved_1f1b", "zb_h1", "zb_v",
                         "greedy_table", "_ready")
-                  + names(__name__, "formula_figures")
-                  # torch's own tables, which the lab's comparison cell reads: handed in as an
-                  # answer they would be a copy, not a schedule written
-                  + names("distlab.labs.pipeline.torch_tables", "torch_table", "torch_schedule",
-                          "from_torch")
-                  + names("torch.distributed.pipelining.schedules", "ScheduleInterleaved1F1B",
-                          "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
-                          "ScheduleDualPipeV"))
+                  + names(__name__, "formula_figures"))
+# torch's own tables, which the lab's comparison cell reads (so the handout keeps them): handed
+# in as an answer they would be a copy, not a schedule written
+TORCH_TABLES = (names("distlab.labs.pipeline.torch_tables", "torch_table", "torch_schedule",
+                      "from_torch")
+                + names("torch.distributed.pipelining.schedules", "ScheduleInterleaved1F1B",
+                        "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
+                        "ScheduleDualPipeV"))
 # (distlab.checks.lab11 serves the checks: the judge serves a lab's checks from labNN alone)
 COURSE_CODE = dict.fromkeys(["check_interleaved_1f1b", "check_zb_h1", "check_zb_v",
                              "check_interleaved_prediction"],
-                            CourseCode(forbidden=TABLES_SHIPPED))
+                            CourseCode(forbidden=TABLES_SHIPPED, watched=TORCH_TABLES))
