@@ -18,7 +18,7 @@ from __future__ import annotations
 
 # LAB11-IMPORTS-EXECUTOR (l11exec)
 from distlab.checks.lab11_executor import (EXECUTOR_SHIPPED, check_executor,  # noqa: E402,F401
-                                           executor_set)
+                                           executor_set, torch_set)
 
 
 # LAB11-IMPORTS-DESIGN (l11design)
@@ -31,7 +31,7 @@ RANK_IMPORTS = ()
 
 def make_references() -> dict:
     """The stored sets of every section (``distlab references 11_pipeline_schedules``)."""
-    return {"executor": executor_set()}
+    return {"executor": executor_set(), "torch": torch_set()}
 
 
 # The course code each exercise may not use (distlab.checks.course_code); each section adds its own.

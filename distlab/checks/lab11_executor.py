@@ -31,13 +31,12 @@ from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.rank_failures import ranks_failed
 from distlab.checks.ranks import rank_timeout
 from distlab.labs.pipeline.model import PipeSpec
+from distlab.labs.pipeline.on_ranks import M as VISIBLE_M, P as VISIBLE_P, SPEC
 from distlab.runtime.outcome import DistributedError, HangError
 from distlab.runtime.per_rank import PerRank, reference
 
 LAB = "11_pipeline_schedules"
 RANK_IMPORTS = ()
-SPEC = PipeSpec(num_layers=8, hidden=16, batch=16, seed=1103)
-VISIBLE_P, VISIBLE_M = 4, 8
 TOL = 1e-6          # the issue's figure, in float64
 TIMEOUT = 10.0      # seconds before stuck ranks count as deadlocked; a correct run takes < 1 s
 P2P = {"isend", "irecv"}
@@ -250,6 +249,18 @@ def check_executor(run_table, seed: int | None = None, world_size: int = VISIBLE
     return (f"run_table on {where}: loss and every gradient within {worst:.1e} of one process "
             f"(tolerance {TOL:g}) on each table; only isend/irecv, messages per step as the tables "
             f"send: {', '.join(sent)}")
+
+
+def torch_set() -> dict:
+    """torch's own schedules run once on the stored case's model (``torch_runs``): their loss
+    and gradients, which Section 3 sets beside the student's executor on torch's tables."""
+    from distlab.labs.pipeline.on_ranks import TORCH
+    from distlab.labs.pipeline.torch_runs import torch_grads
+    out = {"seed": SPEC.seed}
+    for name, run in torch_grads(TORCH, VISIBLE_P, VISIBLE_M, SPEC).items():
+        out[f"{name}.loss"] = torch.tensor(run["loss"], dtype=torch.float64)
+        out.update({f"{name}.{n}": g for n, g in run["grads"].items()})
+    return out
 
 
 EXECUTOR_SHIPPED = ("distlab.labs.pipeline.executor:run_table",
