@@ -151,6 +151,14 @@ def _run(run_table, tables, model, data, spec, m, where):
     return out
 
 
+WRONG_MESSAGE = (
+    "A message reached the wrong action. gloo hands a receive the sends from that rank with the "
+    "same tag in the order they were posted; in a V, or with virtual stages, one pair of ranks "
+    "carries several streams (activations into one stage, gradients into another), each in an "
+    "order of its own. Does every tag tell them apart: the kind (activation or gradient) and "
+    "the stage (and the microbatch, which costs nothing)?")
+
+
 def _check_grads(name, out, tables, expected, where) -> float:
     """Loss and gradients of table ``name`` against the single-process step; the largest
     difference."""
@@ -163,7 +171,7 @@ def _check_grads(name, out, tables, expected, where) -> float:
                           "stage's forwards never ran.")
     worst = abs(got_loss - loss)
     assert_close(torch.tensor(got_loss), torch.tensor(loss), what=f"{what}: the loss",
-                 rank=placement[-1], atol=TOL, rtol=TOL)
+                 rank=placement[-1], atol=TOL, rtol=TOL, hint=WRONG_MESSAGE)
     for r in range(len(table)):
         for n, g in out[r][name]["grads"].items():
             stage = next(s for s in range(len(placement)) if placement[s] == r
@@ -176,11 +184,7 @@ def _check_grads(name, out, tables, expected, where) -> float:
                     f"adds the weights'; a B without a W is a whole backward (weights=True).")
             hint = ("Twice the expected gradient: a B with a W of its own ran as a whole "
                     "backward (weights=True) and its W added the weights' gradient again."
-                    if torch.allclose(g, 2 * ref[n], rtol=1e-6, atol=1e-9) else
-                    "A wrong gradient with the right loss: a gradient message reached the wrong "
-                    "backward. Does every tag name the message's kind (activation or gradient), "
-                    "its stage and its microbatch? In a V or with virtual stages, two stages of "
-                    "one rank exchange messages with the same peer.")
+                    if torch.allclose(g, 2 * ref[n], rtol=1e-6, atol=1e-9) else WRONG_MESSAGE)
             with recording():
                 assert_close(g, ref[n], what=f"{what}: the gradient of {n} (stage {stage})",
                              rank=r, atol=TOL, rtol=TOL, hint=hint)

@@ -106,9 +106,11 @@ from distlab.labs.pipeline.torch_tables import torch_table
 #
 # <details><summary>Hint 2</summary>
 #
-# Both ends of a message must compute the same tag without talking. What tells two messages
-# between the same two ranks apart in a V, or with virtual stages? Three numbers: the kind
-# (activation or gradient), the stage, the microbatch; make one integer of them.
+# Both ends of a message must compute the same tag without talking. gloo hands a receive the
+# sends from its peer with the same tag in the order they were posted. In a V, rank 0 sends
+# rank 1 activations (into stage 1) and gradients (into stage 6), two streams each in an order
+# of its own: what must the tag hold so that neither takes the other's place? Three numbers name
+# every message of a step once: the kind, the stage, the microbatch; make one integer of them.
 # </details>
 #
 # <details><summary>Hint 3</summary>

@@ -1,0 +1,123 @@
+"""Lab 11, Section 3: the executor exercise's check passes the solution's ``run_table`` on the
+stored case and on fresh ones, and each planted mistake loses exactly its test, told why; a
+deadlock is reported as one, within the check's timeout, not at the grader's. torch's own
+schedules, run for real on the same model, give the executor's gradients.
+
+Wrong submissions are the solution's own cell with a textual edit (``solution_namespace``), so
+they stay in step with the lab.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from distlab.checks import lab11_executor
+from distlab.checks.assertions import CheckFailed
+from distlab.course import solutions
+from distlab.course.notebooks import source_notebook
+
+LAB = "11_pipeline_schedules"
+CELL = "executor"
+SEND_LINE = "            sends.append(dist.isend(tensor, placement[stage], tag=tag(kind, stage, i)))"
+WAIT_LINES = ("    for work in sends:                        # a send's buffer lives until it is "
+              "received\n        work.wait()")
+# (name, [(old, new)] in the solution's executor cell, what the failure must say)
+MISTAKES = [
+    # every send posted after the row's receives, each of which blocks until it arrives
+    ("send_posted_after_a_blocking_receive",
+     [(SEND_LINE, "            sends.append((tensor, placement[stage], tag(kind, stage, i)))"),
+      (WAIT_LINES, "    works = [dist.isend(t, dst, tag=g) for t, dst, g in sends]   # at the end\n"
+                   "    for work in works:\n        work.wait()")],
+     "a deadlock"),
+    # no tags (every message tag 0): in a V the activations and the gradients between a pair
+    # of ranks share one stream and take each other's place. (A tag without the microbatch, or
+    # the stage alone, passes: each stream then still matches in the order it was posted.)
+    ("no_tags",
+     [("        return 2 * (stage * m + i) + (kind == \"B\")",
+       "        return 0")],
+     "Does every tag tell them apart"),
+    # every B the input's gradient only: tables without W never add the weights' gradients
+    ("every_b_without_its_weights",
+     [("weights=(s, i) not in with_w)", "weights=False)")],
+     "no B of stage"),
+]
+
+
+def _setup() -> tuple[str, ...]:
+    """The lab's locked import cells (every section's: the solution cells need them)."""
+    return tuple(c.metadata["nbgrader"]["grade_id"] for c in source_notebook(LAB).cells
+                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked")
+                 and c.metadata["nbgrader"]["grade_id"].endswith("imports"))
+
+
+def _run_table(edits=()):
+    ns = solutions.solution_namespace(LAB, [(CELL, old, new) for old, new in edits], _setup())
+    return ns["run_table"]
+
+
+def _verdict(run_table, **case) -> str:
+    try:
+        return lab11_executor.check_executor(run_table, **case)
+    except CheckFailed as err:
+        return f"FAILED: {err}"
+
+
+CASES = [{}, dict(seed=7, world_size=2, num_microbatches=4)]
+
+
+def test_the_solution_passes_on_the_stored_case_and_a_fresh_one():
+    run_table = _run_table()
+    for case in CASES:
+        line = _verdict(run_table, **case)
+        assert not line.startswith("FAILED"), line
+        # its figures: the tables' messages per step, as compare.messages counts them
+        assert ("interleaved 1F1B (v = 2) 112, ZB-H1 48, zero-bubble V 96" in line if not case
+                else "interleaved 1F1B (v = 2) 24, ZB-H1 8, zero-bubble V 16" in line), line
+
+
+@pytest.mark.parametrize("name,edits,says", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_mistake_loses_its_test_and_says_why(name, edits, says):
+    run_table = _run_table(edits)
+    for case in CASES:
+        started = time.monotonic()
+        verdict = _verdict(run_table, **case)
+        assert verdict.startswith("FAILED") and says in verdict, (name, case, verdict)
+        if name == "send_posted_after_a_blocking_receive":
+            # stopped by the check's own timeout, not the grader's minute; generous bound for
+            # a busy machine (the budget's slack), far below rank_timeout()'s 60 s
+            assert time.monotonic() - started < 3 * lab11_executor.TIMEOUT + 10
+
+
+def test_blocking_sends_and_receives_are_refused():
+    """A run that completes with dist.send / dist.recv (possible here: receives are waited for
+    in the table's order) still loses: the contract allows isend/irecv only."""
+    run_table = _run_table([
+        ("            posted[k] = buf, dist.irecv(buf, placement[frm], tag=tag(kind, s, i))",
+         "            posted[k] = buf, None"),
+        ("        buf, work = posted.pop(k)\n        work.wait()",
+         "        buf, _ = posted.pop(k)\n        dist.recv(buf, placement[frm], tag=tag(kind, s, i))")])
+    verdict = _verdict(run_table)
+    assert verdict.startswith("FAILED") and "called recv" in verdict, verdict
+
+
+def test_torchs_schedules_give_the_executors_gradients():
+    """torch's ScheduleInterleaved1F1B, ScheduleZBVZeroBubble and ScheduleDualPipeV, each run
+    with its own PipelineStages on the stored case's model (p = 4, m = 8, two stages per rank),
+    give the gradients of the course's executor run on their own tables, and the stored set the
+    lab shows is theirs."""
+    from distlab.labs.pipeline.executor import run_table, run_tables
+    from distlab.labs.pipeline.on_ranks import M, P, SPEC, TORCH, torch_stored
+    from distlab.labs.pipeline.torch_runs import torch_grads
+    from distlab.labs.pipeline.torch_tables import torch_table
+    theirs = torch_grads(TORCH, P, M, SPEC)
+    ours = run_tables({name: torch_table(name, P, M) for name in TORCH}, SPEC, M,
+                      dtype=torch.float64, executor=run_table, timeout=120)
+    stored = torch_stored()
+    for name in TORCH:
+        assert abs(theirs[name]["loss"] - ours[name]["loss"]) <= 1e-12
+        for n, g in theirs[name]["grads"].items():
+            # sums in another order: about 1e-15 of gradients of order 10; 1e-6 is the lab's bar
+            torch.testing.assert_close(ours[name]["grads"][n], g, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(stored[name][n], g, atol=1e-6, rtol=1e-6)
