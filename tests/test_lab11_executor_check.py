@@ -17,6 +17,7 @@ from distlab.checks import lab11_executor
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.course.notebooks import source_notebook
+from distlab.runtime.per_rank import PerRank
 
 LAB = "11_pipeline_schedules"
 CELL = "executor"
@@ -121,3 +122,50 @@ def test_torchs_schedules_give_the_executors_gradients():
             # sums in another order: about 1e-15 of gradients of order 10; 1e-6 is the lab's bar
             torch.testing.assert_close(ours[name]["grads"][n], g, atol=1e-6, rtol=1e-6)
             torch.testing.assert_close(stored[name][n], g, atol=1e-6, rtol=1e-6)
+
+
+def test_ranks_get_their_own_inputs_and_no_expected_value(monkeypatch):
+    """As tests/test_per_rank_checks.py checks Labs 7-10's: on a hidden case, every rank's task
+    holds its own stages, rows and data (the batch where a table's first stage runs, NaN
+    elsewhere), neither the seed nor a reference."""
+    from distlab.runtime import launch
+    from test_per_rank_checks import SEED, _inspect
+    runs, real = [], launch._calls
+
+    def spy(fn, args, kwargs, world_size):
+        calls = real(fn, args, kwargs, world_size)
+        runs.append((getattr(fn, "__name__", "?"), world_size,
+                     [v for v in (*args, *kwargs.values()) if not isinstance(v, PerRank)],
+                     [v.values for v in (*args, *kwargs.values()) if isinstance(v, PerRank)],
+                     calls))
+        return calls
+
+    monkeypatch.setattr(launch, "_calls", spy)
+    lab11_executor.check_executor(_run_table(), seed=SEED, world_size=2, num_microbatches=4)
+    assert _inspect(runs) == 4   # the stages, the batch, the target, the rows
+
+
+def test_a_stage_refuses_an_action_whose_input_is_not_there():
+    """Stage's guards: each says which action, on which stage and rank, and why."""
+    from distlab.labs.pipeline.model import partition_layers, stage_layers
+    from distlab.labs.pipeline.table_stages import build_stages
+    spec = lab11_executor.SPEC
+    model, (x, target) = spec.model().double(), spec.data()
+    bounds = partition_layers(spec.num_layers, 2)
+    stages = build_stages(0, {0: stage_layers(model, 0, 2, bounds),
+                              1: stage_layers(model, 1, 2, bounds)}, [0, 0], 2,
+                          x.double(), target.double())
+    with pytest.raises(RuntimeError, match="rank 0: W of microbatch 0 on stage 1: its B has not"):
+        stages[1].weights(0)
+    with pytest.raises(RuntimeError, match="B of microbatch 0 on stage 0: its F has not run"):
+        stages[0].backward(0, stages[0].buffer())
+    with pytest.raises(RuntimeError, match="x is None: pass the activation stage 0 sent"):
+        stages[1].forward(0)
+    y = stages[0].forward(0)
+    assert stages[1].forward(0, y) is None and set(stages[1].losses) == {0}
+    g = stages[1].backward(0, weights=False)
+    with pytest.raises(RuntimeError, match="F of microbatch 0 on stage 0: microbatches run once"):
+        stages[0].forward(0)
+    assert stages[0].backward(0, g) is None
+    stages[1].weights(0)
+    assert [e.kind for s in (0, 1) for e in stages[s].events] == ["F", "B", "F", "B", "W"]
