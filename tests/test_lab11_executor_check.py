@@ -146,7 +146,7 @@ def test_ranks_get_their_own_inputs_and_no_expected_value(monkeypatch):
 
 
 def test_a_stage_refuses_an_action_whose_input_is_not_there():
-    """Stage's guards: each says which action, on which stage and rank, and why."""
+    """TableStage's guards: each says which action, on which stage and rank, and why."""
     from distlab.labs.pipeline.model import partition_layers, stage_layers
     from distlab.labs.pipeline.table_stages import build_stages
     spec = lab11_executor.SPEC

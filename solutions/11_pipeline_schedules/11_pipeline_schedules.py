@@ -41,7 +41,7 @@
 # the gradients for both come from rank 1 (stages 1 and 5); in a V, rank 0 sends rank 1 both
 # stage 0's activations and stage 7's gradients. A message must say which one it is.
 #
-# The compute of each action is the course's: `Stage` (in `distlab.labs.pipeline.table_stages`)
+# The compute of each action is the course's: a `TableStage` (`distlab.labs.pipeline.table_stages`)
 # runs F, B and W of one microbatch on one stage of Lab 5's model, in float64, and keeps what the
 # later actions need. Its B and W are split by hand for this model (a residual block's input
 # gradient and weight gradient written out), so this section needs nothing of your Exercise 1.
@@ -55,7 +55,7 @@
 # | `st.buffer()` | an empty tensor of a message's shape and dtype | | every boundary's message has it |
 #
 # `backward(..., weights=True)` is a whole backward (B and W at once); with `weights=False` the
-# weights' gradient waits for `weights(i)`. A `Stage` refuses an action whose inputs are not
+# weights' gradient waits for `weights(i)`. A `TableStage` refuses an action whose inputs are not
 # there (a B before its F, a W before its B) and says which.
 
 # %% nbgrader={"grade": false, "grade_id": "executor_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -63,7 +63,8 @@ import torch.distributed as dist
 
 from distlab.checks.lab11 import check_executor
 from distlab.labs.pipeline.compare import compare_tables
-from distlab.labs.pipeline.on_ranks import gradient_table, plot_timelines, run_on_ranks, stored_problem
+from distlab.labs.pipeline.on_ranks import (gradient_table, plot_timelines, run_on_ranks,
+                                           stored_problem)
 from distlab.labs.pipeline.schedules import schedule_order
 from distlab.labs.pipeline.torch_tables import torch_table
 
@@ -73,8 +74,8 @@ from distlab.labs.pipeline.torch_tables import torch_table
 # **Build** `run_table(row, stages, placement, num_microbatches)`: one rank's part of a step.
 #
 # **Contract.** Inputs: `row`, this rank's actions in order, each `(op, i, s)` with op `"F"`,
-# `"B"` or `"W"`; `stages`, this rank's stages (stage index → `Stage`); `placement`, the rank of
-# every stage (stage s lives on rank `placement[s]`; `dist.get_rank()` is this rank);
+# `"B"` or `"W"`; `stages`, this rank's stages (stage index → `TableStage`); `placement`, the
+# rank of every stage (stage s lives on rank `placement[s]`; `dist.get_rank()` is this rank);
 # `num_microbatches`, m. Run the actions in the row's order: F calls `forward`, B calls
 # `backward` with `weights=False` exactly when the row holds a W of the same stage and
 # microbatch (a stage's W runs on its own rank), W calls `weights`. An F's output goes to stage
@@ -215,7 +216,7 @@ print(gradient_table(runs))
 # ### Timelines
 #
 # The same runs as Lab 6 draws them: one lane per rank, F, B and W as coloured ranges, each
-# timed by the `Stage` that ran it. The title sets each run's bubble as measured (idle over
+# timed by the `TableStage` that ran it. The title sets each run's bubble as measured (idle over
 # compute, PTD-P's convention, summed over the ranks) beside the replay's (t_F = t_B = t_W).
 
 # %% nbgrader={"grade": false, "grade_id": "executor_timelines", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]

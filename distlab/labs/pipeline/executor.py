@@ -6,18 +6,19 @@ An action ``(op, i, s)``: ``F`` runs stage ``s`` on microbatch ``i`` (its input 
 ``s-1``, its output to ``s+1``; the last stage adds ``loss_fn / m``); ``B`` back-propagates the
 gradient of the output (from stage ``s+1``, or the loss) to the stage's input and sends it to
 ``s-1``, and, when the table has no ``W`` for ``(s, i)``, into the weights too; ``W`` then
-computes the weights' gradient alone. What each action computes is ``table_stages.Stage``'s.
+computes the weights' gradient alone. What each action computes is
+``table_stages.TableStage``'s.
 
 - ``run_table``: one rank's loop, the course's answer to Lab 11's executor exercise (withheld
-  from its handout, ``distlab.checks.lab11_executor.COURSE_CODE``). Sends never block
+  from its handout: ``distlab.checks.lab11_executor.EXECUTOR_SHIPPED``). Sends never block
   (``isend``, waited for at the end); each action's receive is posted one action ahead, so it
   travels while the rank computes, and waited for when the action needs it. A table whose
   replay on paper finishes (every wait ends) cannot deadlock here: each rank's waits are the
   replay's. Messages carry a tag naming their kind, stage and microbatch, so two stages that
   talk over the same pair of ranks (a V) never take each other's.
-- ``tables_on_rank``, ``rank_inputs``, ``run_tables``: the plumbing around any such loop (yours
-  in the lab): building the stages, handing each rank its own inputs, one launch for several
-  tables.
+- ``tables_on_rank``, ``table_rank_inputs``, ``run_tables``: the plumbing around any such loop
+  (yours in the lab): building the stages, handing each rank its own inputs, one launch for
+  several tables.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _tag(kind: str, stage: int, mb: int, m: int) -> int:
 
 
 def run_table(row, stages, placement, num_microbatches):
-    """Run this rank's actions ``row`` in order, on its ``stages`` (stage index -> ``Stage``),
+    """Run this rank's actions ``row`` in order, on its ``stages`` (stage index -> ``TableStage``),
     stage ``s`` living on rank ``placement[s]``; return once every message it sent was received.
     The stages keep the loss and add the weights' gradients into ``.grad``."""
     rank, m, last = dist.get_rank(), num_microbatches, len(placement) - 1
@@ -121,7 +122,7 @@ def events_of(tensor) -> list[StageEvent]:
             for r, i, k, a, b, s in tensor.tolist()]
 
 
-def rank_inputs(tables: dict, spec: PipeSpec, num_microbatches: int, dtype: torch.dtype,
+def table_rank_inputs(tables: dict, spec: PipeSpec, num_microbatches: int, dtype: torch.dtype,
                 model=None, data=None) -> tuple:
     """What each rank of a run of ``tables`` gets, as ``PerRank`` lists: its stages' blocks per
     table (copies: two tables must not add into each other's grads), the batch where a table's
@@ -166,7 +167,7 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
     whole model) and ``events`` (every action's ``StageEvent``, times on ``perf_counter``)."""
     import distlab
     from distlab.runtime.per_rank import PerRank
-    layers, xs, targets, rows = rank_inputs(tables, spec, num_microbatches, dtype)
+    layers, xs, targets, rows = table_rank_inputs(tables, spec, num_microbatches, dtype)
     p = len(layers)
     out = distlab.run(tables_on_rank, p, executor or run_table, PerRank(layers), PerRank(xs),
                       PerRank(targets), PerRank(rows),

@@ -3,7 +3,7 @@ handout has none) and torch's own tables, run with your ``run_table`` in one lau
 the stored model; the gradients beside one process's and torch's own schedules' (stored, made by
 ``torch_runs.torch_grads``); each run's bubble measured beside the replay's; the timelines.
 
-``stored_set(name)``: ``data/11_pipeline_schedules/<name>.pt`` (``distlab references``).
+``stored_lab11_set(name)``: ``data/11_pipeline_schedules/<name>.pt`` (``distlab references``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ COURSE = {"interleaved": "interleaved 1F1B (v = 2)", "zb_h1": "ZB-H1", "zb_v": "
 OPS = "FBW"
 
 
-def stored_set(name: str) -> dict[str, torch.Tensor]:
+def stored_lab11_set(name: str) -> dict[str, torch.Tensor]:
     path = paths.data() / LAB / f"{name}.pt"
     try:
         return torch.load(path, weights_only=True)
@@ -34,7 +34,7 @@ def stored_problem():
     """The stored case: the course's tables at p = 4, m = 8 (name -> (table, placement)), the
     model with the stored weights (float64), the batch and target, and one process's loss and
     gradients."""
-    stored = stored_set("executor")
+    stored = stored_lab11_set("executor")
     model = SPEC.model().double()
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -54,12 +54,12 @@ def run_on_ranks(run_table, *, timeout: float = 120) -> dict:
     ``torch_tables.torch_table``), p = 4, m = 8, float64, one launch: per name the table, its
     placement, the loss, the gradients and the stages' events."""
     import distlab
-    from distlab.labs.pipeline.executor import events_of, rank_inputs, tables_on_rank
+    from distlab.labs.pipeline.executor import events_of, table_rank_inputs, tables_on_rank
     from distlab.labs.pipeline.torch_tables import torch_table
     from distlab.runtime.per_rank import PerRank
     tables, model, data, _ = stored_problem()
     tables.update({f"torch {name}": torch_table(name, P, M) for name in TORCH})
-    layers, xs, targets, rows = rank_inputs(tables, SPEC, M, torch.float64, model, data)
+    layers, xs, targets, rows = table_rank_inputs(tables, SPEC, M, torch.float64, model, data)
     out = distlab.run(tables_on_rank, P, run_table, PerRank(layers), PerRank(xs),
                       PerRank(targets), PerRank(rows),
                       {name: list(pl) for name, (_, pl) in tables.items()}, M, timeout=timeout)
@@ -86,7 +86,7 @@ def measured(run: dict) -> Replay:
 def torch_stored() -> dict:
     """torch's own schedules run on the stored model (``torch_runs.torch_grads``): per name its
     gradients."""
-    stored = stored_set("torch")
+    stored = stored_lab11_set("torch")
     return {name: {k.split(".", 1)[1]: v for k, v in stored.items()
                    if k.startswith(name + ".") and k != f"{name}.loss"} for name in TORCH}
 

@@ -1,5 +1,5 @@
 """The stages an executor runs a schedule table on: what one action computes, never what it
-sends. ``Stage.forward``, ``Stage.backward`` and ``Stage.weights`` are F, B and W of one
+sends. ``TableStage``'s ``forward``, ``backward`` and ``weights`` are F, B and W of one
 microbatch on one stage of Lab 5's model (residual blocks ``h + gelu(h W^T + c)``); an executor
 (Lab 11, Section 3) decides where their inputs come from and where their outputs go.
 
@@ -31,10 +31,10 @@ def _gelu_grad(z: torch.Tensor) -> torch.Tensor:
         2 * math.pi)
 
 
-class Stage:
-    """Stage ``index`` of ``num_stages`` on ``rank``: its blocks (``layers``, an ``nn.Sequential``
-    of Lab 5's residual blocks), the batch where it is the first stage, the target where it is
-    the last, cut into ``num_microbatches`` equal microbatches.
+class TableStage:
+    """Stage ``index`` of ``num_stages`` of a table, on ``rank``: its blocks (``layers``, an
+    ``nn.Sequential`` of Lab 5's residual blocks), the batch where it is the first stage, the
+    target where it is the last, cut into ``num_microbatches`` equal microbatches.
 
     - ``forward(i, x=None)``: F of microbatch ``i``. ``x``: the activation from stage
       ``index - 1`` (None on the first stage, which reads its own microbatch). Returns the
@@ -65,7 +65,7 @@ class Stage:
         self.events: list[StageEvent] = []
 
     def __repr__(self) -> str:
-        return f"Stage({self.index} of {self.num_stages}, rank {self.rank})"
+        return f"TableStage({self.index} of {self.num_stages}, rank {self.rank})"
 
     def buffer(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype)
@@ -146,10 +146,10 @@ class Stage:
 
 
 def build_stages(rank: int, layers: dict, placement: list[int], num_microbatches: int,
-                 x: torch.Tensor, target: torch.Tensor) -> dict[int, Stage]:
+                 x: torch.Tensor, target: torch.Tensor) -> dict[int, TableStage]:
     """This rank's stages of a table: ``layers`` holds the blocks of every stage placed here
     (stage -> ``nn.Sequential``); ``x`` reaches the first stage, ``target`` the last."""
     S, rows = len(placement), x.shape[0] // num_microbatches
-    return {s: Stage(s, S, layers[s], num_microbatches, rank, rows,
+    return {s: TableStage(s, S, layers[s], num_microbatches, rank, rows,
                      x if s == 0 else None, target if s == S - 1 else None)
             for s in sorted(layers)}
