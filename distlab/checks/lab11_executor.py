@@ -268,7 +268,6 @@ def torch_set() -> dict:
 
 
 EXECUTOR_SHIPPED = ("distlab.labs.pipeline.executor:run_table",
-                    "distlab.labs.pipeline.executor:_tag",
                     "distlab.labs.pipeline.executor:single_process_step",
                     "distlab.checks.lab11_executor:_reference",
                     "distlab.checks.lab11_executor:course_tables",

@@ -33,41 +33,38 @@ from distlab.labs.pipeline.schedules import StageEvent
 from distlab.labs.pipeline.table_stages import build_stages
 
 
-def _tag(kind: str, stage: int, mb: int, m: int) -> int:
-    """A message's tag: microbatch ``mb``'s activation into ``stage`` (``kind="F"``) or the
-    gradient of ``stage``'s output (``kind="B"``): one tag per message of a step."""
-    return 2 * (stage * m + mb) + (kind == "B")
-
-
 def run_table(row, stages, placement, num_microbatches):
     """Run this rank's actions ``row`` in order, on its ``stages`` (stage index -> ``TableStage``),
     stage ``s`` living on rank ``placement[s]``; return once every message it sent was received.
-    The stages keep the loss and add the weights' gradients into ``.grad``."""
+    The stages keep the loss and add the weights' gradients into ``.grad``. (The lab's solution
+    cell, word for word: tests/test_lab11_executor_check.py.)"""
     rank, m, last = dist.get_rank(), num_microbatches, len(placement) - 1
-    split = {(s, i) for op, i, s in row if op == "W"}   # a B with a W of its own: input only
-    local: dict[tuple, torch.Tensor] = {}   # hand-offs between two stages of this rank
-    posted: dict[int, tuple] = {}           # receives in flight: action index -> (buffer, work)
-    sends = []
+    with_w = {(s, i) for op, i, s in row if op == "W"}
+    local, posted, sends = {}, {}, []
 
-    def source(k):
-        """(kind, from stage) of the message action ``k`` needs, or None."""
+    def tag(kind, stage, i):                  # one tag per message of a step
+        return 2 * (stage * m + i) + (kind == "B")
+
+    def source(k):                            # (kind, stage) of what action k needs, or None
         op, i, s = row[k]
-        return ("F", s - 1) if op == "F" and s > 0 else ("B", s + 1) if op == "B" and s < last \
-            else None
+        if op == "F" and s > 0:
+            return "F", s - 1
+        if op == "B" and s < last:
+            return "B", s + 1
+        return None
 
-    def post(k):
+    def post(k):                              # start action k's receive, if it crosses ranks
         if k < len(row) and k not in posted and source(k) and placement[source(k)[1]] != rank:
-            kind, frm = source(k)
-            _, i, s = row[k]
+            (kind, frm), (_, i, s) = source(k), row[k]
             buf = stages[s].buffer()
-            posted[k] = buf, dist.irecv(buf, placement[frm], tag=_tag(kind, s, i, m))
+            posted[k] = buf, dist.irecv(buf, placement[frm], tag=tag(kind, s, i))
 
     def receive(k):
         if source(k) is None:
             return None
-        _, i, s = row[k]
-        if placement[source(k)[1]] == rank:
-            return local.pop((source(k)[0], s, i))
+        (kind, frm), (_, i, s) = source(k), row[k]
+        if placement[frm] == rank:
+            return local.pop((kind, s, i))
         buf, work = posted.pop(k)
         work.wait()
         return buf
@@ -76,23 +73,23 @@ def run_table(row, stages, placement, num_microbatches):
         if placement[stage] == rank:
             local[(kind, stage, i)] = tensor
         else:
-            sends.append(dist.isend(tensor, placement[stage], tag=_tag(kind, stage, i, m)))
+            sends.append(dist.isend(tensor, placement[stage], tag=tag(kind, stage, i)))
 
     post(0)
     for k, (op, i, s) in enumerate(row):
-        post(k + 1)   # the next action's message travels while this one computes
+        post(k + 1)                           # the next message travels while this action runs
         got = receive(k)
         if op == "F":
             y = stages[s].forward(i, got)
             if s < last:
                 send("F", s + 1, i, y)
         elif op == "B":
-            g = stages[s].backward(i, got, weights=(s, i) not in split)
+            g = stages[s].backward(i, got, weights=(s, i) not in with_w)
             if s > 0:
                 send("B", s - 1, i, g)
         else:
             stages[s].weights(i)
-    for work in sends:   # a send's buffer must live until its receiver has it
+    for work in sends:                        # a send's buffer lives until it is received
         work.wait()
 
 
