@@ -187,3 +187,62 @@ def test_the_course_executor_is_the_solution_cell():
     cell = next(c.source for c in source_notebook(LAB).cells
                 if c.metadata.get("nbgrader", {}).get("grade_id") == CELL)
     assert body(cell) == body(inspect.getsource(executor.run_table))
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the grader: the solution passes test_executor, the untouched lab fails it, and each
+# planted mistake loses it and no other test of the lab (the deadlock stopped by the check's
+# timeout, not the grader's)
+
+SAMPLE_KINDS = ()
+
+
+def _planted() -> dict:
+    """{mistake: (the test it loses, its edits)}: all three edit the executor's cell, so each is
+    graded in a notebook of its own (tests/submissions/packing.py)."""
+    return {name: ("test_executor", [(CELL, old, new) for old, new in edits])
+            for name, edits, _ in MISTAKES}
+
+
+def own_graded_samples() -> dict:
+    import submissions
+    from submissions import packing
+    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
+            **packing.packed_samples(LAB, _planted())}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_grader_takes_test_executor_from_each_mistake_alone(graded_samples):
+    from submissions import packing
+    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
+    graded = [c.metadata["nbgrader"]["grade_id"] for c in source_notebook(LAB).cells
+              if c.metadata.get("nbgrader", {}).get("grade")]
+    assert rows["solution"]["test_executor"] == "pass"
+    assert rows["untouched"]["test_executor"] != "pass"
+    for sample, group in packing.grouped(LAB, _planted()).items():
+        assert {t for t in graded if rows[sample][t] != "pass"} == {"test_executor"}, \
+            (sample, rows[sample])
+
+
+def test_the_costs_the_section_states():
+    """The figures of "Where a zero-bubble schedule costs", from the replay and the tables."""
+    from distlab.labs.pipeline.compare import messages
+    from distlab.labs.pipeline.on_ranks import stored_problem
+    from distlab.labs.pipeline.schedules import replay, schedule_order
+    from distlab.labs.pipeline.torch_tables import torch_table
+    course, _, _, _ = stored_problem()
+    lab5 = [[(op, i, r) for op, i in order] for r, order in enumerate(schedule_order("1f1b", 4, 8))]
+    tables = {"1F1B": (lab5, [0, 1, 2, 3]), **course,
+              "DualPipeV": torch_table("ScheduleDualPipeV", 4, 8)}
+
+    def peaks(name):
+        table, placement = tables[name]
+        v = len(placement) // 4
+        r = replay(table, t_fwd=1 / v, t_bwd=1 / v, t_wgt=1 / v, placement=placement)
+        return [r.peak[k] for k in range(4)]
+    assert peaks("1F1B") == [4, 3, 2, 1] and peaks("ZB-H1") == [4, 4, 4, 4]
+    assert peaks("zero-bubble V") == [8] * 4 and peaks("DualPipeV") == [9] * 4
+    assert {name: messages(*tables[name]) for name in tables} == {
+        "1F1B": 48, "interleaved 1F1B (v = 2)": 112, "ZB-H1": 48, "zero-bubble V": 96,
+        "DualPipeV": 96}

@@ -272,9 +272,10 @@ print(compare_tables({"1F1B (Lab 5)": (lab5, [0, 1, 2, 3]), **course,
 # parameters is the cost it accepts: the paper notes it adds little memory since training uses a
 # large EP degree. It also notes that DualPipe needs only the stages and the microbatches to be
 # divisible by 2 (not the microbatches by the stages, as Chimera does), and that neither its
-# bubbles nor its activations grow with the number of microbatches. DualPipeV, in the DualPipe
-# repository and torch, is its "cut-in-half" form: one copy of the parameters, placed in a V,
-# the table you ran above.
+# bubbles nor its activations grow with the number of microbatches. DualPipeV (in the DualPipe
+# repository, after Sea AI Lab's "cut-in-half" of DualPipe; torch's `ScheduleDualPipeV`) folds
+# the two directions onto one copy of the parameters placed in a V: the table you ran above,
+# whose replay gives the zero-bubble V's bubble at half a microbatch more activations.
 
 # %% [markdown]
 # ## 4. Open design: a schedule under a memory cap
