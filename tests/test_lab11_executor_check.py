@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from distlab.checks import lab11_executor
+from distlab.checks import lab11, lab11_executor
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.course.notebooks import source_notebook
@@ -60,7 +60,7 @@ def _run_table(edits=()):
 
 def _verdict(run_table, **case) -> str:
     try:
-        return lab11_executor.check_executor(run_table, **case)
+        return lab11.check_executor(run_table, **case)
     except CheckFailed as err:
         return f"FAILED: {err}"
 
@@ -141,7 +141,7 @@ def test_ranks_get_their_own_inputs_and_no_expected_value(monkeypatch):
         return calls
 
     monkeypatch.setattr(launch, "_calls", spy)
-    lab11_executor.check_executor(_run_table(), seed=SEED, world_size=2, num_microbatches=4)
+    lab11.check_executor(_run_table(), seed=SEED, world_size=2, num_microbatches=4)
     assert _inspect(runs) == 4   # the stages, the batch, the target, the rows
 
 

@@ -143,8 +143,10 @@ def _run(run_table, tables, model, data, spec, m, where):
                           PerRank(targets), PerRank(rows), placements, m, backend="gloo",
                           timeout=min(rank_timeout(), TIMEOUT))
     except HangError as err:
+        order = ", then ".join(NAMES[name] for name in tables)
         raise CheckFailed(f"{what}: the ranks stopped making progress (a deadlock).\n"
-                          f"{err}\n{DEADLOCK}") from None
+                          f"{err}\n{DEADLOCK} (The tables ran in turn: {order}; each rank's "
+                          f"barriers so far tell which it was in.)") from None
     except DistributedError as err:
         raise ranks_failed(what, err) from None
     assert_crossed_as_recorded(out, what)
@@ -235,7 +237,7 @@ def _check_record(name, out, tables, index, row_bytes, where) -> int:
     return sum(sum(n for (op, _), n in c.items() if op == "isend") for c in expected)
 
 
-def check_executor(run_table, seed: int | None = None, world_size: int = VISIBLE_P,
+def grade_executor(run_table, seed: int | None = None, world_size: int = VISIBLE_P,
                    num_microbatches: int = VISIBLE_M) -> str:
     """``run_table(row, stages, placement, num_microbatches)`` on every rank, for the course's
     interleaved 1F1B (v = 2), ZB-H1 and zero-bubble V tables: the loss and every gradient equal
