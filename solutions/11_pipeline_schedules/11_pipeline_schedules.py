@@ -217,7 +217,7 @@ print(gradient_table(runs))
 #
 # The same runs as Lab 6 draws them: one lane per rank, F, B and W as coloured ranges, each
 # timed by the `TableStage` that ran it. The title sets each run's bubble as measured (idle over
-# compute, PTD-P's convention, summed over the ranks) beside the replay's (t_F = t_B = t_W).
+# compute, PTD-P's convention, summed over the ranks) beside the replay's ($t_F = t_B = t_W$).
 
 # %% nbgrader={"grade": false, "grade_id": "executor_timelines", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 plot_timelines(runs, ["interleaved 1F1B (v = 2)", "ZB-H1", "zero-bubble V",
@@ -235,7 +235,7 @@ plot_timelines(runs, ["interleaved 1F1B (v = 2)", "ZB-H1", "zero-bubble V",
 #
 # ### Where a zero-bubble schedule costs
 #
-# The replay of each table (t_F = t_B = t_W per rank's share of the layers) and what crosses the
+# The replay of each table ($t_F = t_B = t_W$ per rank's share of the layers) and what crosses the
 # ranks, beside Lab 5's 1F1B:
 
 # %% nbgrader={"grade": false, "grade_id": "executor_costs", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
@@ -267,8 +267,8 @@ print(compare_tables({"1F1B (Lab 5)": (lab5, [0, 1, 2, 3]), **course,
 # chunk with a backward chunk, and overlaps one's communication with the other's computation;
 # microbatches enter from both ends of the pipeline. The paper's Table 2 compares, with F, B, W
 # the times of a forward, full backward and weight-backward chunk and F&B two overlapped chunks:
-# 1F1B's bubble (PP−1)(F+B), 1× parameters, PP activations; ZB1P's (PP−1)(F+B−2W), 1×, PP;
-# DualPipe's (PP/2−1)(F&B+B−3W), **2×** parameters, PP+1 activations. The second copy of the
+# 1F1B's bubble $(PP-1)(F+B)$, 1× parameters, PP activations; ZB1P's $(PP-1)(F+B-2W)$, 1×, PP;
+# DualPipe's $(PP/2-1)(F\&B+B-3W)$, **2×** parameters, PP+1 activations. The second copy of the
 # parameters is the cost it accepts: the paper notes it adds little memory since training uses a
 # large EP degree. It also notes that DualPipe needs only the stages and the microbatches to be
 # divisible by 2 (not the microbatches by the stages, as Chimera does), and that neither its
