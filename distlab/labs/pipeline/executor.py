@@ -7,7 +7,9 @@ An action ``(op, i, s)``: ``F`` runs stage ``s`` on microbatch ``i`` (its input 
 gradient of the output (from stage ``s+1``, or the loss) to the stage's input and sends it to
 ``s-1``, and, when the table has no ``W`` for ``(s, i)``, into the weights too; ``W`` then
 computes the weights' gradient alone. What each action computes is
-``table_stages.TableStage``'s.
+``table_stages.TableStage``'s: by hand for Lab 5's blocks (Section 3, the checks), or under
+autograd with a pair ``(backward_input, backward_weight)`` (``run_tables``: Section 1's, the
+course's by default).
 
 - ``run_table``: one rank's loop, the course's answer to Lab 11's executor exercise (withheld
   from its handout: ``distlab.checks.lab11_executor.EXECUTOR_SHIPPED``). Sends never block
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import PipeSpec, partition_layers, reference_step, stage_layers
 from distlab.labs.pipeline.schedules import StageEvent
+from distlab.labs.pipeline.split_backward import backward_input, backward_weight
 from distlab.labs.pipeline.table_stages import build_stages
 
 
@@ -93,15 +96,16 @@ def run_table(row, stages, placement, num_microbatches):
         work.wait()
 
 
-def tables_on_rank(rank, world_size, executor, layers, x, target, rows, placements, m):
-    """Rank body: for each table in turn, this rank's stages (``build_stages``) run ``rows[name]``
-    with ``executor`` (a ``run_table``); a barrier between tables (the next one's tags start
-    afresh). Returns per table the loss (on the last stage's rank, else None), every parameter's
+def tables_on_rank(rank, world_size, executor, layers, x, target, rows, placements, m,
+                   split=None):
+    """Rank body: for each table in turn, this rank's stages (``build_stages``, B and W by
+    ``split`` if given) run ``rows[name]`` with ``executor`` (a ``run_table``); a barrier between
+    tables (the next one's tags start afresh). Returns per table the loss (on the last stage's rank, else None), every parameter's
     gradient by its global name, and the stages' events as a tensor (rank, microbatch, op
     0/1/2 for F/B/W, start, end, stage)."""
     results = {}
     for name, row in rows.items():
-        stages = build_stages(rank, layers[name], placements[name], m, x, target)
+        stages = build_stages(rank, layers[name], placements[name], m, x, target, split)
         executor(list(row), stages, list(placements[name]), m)
         losses = [loss for st in stages.values() for loss in st.losses.values()]
         grads = {n: p.grad for st in layers[name].values() for n, p in st.named_parameters()}
@@ -154,12 +158,15 @@ def table_rank_inputs(tables: dict, spec: PipeSpec, num_microbatches: int, dtype
 
 
 def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int = 4, *,
-               dtype: torch.dtype = torch.float32, timeout: float = 60, executor=None) -> dict:
+               dtype: torch.dtype = torch.float32, timeout: float = 60, executor=None,
+               split_backward: tuple = (backward_input, backward_weight)) -> dict:
     """Run each table of ``tables`` (name -> ``(table, placement)``: one list of
     ``(op, i, stage)`` per rank, stage ``s`` on rank ``placement[s]``), all on the same number
     of ranks, in one launch, with ``executor`` (a ``run_table(row, stages, placement, m)``: yours
     in Lab 11; by default the course's). The model of ``spec`` (in ``dtype``) is cut into
-    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches. Returns,
+    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches; where a
+    table splits a backward, ``split_backward`` (Section 1's ``(backward_input,
+    backward_weight)``, the course's by default) runs its B and its W. Returns,
     per name, ``loss`` (the whole batch's), ``grads`` (every parameter's, by its name in the
     whole model) and ``events`` (every action's ``StageEvent``, times on ``perf_counter``)."""
     import distlab
@@ -169,7 +176,7 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
     out = distlab.run(tables_on_rank, p, executor or run_table, PerRank(layers), PerRank(xs),
                       PerRank(targets), PerRank(rows),
                       {name: list(placement) for name, (_, placement) in tables.items()},
-                      num_microbatches, timeout=timeout)
+                      num_microbatches, tuple(split_backward), timeout=timeout)
     return {name: dict(loss=out[placement[-1]][name]["loss"],
                        grads={n: g for r in range(p) for n, g in out[r][name]["grads"].items()},
                        events=[e for r in range(p) for e in events_of(out[r][name]["events"])])

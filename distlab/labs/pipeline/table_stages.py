@@ -8,7 +8,9 @@ the output's gradient ``g``, keeping each block's ``delta = g * gelu'(z)`` (``z 
 and hands on ``g + delta W``; W turns the kept deltas and the blocks' inputs into
 ``grad W = delta^T h`` and ``grad c = sum(delta)``. So each of F, B and W does one matrix product
 per block, and a stage holds its blocks' inputs from F to W (Exercise 1 splits any stage with
-autograd and measures what it holds).
+autograd and measures what it holds). Given ``split``, a pair ``(backward_input,
+backward_weight)`` of Section 1's contract, a stage runs its forward under autograd instead and B
+and W with that pair (a whole backward with ``torch.autograd.backward``).
 
 A stage also stamps every action (``events``: ``StageEvent`` with ``perf_counter`` times), for
 the timelines, and refuses an action its inputs are not there for, saying which.
@@ -50,16 +52,19 @@ class TableStage:
     """
 
     def __init__(self, index: int, num_stages: int, layers, num_microbatches: int, rank: int,
-                 rows: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None):
+                 rows: int, x: torch.Tensor | None = None, target: torch.Tensor | None = None,
+                 split: tuple | None = None):
         self.index, self.num_stages, self.layers, self.rank = index, num_stages, layers, rank
+        self.split = split
         self.first, self.last = index == 0, index == num_stages - 1
         self.m = num_microbatches
         self.xs = x.chunk(self.m) if self.first else None
         self.targets = target.chunk(self.m) if self.last else None
         param = next(layers.parameters())
         self.shape, self.dtype = (rows, param.shape[-1]), param.dtype
-        self.saved: dict[int, list] = {}      # F -> B: each block's (input h, z)
-        self.deltas: dict[int, list] = {}     # B -> W: each block's (input h, delta)
+        self.saved: dict[int, object] = {}    # F -> B: each block's (input h, z); with split,
+        self.deltas: dict[int, object] = {}   # (output, input); B -> W: each block's (input h,
+        #                                       delta); with split, what backward_input kept
         self.out_grads: dict[int, torch.Tensor] = {}   # the last stage's: d(loss_i)/d(output)
         self.losses: dict[int, torch.Tensor] = {}
         self.events: list[StageEvent] = []
@@ -89,6 +94,8 @@ class TableStage:
         if tuple(h.shape) != self.shape or h.dtype != self.dtype:
             self._refuse("F", i, f"x is {list(h.shape)} {h.dtype}, expected "
                          f"{list(self.shape)} {self.dtype}")
+        if self.split is not None:
+            return self._autograd_forward(i, h, start)
         saved = []
         with torch.no_grad():
             for block in self.layers:
@@ -117,6 +124,8 @@ class TableStage:
             self._refuse("B", i, f"grad is {list(grad.shape)} {grad.dtype}, expected "
                          f"{list(self.shape)} {self.dtype}")
         start = time.perf_counter()
+        if self.split is not None:
+            return self._autograd_backward(i, grad, weights, start)
         g = self.out_grads.pop(i) if self.last else grad
         kept = []
         with torch.no_grad():
@@ -135,8 +144,32 @@ class TableStage:
             self._refuse("W", i, "its B has not run here, or ran with weights=True (a whole "
                          "backward), or its W already has")
         start = time.perf_counter()
-        self._weights(i)
+        if self.split is not None:
+            self.split[1](self.deltas.pop(i), list(self.layers.parameters()))
+        else:
+            self._weights(i)
         self._stamp("W", i, start)
+
+    def _autograd_forward(self, i: int, h: torch.Tensor, start: float):
+        h = h if self.first else h.detach().requires_grad_()
+        with torch.enable_grad():
+            out = self.layers(h)
+            if self.last:
+                out = loss_fn(out, self.targets[i]) / self.m
+                self.losses[i] = out.detach()
+        self.saved[i] = (out, h)
+        self._stamp("F", i, start)
+        return None if self.last else out.detach()
+
+    def _autograd_backward(self, i: int, grad, weights: bool, start: float):
+        out, h = self.saved.pop(i)
+        if weights:
+            torch.autograd.backward(out, grad)
+            g = h.grad
+        else:
+            g, self.deltas[i] = self.split[0](out, grad, h)
+        self._stamp("B", i, start)
+        return None if self.first else g
 
     def _weights(self, i: int) -> None:
         with torch.no_grad():
@@ -146,10 +179,12 @@ class TableStage:
 
 
 def build_stages(rank: int, layers: dict, placement: list[int], num_microbatches: int,
-                 x: torch.Tensor, target: torch.Tensor) -> dict[int, TableStage]:
+                 x: torch.Tensor, target: torch.Tensor,
+                 split: tuple | None = None) -> dict[int, TableStage]:
     """This rank's stages of a table: ``layers`` holds the blocks of every stage placed here
-    (stage -> ``nn.Sequential``); ``x`` reaches the first stage, ``target`` the last."""
+    (stage -> ``nn.Sequential``); ``x`` reaches the first stage, ``target`` the last; ``split``:
+    B and W by that pair (None: by hand)."""
     S, rows = len(placement), x.shape[0] // num_microbatches
     return {s: TableStage(s, S, layers[s], num_microbatches, rank, rows,
-                     x if s == 0 else None, target if s == S - 1 else None)
+                          x if s == 0 else None, target if s == S - 1 else None, split)
             for s in sorted(layers)}

@@ -8,7 +8,10 @@ runs (op ``"F"``, ``"B"`` or ``"W"``), for ``replay`` to time on paper and an ex
   some W deferred into the cool-down's idle time, Qi et al. 2023 ("Zero Bubble Pipeline
   Parallelism"), sec. 3, ZB-H1;
 - ``zb_v``: two stages per rank in a V (stage ``s`` and ``2p-1-s`` on rank ``s``), B and W split,
-  the order a greedy list-scheduler finds under a cap on the activations held.
+  under a cap on the activations held (``greedy_table``).
+
+The tables of interleaved 1F1B, ZB-H1 and the V answer Lab 11's exercises: its handout withholds
+them (``distlab.checks.lab11_tables.COURSE_CODE``).
 """
 from __future__ import annotations
 
@@ -43,14 +46,14 @@ def one_f_one_b(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
 
 
 def interleaved_1f1b(num_ranks: int, num_microbatches: int, v: int) -> list[list[Action]]:
-    """Interleaved 1F1B (PTD-P, sec. 2.2): rank ``r`` holds stages ``r, r + p, ..., r + (v-1)p``.
-
-    Microbatches go through a rank's chunks in groups of ``p``: its ``k``-th forward is microbatch
-    ``p (k // vp) + k mod p`` on chunk ``(k // p) mod v``; its ``k``-th backward the same
-    microbatch on chunk ``v - 1 - (k // p) mod v`` (the last chunk's gradients come first). Rank
-    ``r`` warms up with ``(v-1) p + 2 (p - 1 - r)`` forwards (all of them if fewer), then
-    alternates one forward and one whole backward, then drains. ``m`` must be a multiple of ``p``.
-    """
+    """Interleaved 1F1B (PTD-P, sec. 2.2): rank ``r`` holds stages ``r, r + p, ..., r + (v-1)p``
+    (``round_robin``); F and a whole B of every microbatch on every stage; replayed, the bubble
+    and peak of torch's ``ScheduleInterleaved1F1B``. ``m`` must be a multiple of ``p``."""
+    # Microbatches go through a rank's chunks in groups of p: its k-th forward is microbatch
+    # p (k // vp) + k mod p on chunk (k // p) mod v; its k-th backward the same microbatch on
+    # chunk v - 1 - (k // p) mod v (the last chunk's gradients come first). Rank r warms up with
+    # (v-1) p + 2 (p - 1 - r) forwards (all of them if fewer), then alternates one forward and
+    # one whole backward, then drains.
     p, m = num_ranks, num_microbatches
     if m % p:
         raise ValueError(f"interleaved 1F1B sends microbatches round in groups of p = {p}: "
@@ -74,10 +77,12 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, v: int) -> list[list
 
 
 def zb_h1(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
-    """ZB-H1 (Qi et al. 2023, sec. 3): 1F1B's order with each backward split into B then W, and
-    rank ``r`` keeping up to ``r`` of its W waiting: the later ranks, idle earliest in 1F1B's
-    cool-down, fill it with deferred W. Rank ``r`` then holds ``p - r - 1 + 1 + r = p``
-    microbatches at most, 1F1B's peak (rank 0's)."""
+    """ZB-H1 (Qi et al. 2023, sec. 3): stage ``r`` on rank ``r``, F, B (the input's gradient)
+    and W (the weights' gradient) of every microbatch; replayed, ZB-H1's bubble at 1F1B's peak
+    activations."""
+    # 1F1B's order with each backward split into B then W, and rank r keeping up to r of its W
+    # waiting: the later ranks, idle earliest in 1F1B's cool-down, fill it with deferred W. Rank
+    # r then holds p - r - 1 + 1 + r = p microbatches at most, 1F1B's peak (rank 0's).
     p, m = num_ranks, num_microbatches
     table = []
     for r in range(p):
@@ -103,15 +108,16 @@ def zb_h1(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
 
 def greedy_table(placement: list[int], num_microbatches: int, cap: int, *, t_fwd: float = 1.0,
                  t_bwd: float = 1.0, t_wgt: float = 1.0, prefer: str = "FBW") -> list[list[Action]]:
-    """A table found by list scheduling: time runs on, and each idle rank starts the first ready
-    action in the order of ops ``prefer``, a forward only while it holds fewer than ``cap``
-    stage-microbatches' activations (held from the F's start to the W's end, as ``replay`` counts
-    them). Backwards are split. Among its stages a rank serves first the one nearest the end of
-    the pass: its latest stage for F (forwards run up the stages), its earliest for B and W
-    (backwards run down); each stage takes its microbatches in order.
-
-    The table records only the order; ``replay`` gives it back its times. Greedy fills the cap
-    with first-stage forwards, so a V needs ``cap >= 2p``: below, it stops and says so."""
+    """A table for the stages of ``placement`` (the rank of each), backwards split, holding at
+    most ``cap`` stage-microbatches' activations per rank (from the F's start to the W's end, as
+    ``replay`` counts them). Below what its method needs (a V: ``cap >= 2p``) it stops and says
+    so; ``prefer`` and the times tune the method."""
+    # List scheduling: time runs on, and each idle rank starts the first ready action in the
+    # order of ops ``prefer``, a forward only while it holds fewer than ``cap``. Among its stages
+    # a rank serves first the one nearest the end of the pass: its latest stage for F (forwards
+    # run up the stages), its earliest for B and W (backwards run down); each stage takes its
+    # microbatches in order. The table records only the order; replay gives it back its times.
+    # Greedy fills the cap with first-stage forwards, hence a V's 2p.
     S, m, p = len(placement), num_microbatches, max(placement) + 1
     cost = {"F": t_fwd, "B": t_bwd, "W": t_wgt}
     mine = [[s for s in range(S) if placement[s] == r] for r in range(p)]
@@ -164,9 +170,10 @@ def _ready(stages, nxt, finish, now, last, m, prefer, may_forward) -> Action | N
 
 
 def zb_v(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
-    """A zero-bubble V (Qi et al. 2023, sec. 6, ZB-V): stages ``s`` and ``2p-1-s`` on rank ``s``,
-    backwards split, found by ``greedy_table`` for unit times (t_F = t_B = t_W) under a cap of
-    ``2p`` stage-microbatches per rank, 1F1B's peak (``p`` whole microbatches, each stage half a
-    rank's layers)."""
+    """A zero-bubble V (Qi et al. 2023, sec. 6, ZB-V): stages ``s`` and ``2p-1-s`` on rank ``s``
+    (``v_shape``), F, B and W of every microbatch, at most ``2p`` stage-microbatches held per
+    rank (1F1B's peak: ``p`` whole microbatches, each stage half a rank's layers); replayed with
+    t_F = t_B = t_W, the bubble of torch's ``ScheduleZBVZeroBubble`` (``m >= 2p``)."""
+    # greedy_table for unit times under a cap of 2p
     p = num_ranks
     return greedy_table(v_shape(p), num_microbatches, cap=2 * p)
