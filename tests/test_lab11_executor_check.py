@@ -228,13 +228,15 @@ def test_the_grader_takes_test_executor_from_each_mistake_alone(graded_samples):
 def test_the_costs_the_section_states():
     """The figures of "Where a zero-bubble schedule costs", from the replay and the tables."""
     from distlab.labs.pipeline.compare import messages
-    from distlab.labs.pipeline.on_ranks import stored_problem
+    from distlab.labs.pipeline.on_ranks import TORCH, stored_problem, stored_torch_tables
     from distlab.labs.pipeline.schedules import replay, schedule_order
     from distlab.labs.pipeline.torch_tables import torch_table
     course, _, _, _ = stored_problem()
+    theirs = stored_torch_tables()
+    # the stored tables are torch 2.13's own, as torch_tables reads them now
+    assert theirs == {f"torch {n}": tuple(torch_table(n, 4, 8)) for n in TORCH}
     lab5 = [[(op, i, r) for op, i in order] for r, order in enumerate(schedule_order("1f1b", 4, 8))]
-    tables = {"1F1B": (lab5, [0, 1, 2, 3]), **course,
-              "DualPipeV": torch_table("ScheduleDualPipeV", 4, 8)}
+    tables = {"1F1B": (lab5, [0, 1, 2, 3]), **course, "DualPipeV": theirs["torch ScheduleDualPipeV"]}
 
     def peaks(name):
         table, placement = tables[name]

@@ -53,8 +53,9 @@ def course_tables(p: int, m: int) -> dict:
 
 
 def executor_set() -> dict:
-    """The visible case, stored: the model's weights, the batch, the tables, and the single-process
-    loss and gradients (float64)."""
+    """The visible case, stored: the model's weights, the batch, the course's tables (and torch's,
+    which Section 3 runs: a handout reads neither), and the single-process loss and gradients
+    (float64)."""
     from distlab.labs.pipeline.executor import single_process_step
     model, (x, target) = SPEC.model().double(), SPEC.data()
     loss, grads = single_process_step(SPEC, torch.float64)
@@ -62,7 +63,11 @@ def executor_set() -> dict:
            "loss": torch.tensor(loss, dtype=torch.float64),
            **{f"weight.{n}": p.detach() for n, p in model.named_parameters()},
            **{f"grad.{n}": g for n, g in grads.items()}}
-    for key, (table, placement) in course_tables(VISIBLE_P, VISIBLE_M).items():
+    from distlab.labs.pipeline.on_ranks import TORCH
+    from distlab.labs.pipeline.torch_tables import torch_table
+    tables = {**course_tables(VISIBLE_P, VISIBLE_M),   # torch's too: the lab runs them stored
+              **{f"torch_{name}": torch_table(name, VISIBLE_P, VISIBLE_M) for name in TORCH}}
+    for key, (table, placement) in tables.items():
         out[f"placement.{key}"] = torch.tensor(placement)
         for r, row in enumerate(table):
             out[f"table.{key}.{r}"] = torch.tensor([(OPS.index(op), i, s) for op, i, s in row])

@@ -693,9 +693,8 @@ import torch.distributed as dist
 from distlab.checks.lab11 import check_executor
 from distlab.labs.pipeline.compare import compare_tables
 from distlab.labs.pipeline.on_ranks import (gradient_table, plot_timelines, run_on_ranks,
-                                           stored_problem)
+                                           stored_problem, stored_torch_tables)
 from distlab.labs.pipeline.schedules import schedule_order
-from distlab.labs.pipeline.torch_tables import torch_table
 
 # %% [markdown]
 # ### Exercise — an executor for any table (5 points)
@@ -824,7 +823,7 @@ check_executor(run_table, seed=fresh_seed(), world_size=2, num_microbatches=4)
 # torch 2.13 runs its own multi-stage schedules from tables too. Below, your `run_table` runs
 # six tables on 4 ranks, m = 8, on the stored model: the course's three, and torch's own tables
 # for `ScheduleInterleaved1F1B`, `ScheduleZBVZeroBubble` and `ScheduleDualPipeV` (read without
-# running them, Section 2). Beside your gradients: one process's, and those of torch's schedules
+# running them, Section 2; stored with the course's). Beside your gradients: one process's, and those of torch's schedules
 # themselves, each run with its own `PipelineStage`s on the same model, weights and batch (two
 # stages per rank; stored: `distlab.labs.pipeline.torch_runs.torch_grads` made them when the
 # course's references were built, as running torch's runtime on 4 ranks here would take most of
@@ -871,9 +870,10 @@ plot_timelines(runs, ["interleaved 1F1B (v = 2)", "ZB-H1", "zero-bubble V",
 # %% nbgrader={"grade": false, "grade_id": "executor_costs", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 course, _, _, _ = stored_problem()
 lab5 = [[(op, i, r) for op, i in order] for r, order in enumerate(schedule_order("1f1b", 4, 8))]
+theirs = stored_torch_tables()
 print(compare_tables({"1F1B (Lab 5)": (lab5, [0, 1, 2, 3]), **course,
-                      **{f"torch {n}": torch_table(n, 4, 8)
-                         for n in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")}}))
+                      **{n: theirs[n] for n in ("torch ScheduleZBVZeroBubble",
+                                                "torch ScheduleDualPipeV")}}))
 
 # %% [markdown]
 # - **W holds activations longer.** A stage keeps a microbatch's activations from its F to its

@@ -39,26 +39,33 @@ def stored_problem():
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(stored[f"weight.{n}"])
-    tables = {}
-    for key, name in COURSE.items():
-        placement = stored[f"placement.{key}"].tolist()
-        tables[name] = ([[(OPS[op], i, s) for op, i, s in stored[f"table.{key}.{r}"].tolist()]
-                         for r in range(P)], placement)
+    tables = {name: _stored_table(stored, key) for key, name in COURSE.items()}
     one = (stored["loss"].item(), {k.removeprefix("grad."): v for k, v in stored.items()
                                    if k.startswith("grad.")})
     return tables, model, (stored["x"], stored["target"]), one
 
 
+def _stored_table(stored: dict, key: str) -> tuple:
+    return ([[(OPS[op], i, s) for op, i, s in stored[f"table.{key}.{r}"].tolist()]
+             for r in range(P)], stored[f"placement.{key}"].tolist())
+
+
+def stored_torch_tables() -> dict:
+    """torch's tables of ``TORCH`` at p = 4, m = 8 (``torch_tables.torch_table``, stored when the
+    references were made), name -> (table, placement), each name prefixed "torch "."""
+    stored = stored_lab11_set("executor")
+    return {f"torch {name}": _stored_table(stored, f"torch_{name}") for name in TORCH}
+
+
 def run_on_ranks(run_table, *, timeout: float = 120) -> dict:
     """Your ``run_table`` on the course's three tables and on torch's ``TORCH`` tables (converted,
-    ``torch_tables.torch_table``), p = 4, m = 8, float64, one launch: per name the table, its
-    placement, the loss, the gradients and the stages' events."""
+    ``torch_tables.torch_table``; both stored), p = 4, m = 8, float64, one launch: per name the
+    table, its placement, the loss, the gradients and the stages' events."""
     import distlab
     from distlab.labs.pipeline.executor import events_of, table_rank_inputs, tables_on_rank
-    from distlab.labs.pipeline.torch_tables import torch_table
     from distlab.runtime.per_rank import PerRank
     tables, model, data, _ = stored_problem()
-    tables.update({f"torch {name}": torch_table(name, P, M) for name in TORCH})
+    tables.update(stored_torch_tables())
     layers, xs, targets, rows = table_rank_inputs(tables, SPEC, M, torch.float64, model, data)
     out = distlab.run(tables_on_rank, P, run_table, PerRank(layers), PerRank(xs),
                       PerRank(targets), PerRank(rows),
