@@ -6,7 +6,9 @@ LAB11-DOCSTRING: each section's owner lists its exercises here, in the lab's ord
 2. (l11tables) schedules as tables and the prediction, ``lab11_tables``: ``interleaved_1f1b(p, m,
    v)``, ``zb_h1(p, m)``, ``zb_v(p, m)`` (tables replayed: valid, bubble and peak no worse than
    expected) and ``predict_interleaved(p, m, v)``.
-3. (l11exec)   the executor on real ranks, ``lab11_executor``.
+3. (l11exec)   ``run_table(row, stages, placement, num_microbatches)``: one rank's row of any
+   schedule table run with isend/irecv, equal to one process within 1e-6, the table's messages
+   (``lab11_executor``).
 4. (l11design) the open design on a scale, ``lab11_design``: ``check_capped_schedule``,
    ``check_capped_schedule_bar``.
 """
@@ -68,7 +70,18 @@ def check_interleaved_prediction(predict_interleaved, seed: int | None = None) -
     return lab11_tables.grade_prediction(predict_interleaved, seed)
 
 
-# LAB11-IMPORTS-EXECUTOR (l11exec)
+# LAB11-IMPORTS-EXECUTOR (l11exec): the executor on real ranks (``lab11_executor``)
+from distlab.checks import lab11_executor  # noqa: E402
+
+
+def check_executor(run_table, seed: int | None = None, world_size: int = 4,
+                   num_microbatches: int = 8) -> str:
+    """``run_table(row, stages, placement, num_microbatches)`` on every rank, for the course's
+    interleaved 1F1B (v = 2), ZB-H1 and zero-bubble V tables: the loss and every gradient equal
+    one process's within 1e-6 (float64); only isend/irecv, exactly the table's messages per
+    peer; a deadlock reported after 10 s of no progress (``lab11_executor``)."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab11_executor.grade_executor(run_table, seed, world_size, num_microbatches)
 
 
 # LAB11-IMPORTS-DESIGN (l11design). The judge serves only ``distlab.checks.lab11:check_*``, so
@@ -94,17 +107,21 @@ def check_capped_schedule_bar(capped_schedule, world_size: int = DESIGN_CASE[0],
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py),
 # each section's: the design's ranks (the course's executor, one Submitted call) need nothing.
-RANK_IMPORTS: tuple[str, ...] = ()   # l11design: ()
+RANK_IMPORTS: tuple[str, ...] = ()   # l11design: (); l11exec: ()
 
+
+from distlab.checks.course_code import CourseCode  # noqa: E402
 
 # LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the
 # check's own module); this one merges them (the handout withholds what they name).
 COURSE_CODE = {**COURSE_CODE, **lab11_design.COURSE_CODE}   # l11design
+COURSE_CODE["check_executor"] = CourseCode(forbidden=lab11_executor.EXECUTOR_SHIPPED)   # l11exec
 
 
 def make_references() -> dict[str, dict]:
     """The stored sets of Lab 11, each section's."""
-    return {**lab11_split.make_references(), **lab11_design.design_sets()}
+    return {**lab11_split.make_references(), **lab11_design.design_sets(),
+            "executor": lab11_executor.executor_set(), "torch": lab11_executor.torch_set()}
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -6,18 +6,21 @@ An action ``(op, i, s)``: ``F`` runs stage ``s`` on microbatch ``i`` (its input 
 ``s-1``, its output to ``s+1``; the last stage adds ``loss_fn / m``); ``B`` back-propagates the
 gradient of the output (from stage ``s+1``, or the loss) to the stage's input and sends it to
 ``s-1``, and, when the table has no ``W`` for ``(s, i)``, into the weights too; ``W`` then
-computes the weights' gradient alone.
+computes the weights' gradient alone. What each action computes is
+``table_stages.TableStage``'s: by hand for Lab 5's blocks (Section 3, the checks), or under
+autograd with a pair ``(backward_input, backward_weight)`` (``run_tables``: Section 1's, the
+course's by default).
 
-B and W are Section 1's ``split_backward.backward_input`` / ``backward_weight`` (or the pair
-``run_tables`` is given): W recomputes the chain of activation gradients inside the stage from
-its output's gradient (``torch.autograd.grad`` with the parameters as ``inputs``), B keeps the
-graph alive (``retain_graph``), the output and its gradient. Lab 11 measures what that holds
-between B and W against keeping each Linear's output gradient instead (``held_between``).
-
-Sends never block (``isend``); a receive is posted when its action needs it. A table whose
-replay on paper finishes (every wait ends) cannot deadlock here: each rank's waits are the
-replay's. Messages carry a tag naming their kind, stage and microbatch, so two stages that
-talk over the same pair of ranks (a V) never take each other's.
+- ``run_table``: one rank's loop, the course's answer to Lab 11's executor exercise (withheld
+  from its handout: ``distlab.checks.lab11_executor.EXECUTOR_SHIPPED``). Sends never block
+  (``isend``, waited for at the end); each action's receive is posted one action ahead, so it
+  travels while the rank computes, and waited for when the action needs it. A table whose
+  replay on paper finishes (every wait ends) cannot deadlock here: each rank's waits are the
+  replay's. Messages carry a tag naming their kind, stage and microbatch, so two stages that
+  talk over the same pair of ranks (a V) never take each other's.
+- ``tables_on_rank``, ``table_rank_inputs``, ``run_tables``: the plumbing around any such loop
+  (yours in the lab): building the stages, handing each rank its own inputs, one launch for
+  several tables.
 """
 from __future__ import annotations
 
@@ -28,117 +31,104 @@ import torch.distributed as dist
 
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import PipeSpec, partition_layers, reference_step, stage_layers
+from distlab.labs.pipeline.schedules import StageEvent
 from distlab.labs.pipeline.split_backward import backward_input, backward_weight
+from distlab.labs.pipeline.table_stages import build_stages
 
 
-def _tag(kind: str, stage: int, mb: int, m: int) -> int:
-    """A message's tag: activations into ``stage`` (``kind="F"``) or gradients out of it."""
-    return 2 * (stage * m + mb) + (kind == "B")
+def run_table(row, stages, placement, num_microbatches):
+    """Run this rank's actions ``row`` in order, on its ``stages`` (stage index -> ``TableStage``),
+    stage ``s`` living on rank ``placement[s]``; return once every message it sent was received.
+    The stages keep the loss and add the weights' gradients into ``.grad``. (The lab's solution
+    cell, word for word: tests/test_lab11_executor_check.py.)"""
+    rank, m, last = dist.get_rank(), num_microbatches, len(placement) - 1
+    with_w = {(s, i) for op, i, s in row if op == "W"}
+    local, posted, sends = {}, {}, []
 
+    def tag(kind, stage, i):                  # one tag per message of a step
+        return 2 * (stage * m + i) + (kind == "B")
 
-class _Rank:
-    """One rank's stages and what it holds between actions."""
+    def source(k):                            # (kind, stage) of what action k needs, or None
+        op, i, s = row[k]
+        if op == "F" and s > 0:
+            return "F", s - 1
+        if op == "B" and s < last:
+            return "B", s + 1
+        return None
 
-    def __init__(self, rank, layers, placement, x, target, m, split_backward):
-        self.rank, self.layers, self.placement, self.m = rank, layers, placement, m
-        self.last = len(placement) - 1
-        self.xs = None if x is None else x.chunk(m)
-        self.targets = None if target is None else target.chunk(m)
-        self.inputs, self.outputs, self.kept, self.losses = {}, {}, {}, {}
-        self.backward_input, self.backward_weight = split_backward
-        self.local: dict[tuple, torch.Tensor] = {}   # hand-offs between stages of this rank
-        self.sends: list = []
+    def post(k):                              # start action k's receive, if it crosses ranks
+        if k < len(row) and k not in posted and source(k) and placement[source(k)[1]] != rank:
+            (kind, frm), (_, i, s) = source(k), row[k]
+            buf = stages[s].buffer()
+            posted[k] = buf, dist.irecv(buf, placement[frm], tag=tag(kind, s, i))
 
-    def _receive(self, kind, src_stage, stage, i, like):
-        """The tensor stage ``src_stage`` sent to ``stage`` (``kind`` F: activation, B: grad)."""
-        key = (kind, stage, i)
-        if self.placement[src_stage] == self.rank:
-            return self.local.pop(key)
-        buf = torch.empty_like(like)
-        dist.irecv(buf, self.placement[src_stage], tag=_tag(kind, stage, i, self.m)).wait()
+    def receive(k):
+        if source(k) is None:
+            return None
+        (kind, frm), (_, i, s) = source(k), row[k]
+        if placement[frm] == rank:
+            return local.pop((kind, s, i))
+        buf, work = posted.pop(k)
+        work.wait()
         return buf
 
-    def _send(self, kind, stage, i, tensor):
-        """``tensor`` to ``stage`` (an activation into it, or a gradient out of it)."""
-        dst = self.placement[stage]
-        if dst == self.rank:
-            self.local[(kind, stage, i)] = tensor
+    def send(kind, stage, i, tensor):
+        if placement[stage] == rank:
+            local[(kind, stage, i)] = tensor
         else:
-            self.sends.append(dist.isend(tensor.contiguous(), dst,
-                                         tag=_tag(kind, stage, i, self.m)))
+            sends.append(dist.isend(tensor, placement[stage], tag=tag(kind, stage, i)))
 
-    def forward(self, i, s, like):
-        x = self.xs[i] if s == 0 else self._receive("F", s - 1, s, i, like).requires_grad_()
-        y = self.layers[s](x)
-        self.inputs[(s, i)] = x
-        if s == self.last:
-            self.outputs[(s, i)] = loss = loss_fn(y, self.targets[i]) / self.m
-            self.losses[i] = loss.detach()
-        else:
-            self.outputs[(s, i)] = y
-            self._send("F", s + 1, i, y.detach())
-
-    def backward(self, i, s, split, like):
-        out = self.outputs[(s, i)]
-        grad = None if s == self.last else self._receive("B", s + 1, s, i, like)
-        x = self.inputs[(s, i)]
-        if split:   # the input's gradient alone; what W needs is kept
-            gx, self.kept[(s, i)] = self.backward_input(out, grad, x)
-            del self.outputs[(s, i)], self.inputs[(s, i)]
+    post(0)
+    for k, (op, i, s) in enumerate(row):
+        post(k + 1)                           # the next message travels while this action runs
+        got = receive(k)
+        if op == "F":
+            y = stages[s].forward(i, got)
+            if s < last:
+                send("F", s + 1, i, y)
+        elif op == "B":
+            g = stages[s].backward(i, got, weights=(s, i) not in with_w)
             if s > 0:
-                self._send("B", s - 1, i, gx)
-            return
-        torch.autograd.backward(out, grad)
-        del self.outputs[(s, i)], self.inputs[(s, i)]
-        if s > 0:
-            self._send("B", s - 1, i, x.grad)
-
-    def weights(self, i, s):
-        self.backward_weight(self.kept.pop((s, i)), list(self.layers[s].parameters()))
+                send("B", s - 1, i, g)
+        else:
+            stages[s].weights(i)
+    for work in sends:                        # a send's buffer lives until it is received
+        work.wait()
 
 
-def _rank_tables(rank, world_size, layers, x, target, rows, placements, m, shape,
-                 split_backward):
-    """On each rank, for each table in turn: run ``rows[name]`` (this rank's actions) on its
-    stages' ``layers[name]``; return per table the loss (on the last stage's rank) and its
-    parameters' gradients by their global names."""
+def tables_on_rank(rank, world_size, executor, layers, x, target, rows, placements, m,
+                   split=None):
+    """Rank body: for each table in turn, this rank's stages (``build_stages``, B and W by
+    ``split`` if given) run ``rows[name]`` with ``executor`` (a ``run_table``); a barrier between
+    tables (the next one's tags start afresh). Returns per table the loss (on the last stage's rank, else None), every parameter's
+    gradient by its global name, and the stages' events as a tensor (rank, microbatch, op
+    0/1/2 for F/B/W, start, end, stage)."""
     results = {}
     for name, row in rows.items():
-        placement = placements[name]
-        first, last = placement[0] == rank, placement[-1] == rank
-        me = _Rank(rank, layers[name], placement, x if first else None,
-                   target if last else None, m, split_backward)
-        like = torch.empty(shape, dtype=x.dtype)
-        split = {(s, i) for op, i, s in row if op == "W"}
-        for op, i, s in row:
-            if op == "F":
-                me.forward(i, s, like)
-            elif op == "B":
-                me.backward(i, s, (s, i) in split, like)
-            else:
-                me.weights(i, s)
-        for work in me.sends:
-            work.wait()
-        grads = {n: p.grad for stage in layers[name].values() for n, p in stage.named_parameters()}
-        results[name] = dict(loss=sum(me.losses.values()).item() if me.losses else None,
-                             grads=grads)
-        dist.barrier()   # the next table's tags start afresh
+        stages = build_stages(rank, layers[name], placements[name], m, x, target, split)
+        executor(list(row), stages, list(placements[name]), m)
+        losses = [loss for st in stages.values() for loss in st.losses.values()]
+        grads = {n: p.grad for st in layers[name].values() for n, p in st.named_parameters()}
+        events = [[e.rank, e.mb, "FBW".index(e.kind), e.start, e.end, e.stage]
+                  for st in stages.values() for e in st.events]
+        results[name] = dict(loss=sum(losses).item() if losses else None, grads=grads,
+                             events=torch.tensor(events, dtype=torch.float64).reshape(-1, 6))
+        dist.barrier()
     return results
 
 
-def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int = 4, *,
-               dtype: torch.dtype = torch.float32, timeout: float = 60,
-               split_backward: tuple = (backward_input, backward_weight)) -> dict:
-    """Run each table of ``tables`` (name -> ``(table, placement)``: one list of
-    ``(op, i, stage)`` per rank, stage ``s`` on rank ``placement[s]``), all on the same number
-    of ranks, in one launch. The model of ``spec`` (in ``dtype``) is cut into
-    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches; where a
-    table splits a backward, ``split_backward`` (Section 1's ``(backward_input,
-    backward_weight)``, the course's by default) runs its B and its W. Returns,
-    per name, ``loss`` (the whole batch's) and ``grads`` (every parameter's, by its name in
-    the whole model)."""
-    import distlab
-    from distlab.runtime.per_rank import PerRank
+def events_of(tensor) -> list[StageEvent]:
+    """``tables_on_rank``'s events tensor as ``StageEvent``s."""
+    return [StageEvent(int(r), int(i), "FBW"[int(k)], a, b, stage=int(s))
+            for r, i, k, a, b, s in tensor.tolist()]
+
+
+def table_rank_inputs(tables: dict, spec: PipeSpec, num_microbatches: int, dtype: torch.dtype,
+                model=None, data=None) -> tuple:
+    """What each rank of a run of ``tables`` gets, as ``PerRank`` lists: its stages' blocks per
+    table (copies: two tables must not add into each other's grads), the batch where a table's
+    first stage runs and the target where its last does (NaN elsewhere), its row of each table.
+    ``model`` and ``data`` default to ``spec``'s."""
     m = num_microbatches
     sizes = {len(table) for table, _ in tables.values()}
     if len(sizes) != 1:
@@ -148,30 +138,48 @@ def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int 
     if spec.batch % m:
         raise ValueError(f"a batch of {spec.batch} rows does not split into {m} equal "
                          "microbatches: choose num_microbatches dividing it")
-    model, (x, target) = spec.model().to(dtype), spec.data()
+    model = (spec.model() if model is None else model).to(dtype)
+    x, target = spec.data() if data is None else data
     layers = []
     for r in range(p):
         layers.append({})
         for name, (_, placement) in tables.items():
             S = len(placement)
             bounds = partition_layers(spec.num_layers, S)
-            # a copy per table: the tables of one rank must not add into each other's grads
             layers[r][name] = copy.deepcopy({s: stage_layers(model, s, S, bounds)
                                              for s in range(S) if placement[s] == r})
-    # the batch where a table's first stage runs, the target where its last does, NaN elsewhere
     x, target = x.to(dtype), target.to(dtype)
     blind = torch.full_like(x, float("nan"))
     firsts = {placement[0] for _, placement in tables.values()}
     lasts = {placement[-1] for _, placement in tables.values()}
-    out = distlab.run(_rank_tables, p, PerRank(layers),
-                      PerRank([x if r in firsts else blind for r in range(p)]),
-                      PerRank([target if r in lasts else blind for r in range(p)]),
-                      PerRank([{name: table[r] for name, (table, _) in tables.items()}
-                               for r in range(p)]),
-                      {name: list(placement) for name, (_, placement) in tables.items()}, m,
-                      (spec.batch // m, spec.hidden), tuple(split_backward), timeout=timeout)
+    return (layers, [x if r in firsts else blind for r in range(p)],
+            [target if r in lasts else blind for r in range(p)],
+            [{name: table[r] for name, (table, _) in tables.items()} for r in range(p)])
+
+
+def run_tables(tables: dict, spec: PipeSpec = PipeSpec(), num_microbatches: int = 4, *,
+               dtype: torch.dtype = torch.float32, timeout: float = 60, executor=None,
+               split_backward: tuple = (backward_input, backward_weight)) -> dict:
+    """Run each table of ``tables`` (name -> ``(table, placement)``: one list of
+    ``(op, i, stage)`` per rank, stage ``s`` on rank ``placement[s]``), all on the same number
+    of ranks, in one launch, with ``executor`` (a ``run_table(row, stages, placement, m)``: yours
+    in Lab 11; by default the course's). The model of ``spec`` (in ``dtype``) is cut into
+    ``len(placement)`` stages; the batch into ``num_microbatches`` equal microbatches; where a
+    table splits a backward, ``split_backward`` (Section 1's ``(backward_input,
+    backward_weight)``, the course's by default) runs its B and its W. Returns,
+    per name, ``loss`` (the whole batch's), ``grads`` (every parameter's, by its name in the
+    whole model) and ``events`` (every action's ``StageEvent``, times on ``perf_counter``)."""
+    import distlab
+    from distlab.runtime.per_rank import PerRank
+    layers, xs, targets, rows = table_rank_inputs(tables, spec, num_microbatches, dtype)
+    p = len(layers)
+    out = distlab.run(tables_on_rank, p, executor or run_table, PerRank(layers), PerRank(xs),
+                      PerRank(targets), PerRank(rows),
+                      {name: list(placement) for name, (_, placement) in tables.items()},
+                      num_microbatches, tuple(split_backward), timeout=timeout)
     return {name: dict(loss=out[placement[-1]][name]["loss"],
-                       grads={n: g for r in range(p) for n, g in out[r][name]["grads"].items()})
+                       grads={n: g for r in range(p) for n, g in out[r][name]["grads"].items()},
+                       events=[e for r in range(p) for e in events_of(out[r][name]["events"])])
             for name, (_, placement) in tables.items()}
 
 
