@@ -204,27 +204,6 @@ def _planted() -> dict:
             for name, edits, _ in MISTAKES}
 
 
-def own_graded_samples() -> dict:
-    import submissions
-    from submissions import packing
-    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **packing.packed_samples(LAB, _planted())}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_the_grader_takes_test_executor_from_each_mistake_alone(graded_samples):
-    from submissions import packing
-    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
-    graded = [c.metadata["nbgrader"]["grade_id"] for c in source_notebook(LAB).cells
-              if c.metadata.get("nbgrader", {}).get("grade")]
-    assert rows["solution"]["test_executor"] == "pass"
-    assert rows["untouched"]["test_executor"] != "pass"
-    for sample, group in packing.grouped(LAB, _planted()).items():
-        assert {t for t in graded if rows[sample][t] != "pass"} == {"test_executor"}, \
-            (sample, rows[sample])
-
-
 def test_the_costs_the_section_states():
     """The figures of "Where a zero-bubble schedule costs", from the replay and the tables."""
     from distlab.labs.pipeline.compare import messages

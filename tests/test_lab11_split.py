@@ -218,23 +218,3 @@ def _planted() -> dict:
     return {name: (loses, [(cell, old, new)]) for name, cell, old, new, loses in MISTAKES}
 
 
-def own_graded_samples() -> dict:
-    import submissions
-    from submissions import packing
-    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **packing.packed_samples(LAB, _planted())}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_grader_scores_section_1(graded_samples):
-    from submissions import packing
-    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
-    planted = _planted()
-    packed = packing.grouped(LAB, planted)
-    expected = {"solution": set(), "untouched": set(GRADED_TESTS),
-                **{sample: {t for name in group for t in packing.tests(planted[name][0])}
-                   for sample, group in packed.items()}}
-    for student, lost in expected.items():
-        row = rows[student]
-        assert {t for t in GRADED_TESTS if row[t] != "pass"} == lost, (student, row)
