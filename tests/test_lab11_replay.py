@@ -117,7 +117,7 @@ def test_interleaved_1f1b_needs_whole_groups_of_microbatches():
 @pytest.mark.parametrize("times", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0),
                                    (1.0, 1.5, 0.5)])
 def test_zb_h1_bubble_is_a_third_of_1f1b_at_its_memory(p, m, times):
-    """Qi et al. 2023, sec. 3: 1F1B idles (p-1)(T_F + T_B + T_W) per rank, ZB-H1
+    """Qi et al. 2023, sec. 2.1: 1F1B idles (p-1)(T_F + T_B + T_W) per rank, ZB-H1
     (p-1)(T_F + T_B - T_W) (times where T_W is at most T_F and T_B, as these), a third with the
     paper's T_F = T_B = T_W; its peak activations equal 1F1B's (p, on rank 0)."""
     t_f, t_b, t_w = times

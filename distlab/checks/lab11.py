@@ -1,15 +1,15 @@
 """Graded checks of Lab 11, "Pipelines without bubbles".
 
-LAB11-DOCSTRING: each section's owner lists its exercises here, in the lab's order.
-1. (l11split)  the split backward, ``backward_input`` / ``backward_weight`` (B, W), and the
+Exercises, in the lab's order (each section's grading in its own module):
+1. the split backward, ``backward_input`` / ``backward_weight`` (B, W), and the
    prediction ``predict_held_bytes``: ``lab11_split``.
-2. (l11tables) schedules as tables and the prediction, ``lab11_tables``: ``interleaved_1f1b(p, m,
+2. schedules as tables and the prediction, ``lab11_tables``: ``interleaved_1f1b(p, m,
    v)``, ``zb_h1(p, m)``, ``zb_v(p, m)`` (tables replayed: valid, bubble and peak no worse than
    expected) and ``predict_interleaved(p, m, v)``.
-3. (l11exec)   ``run_table(row, stages, placement, num_microbatches)``: one rank's row of any
+3. ``run_table(row, stages, placement, num_microbatches)``: one rank's row of any
    schedule table run with isend/irecv, equal to one process within 1e-6, the table's messages
    (``lab11_executor``).
-4. (l11design) the open design on a scale, ``lab11_design``: ``check_capped_schedule``,
+4. the open design on a scale, ``lab11_design``: ``check_capped_schedule``,
    ``check_capped_schedule_bar``.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check_held_prediction(predict_held_bytes, seed: int | None = None) -> str:
     return lab11_split.grade_held_prediction(predict_held_bytes, seed)
 
 
-# Section 2 (l11tables): schedules as tables, graded on paper (``lab11_tables``)
+# Section 2: schedules as tables, graded on paper (``lab11_tables``)
 from distlab.checks import lab11_tables  # noqa: E402
 COURSE_CODE = {**globals().get("COURSE_CODE", {}), **lab11_tables.COURSE_CODE}   # each section adds its own
 
@@ -50,7 +50,7 @@ def check_interleaved_1f1b(interleaved_1f1b, seed: int | None = None) -> str:
 
 def check_zb_h1(zb_h1, seed: int | None = None) -> str:
     """zb_h1(p, m): a valid table (F, B and W of every microbatch, stage r on rank r,
-    completes) whose bubble and peak are no worse than ZB-H1's (Qi et al. 2023, sec. 3)."""
+    completes) whose bubble and peak are no worse than ZB-H1's (Qi et al. 2023, sec. 2.1)."""
     __tracebackhide__ = True  # noqa: F841
     return lab11_tables.grade_table(zb_h1, "zb_h1", seed)
 
@@ -70,7 +70,7 @@ def check_interleaved_prediction(predict_interleaved, seed: int | None = None) -
     return lab11_tables.grade_prediction(predict_interleaved, seed)
 
 
-# LAB11-IMPORTS-EXECUTOR (l11exec): the executor on real ranks (``lab11_executor``)
+# Section 3: the executor on real ranks (``lab11_executor``)
 from distlab.checks import lab11_executor  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def check_executor(run_table, seed: int | None = None, world_size: int = 4,
     return lab11_executor.grade_executor(run_table, seed, world_size, num_microbatches)
 
 
-# LAB11-IMPORTS-DESIGN (l11design). The judge serves only ``distlab.checks.lab11:check_*``, so
+# Section 4, the open design. The judge serves only ``distlab.checks.lab11:check_*``, so
 # the section's checks are defined here, each one line into its module.
 from distlab.checks import lab11_design  # noqa: E402
 from distlab.checks.lab11_design import VISIBLE as DESIGN_CASE, grade_capped  # noqa: E402
@@ -107,15 +107,15 @@ def check_capped_schedule_bar(capped_schedule, world_size: int = DESIGN_CASE[0],
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py),
 # each section's: the design's ranks (the course's executor, one Submitted call) need nothing.
-RANK_IMPORTS: tuple[str, ...] = ()   # l11design: (); l11exec: ()
+RANK_IMPORTS: tuple[str, ...] = ()   # Sections 3 and 4: their ranks need nothing more
 
 
 from distlab.checks.course_code import CourseCode  # noqa: E402
 
-# LAB11-COURSE-CODE: each section's checks module keeps its own COURSE_CODE (the judge reads the
+# Each section's checks module keeps its own COURSE_CODE (the judge reads the
 # check's own module); this one merges them (the handout withholds what they name).
-COURSE_CODE = {**COURSE_CODE, **lab11_design.COURSE_CODE}   # l11design
-COURSE_CODE["check_executor"] = CourseCode(forbidden=lab11_executor.EXECUTOR_SHIPPED)   # l11exec
+COURSE_CODE = {**COURSE_CODE, **lab11_design.COURSE_CODE}
+COURSE_CODE["check_executor"] = CourseCode(forbidden=lab11_executor.EXECUTOR_SHIPPED)
 
 
 def make_references() -> dict[str, dict]:

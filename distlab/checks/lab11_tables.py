@@ -69,7 +69,7 @@ def formula_figures(kind: str, p: int, m: int, v: int) -> tuple[float, int]:
     """(bubble, peak on the busiest rank) that the lab derives, for unit times."""
     if kind == "interleaved":   # PTD-P sec. 2.2; the warm-up of its schedule, plus one
         return (p - 1) / (v * m), min((v + 1) * p - 1, v * m)
-    if kind == "zb_h1":         # Qi et al. 2023, sec. 3: (p-1)(t_F + t_B - t_W) idle per rank
+    if kind == "zb_h1":         # Qi et al. 2023, sec. 2.1: (p-1)(t_F + t_B - t_W) idle per rank
         return (p - 1) / (3 * m), min(p, m)
     # the V: rank p-1 cannot start before (p-1) stage forwards; nothing else idles (m >= 2p)
     return (p - 1) / (6 * m), 2 * p

@@ -22,7 +22,7 @@
 #   schedule Llama 3 trains with, Dubey et al. 2024, arXiv 2407.21783, §3.3.2);
 # * **a split backward**: the gradient of a stage's input (B) is what the previous stage waits
 #   for; the gradient of its weights (W) nobody waits for, so it can fill the idle time (Qi et al.
-#   2023, "Zero Bubble Pipeline Parallelism", ICLR 2024, arXiv 2401.10241: ZB-H1 in §3, ZB-V in §6);
+#   2023, "Zero Bubble Pipeline Parallelism", ICLR 2024, arXiv 2401.10241: ZB-H1 in §2.1, ZB-V in §6);
 # * **a V-shaped placement**: rank r holds stage r and stage 2p−1−r, so a microbatch goes down
 #   the ranks and back, and the last stage sits beside the first (ZB-V; DeepSeek-V3's DualPipe,
 #   DeepSeek-AI 2024, arXiv 2412.19437, §3.2.1, and its "cut-in-half" DualPipeV).
@@ -466,7 +466,7 @@ plot_table(interleaved_1f1b(4, 8, 2), round_robin(4, 2), 8, title="interleaved 1
 #
 # Section 1 split the backward: B computes the gradient of the stage's input, which the previous
 # stage waits for; W computes the gradient of its weights, which **no other action** waits for
-# (only the optimizer step, after the whole pipeline). So W can move: Qi et al. 2023 (§3) keep
+# (only the optimizer step, after the whole pipeline). So W can move: Qi et al. 2023 (§2.1) keep
 # 1F1B's order of F and B and move W into the idle time. Their **ZB-H1** keeps 1F1B's memory: no
 # rank holds more than p microbatches' activations (1F1B's rank 0), counted until W ends. With
 # $T_F, T_B, T_W$ the times of one stage, 1F1B idles $(p-1)(T_F + T_B + T_W)$ per rank and ZB-H1
@@ -697,7 +697,7 @@ from distlab.labs.pipeline.on_ranks import (gradient_table, plot_timelines, run_
 from distlab.labs.pipeline.schedules import schedule_order
 
 # %% [markdown]
-# ### Exercise — an executor for any table (5 points)
+# ### Exercise 3 — an executor for any table (5 points)
 #
 # **Build** `run_table(row, stages, placement, num_microbatches)`: one rank's part of a step.
 #
@@ -877,7 +877,7 @@ print(compare_tables({"1F1B (Lab 5)": (lab5, [0, 1, 2, 3]), **course,
 
 # %% [markdown]
 # - **W holds activations longer.** A stage keeps a microbatch's activations from its F to its
-#   W, not to its B. ZB-H1 keeps 1F1B's peak (4 microbatches, rank 0's; Qi et al. 2023, §3)
+#   W, not to its B. ZB-H1 keeps 1F1B's peak (4 microbatches, rank 0's; Qi et al. 2023, §2.1)
 #   but lets every rank reach it: 4/4/4/4 stage-microbatches where 1F1B holds 4/3/2/1. The
 #   zero-bubble V holds 8 stage-microbatches of half a rank's layers each, 4 microbatches;
 #   DualPipeV 9, 4.5.
@@ -923,7 +923,7 @@ from distlab.labs.pipeline.capped import cap_bound, whole_backward_bound
 from distlab.labs.pipeline.schedules import replay
 
 # %% [markdown]
-# ### Exercise — a schedule under a memory cap (open design, 2 + 1 points)
+# ### Exercise 4 — a schedule under a memory cap (open design, 2 + 1 points)
 #
 # **Goal.** Write `capped_schedule(num_ranks, num_microbatches, max_held) -> table`: a schedule
 # of your own design for $p$ ranks and $m$ microbatches, one stage per rank, that never holds
@@ -1065,14 +1065,19 @@ print(capped_verdict(capped_schedule))
 # %% [markdown]
 # ## Summary
 #
-# * LAB11-SUMMARY-1 (l11split): one bullet for Section 1, the split backward.
+# * A stage's backward is two computations: B, the gradient of its input, which the stage
+#   before waits for, and W, the gradient of its weights, which only the optimizer step needs
+#   (Qi et al. 2023, §2). `torch.autograd.grad(..., inputs=...)` computes either alone. W can
+#   run the graph again from the stage's output, which keeps the graph alive from B to W, or
+#   start from the gradients B left at each layer's output (hooks), which holds less and
+#   computes less; torch 2.13's own split keeps what B computed.
 # * A schedule is a table: per rank, the order of its actions (F, B, W of a microbatch on a
 #   stage); sends and receives follow from the placement. A replay on paper tells whether it is
 #   valid (every dependency respected, every rank completes) and what it costs, with unit times:
 #   the bubble (idle over compute) and the peak activations. Interleaving v stages per rank
 #   divides 1F1B's bubble by v, $(p-1)/(vm)$ (PTD-P §2.2), for $(v+1)p-1$ stage-microbatches on
 #   rank 0 and about v times the messages; ZB-H1 fills the cool-down with deferred W, a third of
-#   1F1B's bubble at 1F1B's memory (Qi et al. 2023, §3); a V (stage r and 2p−1−r on rank r)
+#   1F1B's bubble at 1F1B's memory (Qi et al. 2023, §2.1); a V (stage r and 2p−1−r on rank r)
 #   reaches the bound $(p-1)/(6m)$ at the same memory. torch's own tables
 #   (`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`) replay
 #   to the same figures.
@@ -1085,4 +1090,6 @@ print(capped_verdict(capped_schedule))
 #   pay in activations held from F to W and, with virtual stages, in messages (96 to 112 per
 #   step against 1F1B's 48 at p = 4, m = 8); DeepSeek-V3 chose DualPipe to overlap a 1:1
 #   ratio of computation to all-to-all communication, at twice the parameters (§3.2.1).
-# * LAB11-SUMMARY-4 (l11design): one bullet for Section 4, the open design.
+# * Under a memory cap, splitting the backward shortens how long rank 0 holds a microbatch,
+#   from 3p to 2p+1 units; the order of F, B and W on each rank decides how much of that gain
+#   a schedule keeps.

@@ -6,7 +6,7 @@ runs (op ``"F"``, ``"B"`` or ``"W"``), for ``replay`` to time on paper and an ex
   on rank ``s mod p``), Narayanan et al. 2021 ("PTD-P"), sec. 2.2;
 - ``zb_h1``: 1F1B with each backward split into B (input gradient) and W (weights' gradient) and
   some W deferred into the cool-down's idle time, Qi et al. 2023 ("Zero Bubble Pipeline
-  Parallelism"), sec. 3, ZB-H1;
+  Parallelism"), sec. 2.1, ZB-H1;
 - ``zb_v``: two stages per rank in a V (stage ``s`` and ``2p-1-s`` on rank ``s``), B and W split,
   under a cap on the activations held (``greedy_table``).
 
@@ -77,7 +77,7 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, v: int) -> list[list
 
 
 def zb_h1(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
-    """ZB-H1 (Qi et al. 2023, sec. 3): stage ``r`` on rank ``r``, F, B (the input's gradient)
+    """ZB-H1 (Qi et al. 2023, sec. 2.1): stage ``r`` on rank ``r``, F, B (the input's gradient)
     and W (the weights' gradient) of every microbatch; replayed, ZB-H1's bubble at 1F1B's peak
     activations."""
     # 1F1B's order with each backward split into B then W, and rank r keeping up to r of its W
