@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from distlab.checks import assertions, lab07, lab08, lab09, lab10
+from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.grading.course_dir import source_notebook
@@ -240,7 +240,15 @@ def _lab07(ns):
     lab07.check_tp_plan(ns["tp_plan"], seed=SEED)
 
 
-CHECK_CALLS = {"10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
+def _lab11(ns):
+    lab11.check_split_backward(ns["backward_input"], ns["backward_weight"], seed=SEED)
+    # the table runs on the course's executor: rank r gets its row, its stages, and the batch
+    # (or the target) only where the first (last) stage lives
+    lab11.check_capped_schedule(ns["capped_schedule"], 2, 6, 2, SEED)
+
+
+CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "design_imports"), 4),
+               "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),
         "08_sharded_data_parallel": (_lab08, ("imports",), 3),
         "07_3d_parallelism": (_lab07, ("imports",), 1)}

@@ -69,6 +69,18 @@ def _lab10_penalties() -> list[float]:
     return [_penalty_and_error(p)[0] for p in (4, 8)]   # 1.5 at p = 2 is too common a figure
 
 
+def _lab11_values() -> list[float]:
+    from distlab.checks.lab11_tables import formula_figures, interleaved_prediction_cases
+    # the bubbles of the visible cases (their peaks, small integers, would match "Lab 11")
+    return [formula_figures("interleaved", *case)[0] for case in interleaved_prediction_cases(None)]
+
+
+def _lab11_held() -> list[float]:
+    from distlab.checks.lab11_split import _held_bytes
+    # the measured stage's recompute bytes (its keep bytes, 4096, are too common a figure)
+    return [_held_bytes(2, 8, 16, 8)["recompute"]]
+
+
 PREDICTIONS = (
     Prediction("02_data_parallel", "test_predict_state_bytes",
                (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+([\w-]+\s+)?(parameter|element)",
@@ -112,6 +124,16 @@ PREDICTIONS = (
                (rf"\b2{MINUS}1\s*/\s*p\b", rf"\(2\s*p{MINUS}1\)\s*/\s*p\b",
                 rf"\\frac\{{2p{MINUS}1\}}\{{p\}}", rf"2{MINUS}\\frac\{{1\}}\{{p\}}"),
                _lab10_penalties),
+    Prediction("11_pipeline_schedules", "test_predict_interleaved",
+               (rf"\(p{MINUS}1\)\s*/\s*\(?\s*(v{TIMES}m|m{TIMES}v)\b",
+                rf"\\frac\{{p{MINUS}1\}}\{{(v\s*m|m\s*v)\}}",
+                rf"\(v\s*\+\s*1\)\s*[·*]?\s*p{MINUS}1\b", rf"\bp\s*\+\s*\(p{MINUS}1\)\s*/\s*v\b",
+                r"(divides|divided|cuts?|shrinks?)\s+(1F1B's\s+|the\s+)?bubble\s+by\s+v\b",
+                r"\bv\s+times\s+smaller"),
+               _lab11_values),
+    Prediction("11_pipeline_schedules", "test_predict_held_bytes",
+               (rf"\b2\s*\(?\s*L\s*\+\s*[12]\b", rf"\b2\s*L{TIMES}(a|b{TIMES}h)\b"),
+               _lab11_held),
 )
 
 # Labs whose text and checks other sessions own: what the scan finds there is reported for them

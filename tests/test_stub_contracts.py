@@ -35,6 +35,10 @@ METHOD = {
                            r"route, dispatch, local experts"),
     "10_context_parallel": (r"zig-?zag", r"chunks r and 2p\s*-\s*1\s*-\s*r", r"one last hop",
                             r"delta = rowsum"),
+    # Section 2's tables (l11tables), Section 4's design (l11design)
+    "11_pipeline_schedules": (r"warms? up with", r"\(v\s*-\s*1\)\s*p\s*\+\s*2", r"keep(s|ing)? up to r\b",
+                              r"list[- ]schedul", r"\bgreedy", r"k-th (forward|backward)",
+                              r"\bB first\b", r"\bBFW\b", r"a B before"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

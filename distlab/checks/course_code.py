@@ -12,9 +12,11 @@ to its checks, in a table an instructor can read::
     }
 
 ``forbidden`` names the shipped implementations of the exercise and the checks' own references
-(``"module:qualname"``; a class covers its methods); ``allowed`` names course helpers the
-exercise builds on, which stay usable even when a broader list forbids them. A check the table
-does not name guards nothing.
+(``"module:qualname"``; a class covers its methods): the handout withholds them
+(``distlab.grading.student_package``). ``allowed`` names course helpers the exercise builds on,
+which stay usable even when a broader list forbids them. ``watched`` names code the handout must
+keep (the lab's own cells use it, or it is torch's) but an answer may not call: the guard notices
+it, nothing is withheld. A check the table does not name guards nothing.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from distlab.runtime.call_guard import Guard
 class CourseCode:
     forbidden: tuple[str, ...]       # "module:qualname": what the answer may not be or call
     allowed: tuple[str, ...] = ()    # course helpers the exercise builds on
+    watched: tuple[str, ...] = ()    # kept in the handout (the lab's cells use it), not an answer
 
 
 def guard_of(check) -> Guard | None:
@@ -37,7 +40,7 @@ def guard_of(check) -> Guard | None:
     entry = getattr(module, "COURSE_CODE", {}).get(getattr(check, "__name__", ""))
     if entry is None:
         return None
-    return Guard(frozenset(entry.forbidden), exercise=check.__name__,
+    return Guard(frozenset(entry.forbidden + entry.watched), exercise=check.__name__,
                  allowed=frozenset(entry.allowed))
 
 

@@ -139,6 +139,19 @@ DELEGATED = {
                                 "distlab.checks.lab10_plan:ring_bytes_formula")],
         "smallest_cp": [("smallest_cp", "distlab.checks.lab10_plan:reference_smallest_cp")],
     },
+    "11_pipeline_schedules": {
+        "split_backward": [("backward_input", "distlab.labs.pipeline.split_backward:backward_input"),
+                           ("backward_weight",
+                            "distlab.labs.pipeline.split_backward:backward_weight")],
+        "predict_held_bytes": [("predict_held_bytes", "distlab.checks.lab11_split:_held_bytes")],
+        "predict_interleaved": [("predict_interleaved", "distlab.checks.lab11_tables:formula_figures",
+                                 ("p, m, v", "'interleaved', p, m, v"))],
+        "interleaved_1f1b": [("interleaved_1f1b", "distlab.labs.pipeline.tables:interleaved_1f1b")],
+        "zb_h1": [("zb_h1", "distlab.labs.pipeline.tables:zb_h1")],
+        "zb_v": [("zb_v", "distlab.labs.pipeline.tables:zb_v")],
+        "executor": [("run_table", "distlab.labs.pipeline.executor:run_table")],
+        "capped_schedule": [("capped_schedule", "distlab.checks.lab11_design:_course_table")],
+    },
 }
 
 # The test cells each lab's delegation must zero (every one whose exercise is delegated).
@@ -164,6 +177,10 @@ ZEROED = {
                             "test_predict_contiguous_penalty", "test_causal_layout",
                             "test_causal_layout_better", "test_ulysses", "test_predict_ring_bytes",
                             "test_smallest_cp"),
+    "11_pipeline_schedules": ("test_split_backward", "test_predict_held_bytes",
+                              "test_predict_interleaved", "test_interleaved_1f1b", "test_zb_h1",
+                              "test_zb_v", "test_executor", "test_capped_schedule",
+                              "test_capped_schedule_bar"),
 }
 
 

@@ -20,14 +20,19 @@ the names below are re-exported here, where the lab imports them):
 - ``measured_bubble``, ``plot_schedule``, ``schedule_table``: the bubble and the Gantt chart;
 - ``schedule_order``, ``simulate``, ``schedule_explorer``: the same schedules on paper;
   ``replay`` times any per-stage order on paper, ``recorded_orders`` reads one from a run.
+
+Lab 11 extends ``replay`` to tables of ``(op, microbatch, stage)`` with op F, B or W (backward
+split into the input's and the weights' gradients) and several stages per rank (a ``Replay``:
+events, bubble, peak activations); ``tables`` writes interleaved 1F1B, ZB-H1 and a V-shaped
+zero-bubble schedule; ``torch_tables`` reads torch's own tables in the same form.
 """
 from distlab.labs.losses import loss_fn
 from distlab.labs.pipeline.model import (PipeSpec, ResidualLayer, make_model, partition_layers,
                                          reference_step, stage_layers)
 from distlab.labs.pipeline.plots import plot_runs, plot_schedule, plot_simulations, schedule_explorer
 from distlab.labs.pipeline.runs import ScheduleRun, grad_error, library_step, run_schedules, schedule_table
-from distlab.labs.pipeline.schedules import (SCHEDULES, boundary_traffic, recorded_orders, replay,
-                                             schedule_order, simulate)
+from distlab.labs.pipeline.schedules import (SCHEDULES, Replay, StageEvent, boundary_traffic,
+                                             recorded_orders, replay, schedule_order, simulate)
 from distlab.labs.pipeline.stages import (Event, TimedStage, measured_bubble, peak_in_flight,
                                           theoretical_bubble)
 
@@ -35,5 +40,5 @@ __all__ = ["PipeSpec", "ResidualLayer", "make_model", "partition_layers", "refer
            "stage_layers", "loss_fn", "Event", "TimedStage", "measured_bubble", "peak_in_flight",
            "theoretical_bubble", "ScheduleRun", "grad_error", "library_step", "run_schedules",
            "schedule_table", "SCHEDULES", "boundary_traffic", "schedule_order", "simulate",
-           "replay", "recorded_orders",
+           "replay", "recorded_orders", "Replay", "StageEvent",
            "plot_runs", "plot_schedule", "plot_simulations", "schedule_explorer"]

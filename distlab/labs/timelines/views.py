@@ -8,7 +8,8 @@ from typing import Callable
 
 from distlab.labs.timelines.trace import KINDS, ROW_OF, Span, Timeline, load_trace
 
-RANGE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868"}
+RANGE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
+                 "weights": "#2A9D8F"}   # Lab 11: the weights' gradient (W) split from B
 COMM_COLOURS = {"all_reduce": "#C44E52", "send": "#8172B3", "recv": "#937860",
                 "send_recv": "#8172B3", "all_gather": "#DA8BC3", "reduce_scatter": "#CCB974",
                 "broadcast": "#64B5CD", "barrier": "#BBBBBB"}
