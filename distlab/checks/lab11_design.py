@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
-from distlab.checks.common import design_scale
+from distlab.checks.common import DesignRuns, design_scale
 from distlab.checks.course_code import CourseCode, names
 from distlab.labs.pipeline.capped import cap_bound, whole_backward_bound
 from distlab.labs.pipeline.schedules import replay
@@ -202,7 +202,7 @@ def _failed(p: int, err) -> CheckFailed:
 
 # One run grades both tests: the first test's table, replay and run, by submitted function and
 # case (a hidden case's first seed serves the second test's, as Labs 8 and 9 do).
-_RUNS: dict = {}
+_RUNS = DesignRuns()
 
 
 def _answer(fn, p: int, m: int, k: int, what: str):
@@ -248,14 +248,8 @@ def grade_capped(fn, world_size: int, num_microbatches: int, max_held: int, seed
     """Both tests: the properties, and the bubble within ``level`` ("hinted" or "bar");
     returns the verdict line."""
     p, m, k = int(world_size), int(num_microbatches), int(max_held)
-    key = (getattr(fn, "data", None) or fn, p, m, k, seed is None)
-    if level == "hinted":
-        _RUNS.pop(key, None)     # a failed first test leaves no run behind: the bar's runs its own
-        if len(_RUNS) > 8:       # a grading worker's judge serves many notebooks: keep it small
-            _RUNS.clear()
-    got = _RUNS.get(key)
-    if got is None:
-        got = _RUNS[key] = _measure(fn, p, m, k, seed)
+    got = _RUNS.run(fn, (p, m, k, seed is None), lambda: _measure(fn, p, m, k, seed),
+                    first=level == "hinted")
     fig, bubble = got["figures"], got["bubble"]
     limit, name = fig[level], ("hinted design's bubble" if level == "hinted" else "bar")
     case = got["case"]     # the first test's seed, where its run serves the second test
