@@ -342,6 +342,7 @@ class MeshRun:
     reference: torch.Tensor        # (steps,) single process
     results: list                  # every rank's dict from train_on_mesh
     seconds: float                 # wall time of the whole run (spawn included)
+    traced: object = None          # a traced run's distlab.run results, with .comms (mesh_traffic)
 
     @property
     def max_error(self) -> float:

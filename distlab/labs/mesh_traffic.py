@@ -12,8 +12,11 @@ bytes sends ``2(k-1)/k * S``, an all-gather or reduce-scatter of an ``S``-byte w
 """
 from __future__ import annotations
 
+import time
+
 from distlab.labs.functional_collectives import FunctionalCollectives
-from distlab.labs.mesh import MeshShape, TinyConfig, megatron_plan, train_on_mesh
+from distlab.labs.mesh import (MeshRun, MeshShape, TinyConfig, check_batch_fits, megatron_plan,
+                               reference_losses, train_on_mesh)
 
 AXES = ("pp", "dp", "tp")
 # op -> the share of the whole buffer one rank of a ring of k sends
@@ -109,6 +112,20 @@ def traced_run(shape: MeshShape, plan_fn=megatron_plan, layout=None,
                        timeout=300)
 
 
+def traced_mesh_run(shape: MeshShape, plan_fn=megatron_plan, cfg: TinyConfig = TinyConfig(),
+                    seed: int = 0) -> MeshRun:
+    """``run_mesh``'s training, traced: its ``MeshRun`` (losses beside one process) with the
+    traced results in ``.traced``. One run of 8 ranks costs seconds of CPU time, so Lab 7 reads
+    both its loss table and its traffic table from the same run."""
+    check_batch_fits(cfg, shape)
+    start = time.perf_counter()
+    out = traced_run(shape, plan_fn, cfg=cfg, seed=seed)
+    seconds = time.perf_counter() - start
+    last = next(r for r in out if r["losses"] is not None)
+    return MeshRun(shape, last["losses"], reference_losses(cfg, seed), list(out), seconds,
+                   traced=out)
+
+
 def layout_of(out, shape: MeshShape) -> list:
     """The layout a run used, read from its ranks' coordinates: layout[pp][dp][tp] = rank."""
     import torch
@@ -131,6 +148,6 @@ def predicted_traffic_table(out, shape: MeshShape, predict, cfg: TinyConfig = Ti
     return "\n".join(lines)
 
 
-__all__ = ["traced_mesh_rank", "traced_run", "predicted_traffic_table",
+__all__ = ["traced_mesh_rank", "traced_run", "traced_mesh_run", "predicted_traffic_table",
            "layout_of", "step_calls", "axis_traffic", "groups_of", "cross_node_bytes",
            "megatron_layout", "AXES"]

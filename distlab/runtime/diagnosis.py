@@ -26,16 +26,56 @@ class RankState:
     comms: list = dataclasses.field(default_factory=list)
     status: str = "starting"  # starting | running | done | error | dead
     exit_status: int | None = None
+    _index: "_Index | None" = dataclasses.field(default=None, init=False, repr=False,
+                                                 compare=False)
+
+    def indexed(self) -> "_Index":
+        """The index of ``comms``, brought up to date: every call a rank enters asks it, and a
+        launch records thousands of calls (a sweep), so scanning the list each time was
+        quadratic, seconds of the launcher's CPU time."""
+        if self._index is None or self._index.comms is not self.comms \
+                or self._index.seen > len(self.comms):
+            self._index = _Index(self.comms)
+        return self._index.update()
 
     def open_call(self) -> Comm | None:
         """The blocking call this rank is inside, if any (an async op only counts once waited on)."""
-        for comm in reversed(self.comms):
-            if comm.end is None and not comm.async_op:
-                return comm
-        return None
+        return self.indexed().open_call()
 
     def count(self, key) -> int:
-        return sum(1 for c in self.comms if _key(c) == key)
+        return self.indexed().counts.get(key, 0)
+
+    def twin(self, key, seq: int) -> Comm | None:
+        """The first call of ``key`` (``_key``) numbered ``seq``."""
+        return self.indexed().first.get((key, seq))
+
+
+class _Index:
+    """One rank's record (``comms``, which only grows; a call's ``end`` is set once) indexed:
+    calls per key, the first call per (key, seq), and the blocking calls that were open when
+    indexed, the only ones that can be open now."""
+
+    def __init__(self, comms: list):
+        self.comms, self.seen = comms, 0
+        self.counts: dict = {}
+        self.first: dict = {}
+        self.open: list[int] = []
+
+    def update(self) -> "_Index":
+        for i in range(self.seen, len(self.comms)):
+            comm = self.comms[i]
+            key = _key(comm)
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.first.setdefault((key, comm.seq), comm)
+            if comm.end is None and not comm.async_op:
+                self.open.append(i)
+        self.seen = len(self.comms)
+        return self
+
+    def open_call(self) -> Comm | None:
+        while self.open and self.comms[self.open[-1]].end is not None:
+            self.open.pop()              # returned: the latest open one is before it
+        return self.comms[self.open[-1]] if self.open else None
 
 
 def _key(comm: Comm) -> tuple:
@@ -61,8 +101,7 @@ def find_mismatch(states: list[RankState], new: Comm) -> str | None:
     for other in states:
         if other.rank == new.rank or other.rank not in new.group:
             continue
-        twin = next((c for c in other.comms if c.op not in POINT_TO_POINT and c.group == new.group
-                     and c.seq == new.seq), None)
+        twin = other.twin(("collective", new.group), new.seq)
         if twin is not None and _signature(twin) != _signature(new):
             first, second = sorted([new, twin], key=lambda c: c.rank)
             return (f"rank {first.rank} is in {_short(first)} {first.dtype}, rank {second.rank} in "
@@ -82,8 +121,7 @@ def _p2p_mismatch(states: list[RankState], new: Comm) -> str | None:
     if new.peer is None or not 0 <= new.peer < len(states):
         return None
     want = "recv" if new.op.lstrip("i") == "send" else "send"
-    twin = next((c for c in states[new.peer].comms if c.op.lstrip("i") == want
-                 and c.peer == new.rank and c.seq == new.seq), None)
+    twin = states[new.peer].twin((want, new.rank), new.seq)
     if twin is not None and _wire(twin) != _wire(new):
         sender, receiver = (new, twin) if want == "recv" else (twin, new)
         return (f"rank {sender.rank} sends {list(sender.shapes[0]) if sender.shapes else []} "

@@ -43,9 +43,11 @@ def peak_bytes(fn, *args) -> int:
     return mode.peak
 
 
-def _ring_peak_rank(rank, world_size, ring_attention, seq_len, batch, heads, head_dim):
-    q, k, v = qkv_chunk(rank, world_size, seq_len, batch, heads, head_dim)
-    return peak_bytes(ring_attention, q, k, v)
+def _ring_peaks_rank(rank, world_size, ring_attention, seq_lens, batch, heads, head_dim):
+    """This rank's peak for each of ``seq_lens``: one launch per world size, not one per length
+    (a launch of p ranks costs a few tenths of a CPU-second; the peaks are per call)."""
+    return [peak_bytes(ring_attention, *qkv_chunk(rank, world_size, s, batch, heads, head_dim))
+            for s in seq_lens]
 
 
 def score_bytes(seq_len: int, heads: int, batch: int, world_size: int = 1) -> int:
@@ -65,20 +67,25 @@ def measure_memory(ring_attention, seq_lens=SEQ_LENS, world_sizes=WORLD_SIZES,
     rank's peak) on p ranks, for every s. When ``ring_attention`` is not written yet (it raises
     NotImplementedError), the ring's peaks are the course's, stored. Returns the rows."""
     import distlab
+    ring = {}                                   # (s, p) -> (the largest rank's peak, source)
+    for p in world_sizes:
+        try:
+            peaks = distlab.run(_ring_peaks_rank, p, ring_attention, seq_lens, batch, heads,
+                                head_dim)
+            ring.update({(s, p): (max(per_rank), "measured")
+                         for s, per_rank in zip(seq_lens, zip(*peaks))})
+        except distlab.RankError as err:
+            if err.exc_type != "NotImplementedError":
+                raise
+            ring.update({(s, p): (stored_peak(s, p), "stored (the course's ring_attention)")
+                         for s in seq_lens})
     rows = []
     for s in seq_lens:
         full = qkv_chunk(0, 1, s, batch, heads, head_dim)
         rows.append({"method": "dense", "p": 1, "s": s, "peak": peak_bytes(block_attention, *full),
                      "source": "measured"})
-        for p in world_sizes:
-            try:
-                peaks = distlab.run(_ring_peak_rank, p, ring_attention, s, batch, heads, head_dim)
-                peak, source = max(peaks), "measured"
-            except distlab.RankError as err:
-                if err.exc_type != "NotImplementedError":
-                    raise
-                peak, source = stored_peak(s, p), "stored (the course's ring_attention)"
-            rows.append({"method": "ring", "p": p, "s": s, "peak": peak, "source": source})
+        rows += [{"method": "ring", "p": p, "s": s, "peak": ring[s, p][0], "source": ring[s, p][1]}
+                 for p in world_sizes]
     for r in rows:
         r["scores"] = score_bytes(r["s"], heads, batch, r["p"])
         r["blocks"] = 0 if r["p"] == 1 else block_bytes(r["s"], heads, head_dim, batch, r["p"])

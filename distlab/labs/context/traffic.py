@@ -17,6 +17,8 @@ exercise: the lab's exercises are ring and Ulysses).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -52,10 +54,21 @@ def qkv_chunk(rank: int, world_size: int, seq_len: int, batch: int, heads: int, 
     return full.chunk(world_size, dim=3)[rank].unbind(0)
 
 
-def _attend_rank(rank, world_size, attend, method, seq_len, batch, heads, head_dim):
-    q, k, v = qkv_chunk(rank, world_size, seq_len, batch, heads, head_dim)
-    out = attend(q, k, v)
-    return (out[0] if method != "Ulysses" else out).shape[-2]
+def _attend_cases_rank(rank, world_size, attend, seq_lens, batch, heads, head_dim):
+    """One forward of ``attend`` per sequence length, each in a window of ``time.perf_counter()``
+    (the collective record's clock) that selects its calls: one launch of p ranks serves every
+    case of that p (a launch costs a few tenths of a CPU-second). The windows, per length."""
+    windows = []
+    for seq_len in seq_lens:
+        q, k, v = qkv_chunk(rank, world_size, seq_len, batch, heads, head_dim)
+        start = time.perf_counter()
+        attend(q, k, v)
+        windows.append((start, time.perf_counter()))
+    return windows
+
+
+def _in_window(comms, window) -> list:
+    return [c for c in comms if window[0] <= c.start <= window[1]]
 
 
 def formula_bytes(method: str, world_size: int, seq_len: int, batch: int, heads: int,
@@ -97,21 +110,30 @@ def measure_bytes(ring_attention, ulysses_attention, ring_formula=None, methods=
     import distlab
     fns = {"ring": ring_attention, "all-gather": allgather_attention,
            "Ulysses": ulysses_attention}
-    rows = []
+    found = {}                          # (method's index, case's index) -> (per rank, calls, source)
     for m, method in enumerate(METHODS):
-        if method not in methods:
-            continue
-        for c, (p, s) in enumerate(cases):
+        for p in dict.fromkeys(p for p, _ in cases) if method in methods else ():
+            index = [c for c, (q, _) in enumerate(cases) if q == p]
             try:
-                out = distlab.run(_attend_rank, p, fns[method], method, s, batch, heads, head_dim)
-                per_rank = [recorded_bytes(method, comms, p) for comms in out.comms]
-                calls, source = _calls(out.comms[0]), "measured"
+                out = distlab.run(_attend_cases_rank, p, fns[method],
+                                  [cases[c][1] for c in index], batch, heads, head_dim)
+                for i, c in enumerate(index):
+                    comms = [_in_window(out.comms[r], out[r][i]) for r in range(p)]
+                    found[m, c] = ([recorded_bytes(method, rc, p) for rc in comms],
+                                   _calls(comms[0]), "measured")
             except distlab.RankError as err:
                 if err.exc_type != "NotImplementedError" or tuple(cases) != CASES:
                     raise
-                stored = stored_measurement("bytes")[m, c].tolist()
-                per_rank = [b for b in stored if b >= 0]                 # −1: past the last rank
-                calls, source = "-", "stored (the course's)"
+                for c in index:
+                    stored = stored_measurement("bytes")[m, c].tolist()
+                    found[m, c] = ([b for b in stored if b >= 0],       # −1: past the last rank
+                                   "-", "stored (the course's)")
+    rows = []
+    for m, method in enumerate(METHODS):
+        for c, (p, s) in enumerate(cases):
+            if (m, c) not in found:
+                continue
+            per_rank, calls, source = found[m, c]
             if method == "ring":
                 formula = _predicted(ring_formula, s, p, heads, heads, head_dim, batch)
             else:
