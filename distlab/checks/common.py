@@ -178,3 +178,13 @@ def expect_collectives(comms, where: str, kinds: Sequence[Collectives], only: st
     if only and others:
         raise CheckFailed(f"{where}: it also called {tally_comms(others)}; {only}")
     verified(f"{where}: {tally_comms(comms)}, as the pattern needs")
+
+
+def numbers_by_key(call: str, got, keys: Sequence[str]) -> list[float]:
+    """``[float(got[k]) for k in keys]`` of a prediction that returns a dict of byte counts; a
+    check fails on anything else, saying what came and what was expected."""
+    try:
+        return [float(got[k]) for k in keys]
+    except (TypeError, KeyError, ValueError):
+        raise CheckFailed(f"{call} returned {got!r:.160}: expected a dict with the keys "
+                          f"{list(keys)}, each a number of bytes.") from None

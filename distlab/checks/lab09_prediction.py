@@ -20,6 +20,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed
+from distlab.checks.common import numbers_by_key
 from distlab.checks.ranks import call_each
 from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
@@ -75,11 +76,7 @@ def grade_a2a_bytes(predict, seed: int | None = None) -> str:
     answers = call_each(predict, todo, names=calls)   # every case in one launch
     shown = []
     for (t, h, e, k, p, c), call, got, want in zip(todo, calls, answers, expected):
-        try:
-            got = [float(got[key]) for key in KEYS]
-        except (TypeError, KeyError, ValueError):
-            raise CheckFailed(f"{call} returned {got!r:.160}: expected a dict with the keys "
-                              f"{list(KEYS)}, each a number of bytes.") from None
+        got = numbers_by_key(call, got, KEYS)
         for key, g, w in zip(KEYS, got, want):
             if not math.isclose(g, w, rel_tol=1e-9):
                 raise CheckFailed(

@@ -29,6 +29,7 @@ import random
 import torch
 
 from distlab.checks.assertions import CheckFailed, assert_close
+from distlab.checks.common import numbers_by_key
 from distlab.checks.ranks import SubmittedError, call_each, rank_timeout
 from distlab.checks.shown import joined
 from distlab.checks.stored import expected_values
@@ -291,11 +292,7 @@ def grade_held_prediction(predict_held_bytes, seed: int | None = None) -> str:
     answers = call_each(predict_held_bytes, todo, names=calls)   # every case in one launch
     shown = []
     for call, got, want in zip(calls, answers, expected):
-        try:
-            got = [float(got[k]) for k in KEYS]
-        except (TypeError, KeyError, ValueError):
-            raise CheckFailed(f"{call} returned {got!r:.160}: expected a dict with the keys "
-                              f"{list(KEYS)}, each a number of bytes.") from None
+        got = numbers_by_key(call, got, KEYS)
         for key, g, w in zip(KEYS, got, want):
             if not math.isclose(g, w, rel_tol=1e-12):
                 raise CheckFailed(

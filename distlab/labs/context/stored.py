@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from distlab import paths
+from distlab.labs.stored_sets import load_set
 
 LAB = "10_context_parallel"
 
 
 def stored_set(name: str) -> dict[str, torch.Tensor]:
     """The stored set ``name`` (e.g. "demos")."""
-    path = paths.data() / LAB / f"{name}.pt"
-    try:
-        return torch.load(path, weights_only=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing: rebuild it with `distlab references {LAB}`") \
-            from None
+    return load_set(LAB, name)

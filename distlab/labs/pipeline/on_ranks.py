@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from distlab import paths
+from distlab.labs.stored_sets import load_set
 from distlab.labs.pipeline.model import PipeSpec
 from distlab.labs.pipeline.schedules import Replay, replay
 
@@ -22,12 +22,7 @@ OPS = "FBW"
 
 
 def stored_lab11_set(name: str) -> dict[str, torch.Tensor]:
-    path = paths.data() / LAB / f"{name}.pt"
-    try:
-        return torch.load(path, weights_only=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing: rebuild it with `distlab references {LAB}`") \
-            from None
+    return load_set(LAB, name)
 
 
 def stored_problem():
