@@ -43,9 +43,11 @@ def _texts(out, pages):
 # solution, the design's figure beside the hinted design's, the bar and the bound).
 DESIGN_TESTS = {"05_pipeline_parallel": ("test_budget_step", "test_budget_step_bar"),
                 "06_timelines": ("test_plan_buckets", "test_plan_buckets_bar"),
+                "07_3d_parallelism": ("test_place_mesh", "test_place_mesh_bar"),
                 "08_sharded_data_parallel": ("test_design", "test_design_bar"),
                 "09_expert_parallel": ("test_padded_moe", "test_padded_moe_bar"),
-                "10_context_parallel": ("test_causal_layout", "test_causal_layout_better")}
+                "10_context_parallel": ("test_causal_layout", "test_causal_layout_better"),
+                "11_pipeline_schedules": ("test_capped_schedule", "test_capped_schedule_bar")}
 # A figure measured on ranks, not on paper, as it may differ between two runs: Lab 8's peak (a
 # run in eight measures about 1 KB more, by when the ranks' buffers are freed).
 MEASURED = {"08_sharded_data_parallel": r"(?<=peak )[\d,]+(?= bytes per rank)"}
