@@ -245,9 +245,13 @@ def _lab11(ns):
     # the table runs on the course's executor: rank r gets its row, its stages, and the batch
     # (or the target) only where the first (last) stage lives
     lab11.check_capped_schedule(ns["capped_schedule"], 2, 6, 2, SEED)
+    # the student's executor: rank r gets its layers, its row, and the batch (the target) only
+    # where a table's first (last) stage lives; the single process's gradients stay in the judge
+    lab11.check_executor(ns["run_table"], seed=SEED)
 
 
-CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "design_imports"), 4),
+CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
+                                                   "design_imports"), 5),
                "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),
         "08_sharded_data_parallel": (_lab08, ("imports",), 3),
