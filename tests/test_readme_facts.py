@@ -29,6 +29,16 @@ def test_the_labs_table_lists_every_lab_in_order():
     assert listed == paths.labs()
 
 
+def test_the_labs_table_gives_each_labs_points():
+    """The points column is each lab's graded cells' points, as nbgrader scores them."""
+    from distlab.course.notebooks import source_notebook
+    listed = dict(re.findall(r"^\| `notebooks/(\w+)` \|.*\| (\d+) \|$", README, re.M))
+    for lab in paths.labs():
+        cells = [c.metadata["nbgrader"] for c in source_notebook(lab).cells
+                 if c.metadata.get("nbgrader", {}).get("grade")]
+        assert int(listed.get(lab, -1)) == sum(c.get("points", 0) for c in cells), lab
+
+
 def test_the_grading_extrapolation_adds_up():
     found = re.search(r"took ([\d.]+) s per\s+notebook.*?i\.e\. ([\d.]+) h for (\d+) students x\s+"
                       r"(\d+) labs", README, re.S)
