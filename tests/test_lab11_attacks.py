@@ -273,3 +273,68 @@ def test_an_executor_forged_from_the_stored_case_loses_the_hidden_test():
     assert "run_table on the stored case" in judged(lab11.check_executor, fn)
     with pytest.raises(CheckFailed):
         judged(lab11.check_executor, fn, seed=HIDDEN_SEEDS[0], world_size=2, num_microbatches=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard itself: a profile hook in the rank, which the answer's own code can reach
+
+TORCH_INTERLEAVED = ("    from distlab.labs.pipeline.torch_tables import torch_table\n"
+                     "    return torch_table('ScheduleInterleaved1F1B', p, m, v)[0]\n")
+GUARD_OFF = {
+    "sys.setprofile": ("def interleaved_1f1b(p, m, v):\n"
+                       "    import sys\n"
+                       "    sys.setprofile(None)\n" + TORCH_INTERLEAVED),
+}
+GUARD_OFF_UNLISTED = {
+    "threading's sys": ("def interleaved_1f1b(p, m, v):\n"
+                        "    import threading\n"
+                        "    threading._sys.setprofile(None)   # sys, by another name\n"
+                        + TORCH_INTERLEAVED),
+    "a raw thread": ("def interleaved_1f1b(p, m, v):\n"
+                     "    import _thread, time\n"
+                     "    out = []\n"
+                     "    def copy():\n"
+                     "        from distlab.labs.pipeline.torch_tables import torch_table\n"
+                     "        out.append(torch_table('ScheduleInterleaved1F1B', p, m, v)[0])\n"
+                     "    _thread.start_new_thread(copy, ())   # no threading.setprofile here\n"
+                     "    while not out:\n"
+                     "        time.sleep(0.01)\n"
+                     "    return out[0]\n"),
+    "threading's hook": ("def interleaved_1f1b(p, m, v):\n"
+                         "    import threading\n"
+                         "    threading._profile_hook = None   # new threads start without it\n"
+                         "    out = []\n"
+                         "    def copy():\n"
+                         "        from distlab.labs.pipeline.torch_tables import torch_table\n"
+                         "        out.append(torch_table('ScheduleInterleaved1F1B', p, m, v)[0])\n"
+                         "    thread = threading.Thread(target=copy)\n"
+                         "    thread.start()\n"
+                         "    thread.join()\n"
+                         "    return out[0]\n"),
+}
+
+
+def _caught_or_listed(source: str) -> bool:
+    """Refused by the guard, or listed for the instructor by the copy report (similarity_dynamic:
+    DESIGN.md, what a student copies anyway is flagged, never silently scored)."""
+    from distlab.grading.similarity_dynamic import dynamic_uses
+    if dynamic_uses(source):
+        return True
+    fn = answer(source, "interleaved_1f1b")
+    try:
+        judged(lab11.check_interleaved_1f1b, fn)
+    except SubmittedError as err:
+        return COURSE_CODE_USED in str(err)
+    return False
+
+
+@pytest.mark.parametrize("route", list(GUARD_OFF))
+def test_the_guard_switched_off_is_listed_for_the_instructor(route):
+    assert _caught_or_listed(GUARD_OFF[route])
+
+
+@pytest.mark.parametrize("route", list(GUARD_OFF_UNLISTED))
+def test_the_guard_switched_off_by_another_route_earns_nothing(route):
+    """Routes the copy report does not list (sys by another name, a thread without the hook):
+    the guard notices them itself (call_guard's audit hook and its profile's thread starts)."""
+    assert _caught_or_listed(GUARD_OFF_UNLISTED[route])
