@@ -338,3 +338,24 @@ def test_the_guard_switched_off_by_another_route_earns_nothing(route):
     """Routes the copy report does not list (sys by another name, a thread without the hook):
     the guard notices them itself (call_guard's audit hook and its profile's thread starts)."""
     assert _caught_or_listed(GUARD_OFF_UNLISTED[route])
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 4: the design, torch's zero-bubble table where the cap allows it (a hidden case caps
+# at 1F1B's own peak, k = p, where ZB-H1 fits)
+
+TORCH_DESIGN = (
+    "_own = capped_schedule\n"
+    "def capped_schedule(num_ranks, num_microbatches, max_held):\n"
+    "    if max_held >= num_ranks and num_microbatches % num_ranks == 0:\n"
+    "        from distlab.labs.pipeline.torch_tables import torch_table\n"
+    "        return torch_table('ScheduleInterleavedZeroBubble', num_ranks, num_microbatches,\n"
+    "                           1)[0]\n"
+    "    return _own(num_ranks, num_microbatches, max_held)\n")
+
+
+def test_torchs_zero_bubble_table_handed_in_as_the_design_earns_nothing():
+    fn = answer(TORCH_DESIGN, "capped_schedule", ("design_imports",))
+    with pytest.raises(SubmittedError, match=COURSE_CODE_USED):
+        judged(lab11.check_capped_schedule, fn, world_size=2, num_microbatches=6, max_held=2,
+               seed=HIDDEN_SEEDS[0])
