@@ -359,3 +359,26 @@ def test_torchs_zero_bubble_table_handed_in_as_the_design_earns_nothing():
     with pytest.raises(SubmittedError, match=COURSE_CODE_USED):
         judged(lab11.check_capped_schedule, fn, world_size=2, num_microbatches=6, max_held=2,
                seed=HIDDEN_SEEDS[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The handout's stubs: the contract, not the method
+
+def test_a_withheld_function_keeps_no_comment_of_its_method():
+    """tables.interleaved_1f1b's comment gave every forward's microbatch and chunk and the
+    warm-up count, zb_h1's how many W each rank keeps waiting, greedy_table's the V's whole
+    method: a handout's stub keeps the signature and the docstring, no comment of the body."""
+    import ast
+    from distlab import paths
+    from distlab.grading import student_package
+    commented = []
+    for module, names in student_package.withheld([LAB]).items():
+        path = student_package._module_file(paths.PACKAGE, module)
+        out = student_package.stub_source(path.read_text(), module, names)
+        lines = out.splitlines()
+        for qualname, node in student_package._definitions(ast.parse(out)):
+            if qualname in names or any(qualname.startswith(q + ".") for q in names):
+                body = lines[node.body[0].lineno - 1:node.end_lineno]
+                commented += [f"{module}:{qualname}: {line.strip()}" for line in body
+                              if line.strip().startswith("#")]
+    assert not commented, "\n".join(commented[:10])
