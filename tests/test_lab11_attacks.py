@@ -382,3 +382,32 @@ def test_a_withheld_function_keeps_no_comment_of_its_method():
                 commented += [f"{module}:{qualname}: {line.strip()}" for line in body
                               if line.strip().startswith("#")]
     assert not commented, "\n".join(commented[:10])
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 1's "how": the hooks that count what B and W compute run beside the student's code
+
+HOOKS_CLEARED = PARAMS_FROM_GRAPH + (
+    "def backward_input(output, grad_output, stage_input):\n"
+    "    params = _params(output, stage_input)\n"
+    "    for p in params:   # the check's counting hooks\n"
+    "        p._backward_hooks.clear()\n"
+    "    wanted = ([stage_input] if stage_input.requires_grad else []) + params\n"
+    "    grads = torch.autograd.grad(output, wanted, grad_output)   # W's work done in B\n"
+    "    dx = grads[0] if stage_input.requires_grad else None\n"
+    "    return dx, (params, grads[len(grads) - len(params):])\n"
+    "def backward_weight(kept, params):\n"
+    "    for p, g in zip(*kept):\n"
+    "        p.grad = g if p.grad is None else p.grad + g\n")
+
+
+def test_b_doing_ws_work_with_the_counting_hooks_cleared_is_listed():
+    """The check counts with hooks on the parameters, in the rank (lab11_split: a diagnostic the
+    student's code could remove, as its docstring says). A B that clears them and computes the
+    weights' gradients too passes the check; the copy report lists the private hook table it
+    reached (similarity_dynamic), so the instructor sees it."""
+    from distlab.grading.similarity_dynamic import dynamic_uses
+    ns = {"__name__": "lab11_attack"}
+    exec(compile(HOOKS_CLEARED, CELL, "exec"), ns)    # noqa: S102
+    assert judged(lab11.check_split_backward, ns["backward_input"], ns["backward_weight"])
+    assert [use for _, use in dynamic_uses(HOOKS_CLEARED)] == ["._backward_hooks"]
