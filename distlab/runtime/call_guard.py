@@ -189,6 +189,7 @@ def _where(frame) -> str:
 # threads get the hook) and a thread started after ``threading._profile_hook`` was changed are
 # noted by the profile itself, when the student's code starts them.
 _open_watches: list["Watch"] = []
+UNSEEN = "so that what it calls goes unseen"   # how a note on the guard's own hook ends
 _audit_installed = False
 
 
@@ -198,7 +199,7 @@ def _audit(event: str, args) -> None:
     frame = sys._getframe(1)
     if _student_frame(frame):
         _open_watches[-1].note(f"your {_where(frame)} removes the guard's profile hook "
-                               f"(sys.setprofile), so that what it calls goes unseen")
+                               f"(sys.setprofile), {UNSEEN}")
 
 
 class Watch:
@@ -212,13 +213,13 @@ class Watch:
     def _profile(self, frame, event, arg):
         if event == "c_call" and arg is _start_new_thread and _student_frame(frame):
             self.note(f"your {_where(frame)} starts a thread with _thread.start_new_thread, "
-                      f"which the guard cannot see into")
+                      f"which the guard's profile hook never reaches, {UNSEEN}")
             return
         if event != "call" or frame.f_code not in self.codes:
             if event == "call" and frame.f_code is _THREAD_START and \
                     threading._profile_hook != self._profile:
-                self.note("your code changed threading's profile hook before starting a "
-                          "thread, so that what the thread calls goes unseen")
+                self.note(f"your code changed threading's profile hook before starting a "
+                          f"thread, {UNSEEN}")
             return
         caller, kind = _caller(frame)
         if kind == "student":
@@ -253,7 +254,8 @@ class Watch:
     def verdict(self) -> CourseCodeUsed | None:
         if not self.uses:
             return None
-        listed = "\n".join(f"  - {u}, the course's own implementation: write your own"
+        listed = "\n".join(f"  - {u}" + ("" if u.endswith(UNSEEN) else
+                                          ", the course's own implementation: write your own")
                             for u in self.uses[:5])
         return CourseCodeUsed(
             f"{MARK}:\n{listed}\n"
