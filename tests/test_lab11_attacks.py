@@ -68,6 +68,7 @@ def test_the_prediction_read_from_the_checks_own_figures_earns_nothing(route):
     """The check's figures (the formulas in the judge, torch's table replayed in a handout) are
     course code a prediction may not call, though the handout keeps them."""
     fn = answer(LAUNDERED_PREDICTIONS[route], "predict_interleaved")
+    assert lab11.check_interleaved_prediction(fn)   # unguarded it passes: the guard decides
     with pytest.raises(SubmittedError, match=COURSE_CODE_USED):
         judged(lab11.check_interleaved_prediction, fn)
 
@@ -183,6 +184,7 @@ def test_torchs_own_split_backward_handed_in_earns_nothing(route):
     in the exercise's contract: handed in, they are a copy, not a split written."""
     ns = {"__name__": "lab11_attack"}
     exec(compile(TORCH_SPLITS[route], CELL, "exec"), ns)    # noqa: S102
+    assert lab11.check_split_backward(ns["backward_input"], ns["backward_weight"])   # unguarded
     with pytest.raises(SubmittedError, match=COURSE_CODE_USED):
         judged(lab11.check_split_backward, ns["backward_input"], ns["backward_weight"])
 
@@ -191,8 +193,8 @@ MEASURED_PREDICTION = (
     "def predict_held_bytes(num_layers, batch, hidden, itemsize):\n"
     "    import torch\n"
     "    from distlab.labs.pipeline.model import PipeSpec, stage_layers\n"
-    "    from distlab.labs.pipeline.split_backward import held_between, keep_backward_input,\n"
-    "    from distlab.labs.pipeline.split_backward import keep_backward_weight, keep_forward\n"
+    "    from distlab.labs.pipeline.split_backward import (held_between, keep_backward_input,\n"
+    "                                                      keep_backward_weight, keep_forward)\n"
     "    dtype = {2: torch.float16, 4: torch.float32, 8: torch.float64}[itemsize]\n"
     "    stage = stage_layers(PipeSpec(num_layers=num_layers, hidden=hidden, batch=batch)\n"
     "                         .model().to(dtype), 0, 1)\n"
@@ -207,15 +209,14 @@ MEASURED_PREDICTION = (
     "            p.grad = d if p.grad is None else p.grad + d\n"
     "    return {'recompute': held_between(stage, x, dy, b, w),\n"
     "            'keep': held_between(stage, x.detach().requires_grad_(), dy,\n"
-    "                                 keep_backward_input, keep_backward_weight, keep_forward)}\n"
-).replace("keep_backward_input,\n    from distlab.labs.pipeline.split_backward import ",
-          "keep_backward_input, ")
+    "                                 keep_backward_input, keep_backward_weight, keep_forward)}\n")
 
 
 def test_the_held_bytes_measured_instead_of_predicted_earn_nothing():
     """The prediction answered by the lab's own measurement (held_between, which the cell after
     it runs): measuring is not predicting."""
     fn = answer(MEASURED_PREDICTION, "predict_held_bytes")
+    assert lab11.check_held_prediction(fn)   # unguarded it passes: the guard decides
     with pytest.raises(SubmittedError, match=COURSE_CODE_USED):
         judged(lab11.check_held_prediction, fn)
 
