@@ -268,6 +268,10 @@ def grade_capped(fn, world_size: int, num_microbatches: int, max_held: int, seed
 # they are made with (an answer that calls one earns nothing; a handout has none).
 DESIGN_SHIPPED = (names(__name__, "_greedy", "_hinted_table", "_course_table")
                   + names("distlab.labs.pipeline.tables", "greedy_table", "_ready"))
+# Section 2's tables too (torch's, and the course's through kept code): where the cap allows
+# it (k >= p, a hidden case), torch's ZB-H1 table would be a design copied.
+from distlab.checks.lab11_tables import THROUGH_COURSE, TABLES_SHIPPED, TORCH_TABLES  # noqa: E402
 COURSE_CODE = dict.fromkeys(["check_capped_schedule", "check_capped_schedule_bar"],
-                            CourseCode(forbidden=DESIGN_SHIPPED))
+                            CourseCode(forbidden=DESIGN_SHIPPED,
+                                       watched=TABLES_SHIPPED + TORCH_TABLES + THROUGH_COURSE))
 

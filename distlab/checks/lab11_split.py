@@ -313,5 +313,17 @@ from distlab.checks.course_code import CourseCode, names  # noqa: E402
 SPLIT_SHIPPED = (names("distlab.labs.pipeline.split_backward", "backward_input",
                        "backward_weight")
                  + names("distlab.checks.lab11_split", "_held_bytes"))
-COURSE_CODE = {"check_split_backward": CourseCode(forbidden=SPLIT_SHIPPED),
-               "check_held_prediction": CourseCode(forbidden=SPLIT_SHIPPED)}
+# Splits the handout keeps, since the lab measures them beside the student's: the keep way and
+# torch's own (its stage_backward_input/weight, and the course's wrappers of them). Each meets
+# the exercise's contract (torch's once its B's input .grad is cleared): handed in as B and W they
+# are a copy, not a split written.
+OTHER_SPLITS = (names("distlab.labs.pipeline.split_backward", "keep_forward",
+                      "keep_backward_input", "keep_backward_weight", "torch_backward_input",
+                      "torch_backward_weight")
+                + names("torch.distributed.pipelining._backward", "stage_backward_input",
+                        "stage_backward_weight"))
+# The measurement the cell after the prediction runs: the prediction is made before it, not by it.
+MEASURED = names("distlab.labs.pipeline.split_backward", "held_between", "held_rows")
+COURSE_CODE = {"check_split_backward": CourseCode(forbidden=SPLIT_SHIPPED, watched=OTHER_SPLITS),
+               "check_held_prediction": CourseCode(forbidden=SPLIT_SHIPPED,
+                                                   watched=OTHER_SPLITS + MEASURED)}

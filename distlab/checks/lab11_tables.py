@@ -244,7 +244,16 @@ TORCH_TABLES = (names("distlab.labs.pipeline.torch_tables", "torch_table", "torc
                 + names("torch.distributed.pipelining.schedules", "ScheduleInterleaved1F1B",
                         "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
                         "ScheduleDualPipeV"))
+# Kept course code that returns those tables or figures: the guard sees only an answer's own
+# calls, so a call through it (expected_figures -> formula_figures in the judge, -> torch_table in
+# a handout) would look like the course's. The expected figures, and the tables stored for the
+# visible case (the course's and torch's, which Section 3 runs), handed in are copies too.
+THROUGH_COURSE = (names(__name__, "expected_figures", "_torch_figures")
+                  + names("distlab.labs.pipeline.on_ranks", "stored_problem",
+                          "stored_torch_tables", "_stored_table")
+                  + names("distlab.checks.lab11_executor", "_stored_problem"))
 # (distlab.checks.lab11 serves the checks: the judge serves a lab's checks from labNN alone)
 COURSE_CODE = dict.fromkeys(["check_interleaved_1f1b", "check_zb_h1", "check_zb_v",
                              "check_interleaved_prediction"],
-                            CourseCode(forbidden=TABLES_SHIPPED, watched=TORCH_TABLES))
+                            CourseCode(forbidden=TABLES_SHIPPED,
+                                       watched=TORCH_TABLES + THROUGH_COURSE))

@@ -16,6 +16,8 @@ instructor to look at:
 - code and function objects made by hand (``__code__``, ``types.FunctionType``/``CodeType``,
   ``type(f)`` or ``f.__class__`` of a function or lambda), and unpickling (``pickle``, ``marshal``,
   ``dill``, ``cloudpickle``);
+- a module's or tensor's private tables of hooks (``_backward_hooks``, ...), where a check's
+  counting hooks sit;
 - the interpreter's hooks and tables (``sys.setprofile``/``settrace``, ``sys.modules``,
   ``gc.get_objects``, ``__subclasses__``, ``object.__getattribute__``/``__setattr__``), and frame
   walking (``sys._getframe``, ``tb_frame``, ``f_back``, ``f_locals``, ``f_globals``, ``gi_frame``,
@@ -42,6 +44,11 @@ DUNDERS = {"__code__", "__file__", "__globals__", "__closure__", "__builtins__",
            "__spec__", "__wrapped__", "__self__", "__subclasses__", "__getattribute__",
            "__traceback__"}
 # Attributes of frames, tracebacks, generators and coroutines that lead to a frame or its values.
+# The private tables of hooks a module or tensor holds: a check's counting hooks sit there (Lab
+# 11's split backward counts the gradients each call computes), and an honest answer registers
+# and removes hooks through their handles.
+HOOK_TABLES = {"_backward_hooks", "_backward_pre_hooks", "_forward_hooks", "_forward_pre_hooks",
+               "_post_accumulate_grad_hooks"}
 FRAMES = {"tb_frame", "tb_next", "f_back", "f_locals", "f_globals", "f_builtins", "f_code",
           "gi_frame", "cr_frame", "ag_frame"}
 # Modules any use of which is listed (dotted: a submodule of another package).
@@ -63,7 +70,7 @@ ATTRIBUTES = {
     "type": {"__setattr__", "__delattr__"},
 }
 _PREFIXES = {"os": ("exec", "spawn")}               # os.execv, os.spawnlp, ...
-_NAMED = BUILTINS | FRAMES | set().union(*ATTRIBUTES.values())   # listed as getattr's key
+_NAMED = BUILTINS | FRAMES | HOOK_TABLES | set().union(*ATTRIBUTES.values())   # listed as getattr's key
 # listed as a subscript's key: not the words a dict of one's own may use ("system", "exception")
 _INDEXED = (BUILTINS | FRAMES | set().union(*(ATTRIBUTES[m] for m in ("sys", "threading",
                                                                       "types", "gc")))) \
@@ -208,7 +215,7 @@ class _Scan:
             if "." in dotted and _listed(dotted):
                 return dotted               # from os import system; system(...)
         elif isinstance(node, ast.Attribute):
-            if node.attr in DUNDERS | FRAMES:
+            if node.attr in DUNDERS | FRAMES | HOOK_TABLES:
                 return f".{node.attr}"
             if node.attr == "__class__" and self._function(node.value):
                 return "a function's __class__"

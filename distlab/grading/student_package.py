@@ -139,6 +139,10 @@ def _stub_body(node, lines: list[str], message: str) -> tuple[int, int, list[str
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
         return first, node.end_lineno, [text]
     start = body[keep].lineno
+    # The comments above the first statement go with the body: they tell the answer's method.
+    above = body[0].end_lineno if keep else node.lineno
+    while start - 1 > above and lines[start - 2].strip().startswith("#"):
+        start -= 1
     indent = " " * body[keep].col_offset
     return start, node.end_lineno, [indent + raise_line + "\n"]
 
