@@ -101,9 +101,11 @@ def test_a_stored_table_handed_in_earns_nothing(kind):
 
 def _literal_tables(kind: str) -> str:
     """An answer cell that is a dict of torch's tables, computed beforehand in a scratch cell
-    (no guard there) and pasted, for every case the check module (in the handout) lists."""
+    (no guard there) and pasted, for the visible cases and one seed's hidden draw."""
     from distlab.labs.pipeline.torch_tables import torch_table
-    cases = lab11_tables.VISIBLE[kind] + [case for case, _ in lab11_tables.HIDDEN[kind]]
+    # the visible cases, and the hidden ones of the seeds this test grades with (a student
+    # cannot know those: the judge draws its seed): even so, the draws' other cases are missing
+    cases = lab11_tables.VISIBLE[kind] + [case for case, _ in lab11_tables.hidden_cases(kind, 0)]
     known = {case: torch_table(lab11_tables.TORCH[kind], *case)[0] for case in cases}
     args = "p, m, v" if kind == "interleaved" else "p, m"
     key = "(p, m, v)" if kind == "interleaved" else "(p, m, 2)"
@@ -112,12 +114,6 @@ def _literal_tables(kind: str) -> str:
             f"    return KNOWN[{key}]\n")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hole: the hidden cases are drawn from lab11_tables.HIDDEN, a short list the handout ships; "
-    "torch builds every one of them for interleaved 1F1B and the V, so a dict of torch's tables "
-    "made in a scratch cell and pasted as literals passes the visible and every hidden draw "
-    "(6 points), calls nothing the guard sees, and the copy report does not list literal data. "
-    "Fix: draw hidden (p, m, v) from the seed over a range too large to paste, or withhold HIDDEN"))
 @pytest.mark.parametrize("kind", ["interleaved", "zb_v"])
 def test_torchs_tables_pasted_for_every_listed_case_earn_nothing(kind):
     fn = answer(_literal_tables(kind), lab11_tables.NAMES[kind])

@@ -161,7 +161,9 @@ def _figures(table, placement):
 
 
 def _cases(kind):
-    return [case for case in lab11_tables.VISIBLE[kind]] + [c for c, _ in lab11_tables.HIDDEN[kind]]
+    """The visible cases and the hidden ones of a few draws (one of each special kind first)."""
+    return list(lab11_tables.VISIBLE[kind]) + [c for seed in range(4)
+                                               for c, _ in lab11_tables.hidden_cases(kind, seed)]
 
 
 COURSE = {"interleaved": lambda p, m, v: tables.interleaved_1f1b(p, m, v),

@@ -18,8 +18,10 @@ judge, which equal the replay of the course's tables and of torch's own (``Sched
 tests/test_lab11_tables.py). Where the formulas are withheld (a handout), the visible cases are
 graded against torch's own tables, replayed.
 
-Hidden cases are drawn from the test's seed among ``HIDDEN``: they vary p, m and v, and include
-m = p (interleaved: the warm-up is every forward), m not a multiple of p (ZB-H1, the V).
+Hidden cases are drawn from the test's seed over ranges too wide to keep a table for each (p up
+to 16, m up to 8p, v up to 4: ``hidden_cases``); each test's first is of its special kind (m = p
+for interleaving, where the warm-up is every forward; m not a multiple of p for ZB-H1; m = 2p or
+2p + 1 for the V).
 """
 from __future__ import annotations
 
@@ -37,16 +39,7 @@ REL = 1e-9   # replayed times are sums of 1/v: exact but for float rounding
 
 VISIBLE = {"interleaved": [(4, 8, 2), (2, 4, 3)], "zb_h1": [(4, 8, 1), (2, 4, 1)],
            "zb_v": [(4, 8, 2), (2, 4, 2)], "prediction": [(4, 8, 2), (8, 16, 2), (4, 12, 3)]}
-# (p, m, v) and what makes each case special, for the feedback
-HIDDEN = {
-    "interleaved": [((3, 6, 3), "three stages per rank"), ((5, 10, 2), "five ranks"),
-                    ((4, 4, 2), "m = p: the warm-up is every forward"),
-                    ((2, 6, 2), "two ranks, three rounds"), ((3, 9, 2), "three rounds of p")],
-    "zb_h1": [((3, 7, 1), "m not a multiple of p"), ((5, 10, 1), "five ranks"),
-              ((4, 4, 1), "m = p"), ((2, 5, 1), "two ranks, m odd"), ((6, 12, 1), "six ranks")],
-    "zb_v": [((3, 6, 2), "m = 2p"), ((3, 7, 2), "m = 2p + 1"), ((5, 10, 2), "five ranks"),
-             ((4, 9, 2), "m not a multiple of p"), ((2, 5, 2), "two ranks, m odd")],
-}
+MAX_RANKS, MAX_ROUNDS, MAX_V = 16, 8, 4   # the hidden draw's ranges (m up to MAX_ROUNDS * p)
 NAMES = {"interleaved": "interleaved_1f1b", "zb_h1": "zb_h1", "zb_v": "zb_v"}
 TORCH = {"interleaved": "ScheduleInterleaved1F1B", "zb_h1": "ScheduleInterleavedZeroBubble",
          "zb_v": "ScheduleZBVZeroBubble"}
@@ -94,7 +87,36 @@ def expected_figures(kind: str, p: int, m: int, v: int) -> tuple[float, int]:
 def _cases(kind: str, seed: int | None, count: int = 3) -> list[tuple[tuple, str]]:
     if seed is None:
         return [(case, "visible") for case in VISIBLE[kind]]
-    return random.Random(seed).sample(HIDDEN[kind], count)
+    return hidden_cases(kind, seed, count)
+
+
+def hidden_cases(kind: str, seed: int, count: int = 3) -> list[tuple[tuple, str]]:
+    """``count`` cases (p, m, v) drawn from ``seed``, each with what makes it special: the first
+    of the test's special kind, the others anywhere in the ranges (interleaving needs m a
+    multiple of p, the V m >= 2p, every schedule m >= p)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(count):
+        p = rng.randint(2, MAX_RANKS)
+        if kind == "interleaved":
+            v, m = rng.randint(2, MAX_V), p * (1 if k == 0 else rng.randint(1, MAX_ROUNDS))
+        elif kind == "zb_h1":
+            v, m = 1, (p * rng.randint(1, MAX_ROUNDS - 1) + rng.randint(1, p - 1) if k == 0
+                       else rng.randint(p, MAX_ROUNDS * p))
+        else:
+            v, m = 2, (2 * p + rng.randint(0, 1) if k == 0 else rng.randint(2 * p, MAX_ROUNDS * p))
+        out.append(((p, m, v), _special(kind, p, m)))
+    return out
+
+
+def _special(kind: str, p: int, m: int) -> str:
+    if m == p:
+        return "m = p: the warm-up is every forward" if kind == "interleaved" else "m = p"
+    if kind == "zb_v" and m in (2 * p, 2 * p + 1):
+        return "m = 2p" if m == 2 * p else "m = 2p + 1"
+    if m % p:
+        return "m not a multiple of p"
+    return f"{m // p} rounds of p"
 
 
 def _call(fn, kind: str, cases) -> list:
