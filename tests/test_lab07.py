@@ -1052,3 +1052,16 @@ def test_graded_design_cells_print_the_scale_not_none(graded_samples):
         text = "".join(o.get("text", "") for o in cell.get("outputs", []))
         assert f"{lab07_scale.comparison(fig['bound'], fig)}: {verdict}" in text, text
         assert "None" not in text.split(), text
+
+
+@pytest.mark.parametrize("seed", [None, 0, 1, 2, 3])
+def test_the_courses_stage_layout_is_the_solutions_placement(seed):
+    """``mesh_traffic.stage_layout`` (the course's answer, withheld from the handout; the
+    delegation samples hand it in) places the scale's problem as the solution does."""
+    from distlab.checks.lab07_design import sent_dicts
+    from distlab.labs.mesh_traffic import stage_layout
+    _, table, _ = lab07_scale.problem(seed)
+    sent = sent_dicts(table["sent"])
+    solution = solution_functions("07_3d_parallelism", ["place_mesh"])["place_mesh"]
+    shape, per_node = lab07_scale.SHAPE, lab07_scale.PER_NODE
+    assert stage_layout(shape, per_node, sent) == solution(shape, per_node, sent)

@@ -102,7 +102,7 @@ LAB7_SHIPPED = (names("distlab.labs.planning.memory", "memory_per_gpu", "_stage_
                         "valid_layouts")
                 + names("distlab.labs.mesh", "megatron_plan")
                 + names(f"{TP}.dtensor", "dtensor_plan")
-                + names("distlab.labs.mesh_traffic", "megatron_layout")
+                + names("distlab.labs.mesh_traffic", "megatron_layout", "stage_layout")
                 + names("distlab.checks.lab07_prediction", "formula_traffic", "_stage_elements")
                 + names("distlab.checks.lab07_design", "_budget", "least_crossing", "crossing",
                         "_calls", "_placements")

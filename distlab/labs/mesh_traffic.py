@@ -103,6 +103,21 @@ def megatron_layout(shape: MeshShape) -> list:
     return torch.arange(shape.world_size).reshape(shape.pp, shape.dp, shape.tp).tolist()
 
 
+def stage_layout(shape: MeshShape, per_node: int, sent: list) -> list:
+    """The course's answer to Lab 7's ``place_mesh(shape, per_node, sent)``: layout[pp][dp][tp] =
+    the global rank at those coordinates, each stage's ranks consecutive, the axis on which that
+    stage sends more inside (``sent[r]``: bytes per step of rank r on "tp", "pp", "dp")."""
+    import torch
+    per_stage, layout = shape.dp * shape.tp, []
+    for stage in range(shape.pp):
+        mine = sent[stage * per_stage]
+        grid = torch.arange(per_stage).reshape(shape.dp, shape.tp)
+        if mine["dp"] > mine["tp"]:
+            grid = torch.arange(per_stage).reshape(shape.tp, shape.dp).T
+        layout.append((grid + stage * per_stage).tolist())
+    return layout
+
+
 def traced_run(shape: MeshShape, plan_fn=megatron_plan, layout=None,
                cfg: TinyConfig = TinyConfig(), seed: int = 0):
     """The mesh run with ``plan_fn``'s TP plan on ``layout`` (None: row-major), traced:

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "Pipelines without bubbles: the backward split into input and weight gradients, schedules written as tables (interleaved 1F1B, ZB-H1, a V-shaped zero-bubble) replayed on paper and run on real ranks beside torch's own, and a schedule designed under a memory cap."
+#     summary: "The backward split into input and weight gradients; interleaved 1F1B, ZB-H1 and a zero-bubble V as tables, replayed and run on real ranks beside torch's own; a schedule under a memory cap."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python

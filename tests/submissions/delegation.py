@@ -106,8 +106,7 @@ DELEGATED = {
                             "distlab.labs.planning.degrees:reference_choose_degrees")],
         "tp_plan": [("tp_plan", "distlab.labs.mesh:megatron_plan")],
         "predict_traffic": [("predict_traffic", "distlab.checks.lab07_prediction:formula_traffic")],
-        "place_mesh": [("place_mesh", "distlab.labs.mesh_traffic:megatron_layout",
-                        ("shape, per_node, sent", "shape"))],
+        "place_mesh": [("place_mesh", "distlab.labs.mesh_traffic:stage_layout")],
     },
     "08_sharded_data_parallel": {
         "predict_step_bytes": [("predict_step_bytes",
