@@ -20,6 +20,7 @@ from distlab.labs import context
 from distlab.labs.context import answers
 from distlab.runtime import wire
 from submissions import unrecorded
+from check_verdicts import verdicts  # tests/check_verdicts.py
 
 LAB = "10_context_parallel"
 SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
@@ -104,14 +105,7 @@ def run_checks(ns: dict, world_size: int = 2, seed: int | None = None, **sizes) 
         "test_ulysses": lambda: lab10.check_ulysses(ns["ulysses_attention"], world_size, seed,
                                                     **sizes),
     }
-    out = {}
-    for name, call in calls.items():
-        try:
-            call()
-            out[name] = "pass"
-        except CheckFailed as err:
-            out[name] = str(err)
-    return out
+    return verdicts(calls)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from distlab.labs.pipeline.compare import messages
 from distlab.labs.pipeline.table_view import replay_table
 from distlab.labs.pipeline.torch_tables import torch_table
 from distlab.labs.pipeline.validity import table_problem
+from check_verdicts import verdicts  # tests/check_verdicts.py
 
 LAB = "11_pipeline_schedules"
 SOURCE = Path(__file__).resolve().parents[1] / f"solutions/{LAB}/{LAB}.py"
@@ -67,14 +68,7 @@ def run_checks(ns: dict, seed: int | None = None) -> dict[str, str]:
         "test_zb_h1": lambda: lab11.check_zb_h1(ns["zb_h1"], seed),
         "test_zb_v": lambda: lab11.check_zb_v(ns["zb_v"], seed),
     }
-    out = {}
-    for name, call in calls.items():
-        try:
-            call()
-            out[name] = "pass"
-        except CheckFailed as err:
-            out[name] = str(err)
-    return out
+    return verdicts(calls)
 
 
 @pytest.fixture
