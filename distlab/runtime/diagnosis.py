@@ -41,7 +41,7 @@ class RankState:
 def _key(comm: Comm) -> tuple:
     if comm.op in POINT_TO_POINT:
         return (comm.op.lstrip("i"), comm.peer)
-    return ("collective", comm.group)
+    return ("collective", comm.group, comm.group_name)
 
 
 def _signature(comm: Comm) -> tuple:
@@ -62,7 +62,7 @@ def find_mismatch(states: list[RankState], new: Comm) -> str | None:
         if other.rank == new.rank or other.rank not in new.group:
             continue
         twin = next((c for c in other.comms if c.op not in POINT_TO_POINT and c.group == new.group
-                     and c.seq == new.seq), None)
+                     and c.group_name == new.group_name and c.seq == new.seq), None)
         if twin is not None and _signature(twin) != _signature(new):
             first, second = sorted([new, twin], key=lambda c: c.rank)
             return (f"rank {first.rank} is in {_short(first)} {first.dtype}, rank {second.rank} in "

@@ -11,9 +11,10 @@ eq. for T_w per segment), so the expected fraction of time lost is
 
     lost(tau) = 1 - tau / (M e^(R/M) (e^((tau + delta)/M) - 1))                    (exact model)
 
-First order in L/M and R/M (Young 1974, "A first order approximation to the optimum checkpoint
-interval", CACM 17(9)): per unit of time a share delta/L goes to saves, and failures (1/M of
-them) each cost R plus half a segment redone:
+First order (Young 1974, "A first order approximation to the optimum checkpoint interval",
+CACM 17(9)), for saves short beside the period (delta/L small) and periods short beside the MTBF
+(L/M and R/M small), dropping their products and squares: per unit of time a share delta/L
+goes to saves, and failures (1/M of them) each cost R plus half a segment redone:
 
     lost_1(tau) = delta / (tau + delta) + (R + (tau + delta) / 2) / M
 

@@ -1,7 +1,7 @@
 """A training loop that survives the loss of a rank: it saves the whole state every few steps
 and, started again, resumes from the newest complete checkpoint.
 
-``train(rank, world_size, ...)`` is a rank body for ``distlab.run`` (and, unchanged, under
+``train_resumable(rank, world_size, ...)`` is a rank body for ``distlab.run`` (and, unchanged, under
 torchrun: ``distlab.labs.checkpoint.torchrun_job``). Run it once and it trains from step 0; kill
 a rank and run it again on the same folder and it resumes from the last checkpoint, landing on
 the uninterrupted run's losses and parameters to the last bit.
@@ -19,7 +19,8 @@ import threading
 import time
 
 from distlab.labs.checkpoint.run_state import RunSpec, Trainer
-from distlab.labs.checkpoint.saving import STEP_FOLDER, async_save, load, save
+from distlab.labs.checkpoint.saving import (STEP_FOLDER, async_save_checkpoint, load_checkpoint,
+                                           save_checkpoint)
 
 KILL_FILE = "kill-me.pid"
 
@@ -36,7 +37,7 @@ def complete_checkpoints(root: str) -> list[tuple[int, str]]:
     return found
 
 
-def train(rank: int, world_size: int, root: str, steps: int, save_every: int,
+def train_resumable(rank: int, world_size: int, root: str, steps: int, save_every: int,
           spec: RunSpec = RunSpec(), asynchronous: bool = False, kill: tuple | None = None,
           crash_once: tuple | None = None) -> dict:
     """Train to ``steps`` steps, saving under ``root`` every ``save_every`` steps (``async_save``
@@ -49,7 +50,7 @@ def train(rank: int, world_size: int, root: str, steps: int, save_every: int,
     resumed_from = None
     if done:
         resumed_from, folder = done[-1]
-        load(trainer, folder)
+        load_checkpoint(trainer, folder)
     losses, pending = {}, None
     while trainer.steps_done < steps:
         if kill and rank == kill[0] and trainer.steps_done + 1 == kill[1]:
@@ -62,9 +63,9 @@ def train(rank: int, world_size: int, root: str, steps: int, save_every: int,
             if pending is not None:
                 pending.result()          # one save in flight at a time
             if asynchronous:
-                pending, _ = async_save(trainer, root)
+                pending, _ = async_save_checkpoint(trainer, root)
             else:
-                save(trainer, root)
+                save_checkpoint(trainer, root)
     if pending is not None:
         pending.result()
     return {"resumed_from": resumed_from, "losses": losses, "params": trainer.full_params()}
@@ -91,7 +92,7 @@ def _crash_once(root: str) -> None:
 
 class KillAt(contextlib.AbstractContextManager):
     """Within the block, a thread kills (SIGKILL) the process that writes its id to
-    ``root/kill-me.pid`` (``train(..., kill=(victim, step))``); ``killed`` is its pid once done."""
+    ``root/kill-me.pid`` (``train_resumable(..., kill=(victim, step))``); ``killed`` is its pid once done."""
 
     def __init__(self, root: str, timeout: float = 120):
         self.path, self.timeout = os.path.join(root, KILL_FILE), timeout

@@ -17,7 +17,6 @@ ranks would disagree, so the saves get a gloo group of their own (``save_group``
 from __future__ import annotations
 
 import os
-import time
 
 import torch.distributed as dist
 
@@ -31,7 +30,7 @@ def step_folder(root: str, step: int) -> str:
     return os.path.join(root, STEP_FOLDER.format(step))
 
 
-def save(trainer: Trainer, root: str) -> str:
+def save_checkpoint(trainer: Trainer, root: str) -> str:
     """Write the trainer's whole state under ``root/step_NNNNNN`` (blocking); its folder."""
     import torch.distributed.checkpoint as dcp
     folder = step_folder(root, trainer.steps_done)
@@ -51,7 +50,7 @@ def save_group():
     return _SAVE_GROUPS[key]
 
 
-def async_save(trainer: Trainer, root: str):
+def async_save_checkpoint(trainer: Trainer, root: str):
     """Start writing the trainer's state under ``root/step_NNNNNN`` and return at once, after the
     state is copied to CPU memory: (future, folder). Wait on ``future.result()`` before the next
     save, and before the training ends."""
@@ -62,7 +61,7 @@ def async_save(trainer: Trainer, root: str):
     return future, folder
 
 
-def load(trainer: Trainer, folder: str) -> None:
+def load_checkpoint(trainer: Trainer, folder: str) -> None:
     """Read a checkpoint into the trainer, whatever world size wrote it (module doc), after
     ``checked_folder`` has found it complete and made for this model; the state then goes back
     into the model, optimizer, generators and data position."""
@@ -84,10 +83,3 @@ def load_shards(trainer: Trainer, folder: str) -> None:
     dcp.load(state, checkpoint_id=folder)
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
-
-
-def timed(fn, *args) -> tuple[object, float]:
-    """(fn(*args), seconds it took)."""
-    start = time.perf_counter()
-    value = fn(*args)
-    return value, time.perf_counter() - start

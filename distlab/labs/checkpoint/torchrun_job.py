@@ -7,7 +7,7 @@ dies (``--max-restarts``); the workers resume from the newest complete checkpoin
 ``--crash-at RANK:STEP``: that worker kills itself (SIGKILL) on reaching STEP, once per FOLDER,
 so that the restarted workers go past it. Rank 0 writes what the final workers saw to
 FOLDER/result.pt: {"resumed_from", "losses", "params", "restart"} (torchrun's restart count).
-The loop is ``distlab.labs.checkpoint.restart.train``, the one ``distlab.run`` runs.
+The loop is ``distlab.labs.checkpoint.restart.train_resumable``, the one ``distlab.run`` runs.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     crash = tuple(int(v) for v in args.crash_at.split(":")) if args.crash_at else None
     import distlab
-    from distlab.labs.checkpoint.restart import train
+    from distlab.labs.checkpoint.restart import train_resumable
     world_size = int(os.environ["WORLD_SIZE"])
-    out = distlab.run(train, world_size, args.folder, args.steps, args.save_every,
+    out = distlab.run(train_resumable, world_size, args.folder, args.steps, args.save_every,
                       asynchronous=args.asynchronous, crash_once=crash)
     if int(os.environ["RANK"]) == 0:
         result = dict(out[0], restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
