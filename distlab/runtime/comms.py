@@ -61,6 +61,9 @@ class Comm:
     # which process group (c10d's name, the same on every rank): two groups of the same ranks,
     # e.g. a checkpoint's own gloo group beside the training's, number their calls apart
     group_name: str = ""
+    # made from a thread other than the rank's main one (an async checkpoint's writer): such a
+    # rank may move on while one of its calls waits, so no deadlock is ever concluded on it
+    threaded: bool = False
 
     @property
     def duration(self) -> float | None:
@@ -200,6 +203,7 @@ class Recorder:
             key = (ranks, name) if op not in POINT_TO_POINT else (op.lstrip("i"), peer)
             comm = Comm(rank=self.rank, seq=self._next_seq(key), op=op, group=ranks,
                         group_name=name,
+                        threaded=threading.current_thread() is not threading.main_thread(),
                         shapes=[tuple(t.shape) for t in shown],
                         dtype=str(shown[0].dtype).removeprefix("torch.") if shown else "",
                         bytes=nbytes, peer=peer,

@@ -124,7 +124,7 @@ def _waits_on(states: list[RankState], state: RankState) -> set[int] | None:
     """The ranks this blocked rank still needs something from, or None if it may yet progress
     (not blocked, blocked in a send that the backend may buffer, or in a rooted collective)."""
     call = state.open_call() if state.status == "running" else None
-    if call is None:
+    if call is None or any(c.threaded for c in state.comms):   # another thread may go on
         return None
     if call.op == "recv":
         peer = states[call.peer] if call.peer is not None and call.peer < len(states) else None
