@@ -37,8 +37,8 @@ def _assert_lands_on(resumed: dict, reference: dict, first_step: int):
 def test_a_rank_killed_from_outside_is_reported_and_the_run_resumes(uninterrupted, tmp_path):
     with KillAt(str(tmp_path)) as killer:
         with pytest.raises(distlab.RankCrashed) as crashed:
-            distlab.run(train_resumable, 2, str(tmp_path), STEPS, SAVE_EVERY, kill=(VICTIM, KILL_AT),
-                        timeout=240)
+            distlab.run(train_resumable, 2, str(tmp_path), STEPS, SAVE_EVERY,
+                        kill=(VICTIM, KILL_AT), timeout=240)
     assert killer.killed is not None
     # the launcher names the rank and the signal: a death, not a hang
     assert f"rank {VICTIM} died: its process was killed by SIGKILL" in str(crashed.value)
@@ -50,8 +50,10 @@ def test_a_rank_killed_from_outside_is_reported_and_the_run_resumes(uninterrupte
 
 
 def test_an_unfinished_save_is_skipped_on_restart(uninterrupted, tmp_path):
-    # a rank died while step 6's save was written: no .metadata, so the restart takes step 4's
-    first = distlab.run(train_resumable, 2, str(tmp_path), 4, SAVE_EVERY, timeout=240)
+    # saved asynchronously up to step 4; then a rank died while step 6's save was written: no
+    # .metadata, so the restart takes step 4's
+    first = distlab.run(train_resumable, 2, str(tmp_path), 4, SAVE_EVERY, asynchronous=True,
+                        timeout=240)
     assert first[0]["resumed_from"] is None
     (tmp_path / "step_000006").mkdir()
     (tmp_path / "step_000006" / "__0_0.distcp").write_bytes(b"half")

@@ -76,9 +76,9 @@ def check_keys(folder: str, metadata, state: dict) -> None:
     for key, value in wanted.items():
         meta = saved[key]
         if isinstance(value, torch.Tensor) != isinstance(meta, TensorStorageMetadata):
-            raise CheckpointRefused(path, f"written for another model or run: {key} is "
-                                          f"{'a tensor' if isinstance(value, torch.Tensor) else 'an object'}"
-                                          f" here and not in the checkpoint")
+            kind = "a tensor" if isinstance(value, torch.Tensor) else "an object"
+            raise CheckpointRefused(path, f"written for another model or run: {key} is {kind} "
+                                          f"here and not in the checkpoint")
         if isinstance(value, torch.Tensor) and tuple(value.shape) != tuple(meta.size):
             raise CheckpointRefused(path, f"written for another model: {key} has shape "
                                           f"{tuple(meta.size)} in the checkpoint, "

@@ -92,7 +92,8 @@ def _crash_once(root: str) -> None:
 
 class KillAt(contextlib.AbstractContextManager):
     """Within the block, a thread kills (SIGKILL) the process that writes its id to
-    ``root/kill-me.pid`` (``train_resumable(..., kill=(victim, step))``); ``killed`` is its pid once done."""
+    ``root/kill-me.pid`` (``train_resumable(..., kill=(victim, step))``); ``killed`` is its pid
+    once done."""
 
     def __init__(self, root: str, timeout: float = 120):
         self.path, self.timeout = os.path.join(root, KILL_FILE), timeout

@@ -76,8 +76,9 @@ def reshard(rank: int, world_size: int, steps: int = 0, source: str | None = Non
             spec: RunSpec = RunSpec()) -> dict:
     """On this world size: load the shards of ``source`` (written by any world size) or train
     ``steps`` steps, then save to ``target`` (``saved``: the step folder); return the parameters
-    and optimizer state gathered whole. ``broken``: a folder to try first, which must be refused with nothing loaded
-    (``refused`` says what came, ``untouched`` whether the parameters stayed as they were)."""
+    and optimizer state gathered whole. ``broken``: a folder to try first, which must be refused
+    with nothing loaded (``refused`` says what came, ``untouched`` whether the parameters stayed
+    as they were)."""
     trainer = Trainer(rank, world_size, spec)
     out = {}
     if broken is not None:
