@@ -2,25 +2,16 @@
 the interval that minimises it.
 
 The model (Daly 2006, "A higher order estimate of the optimum checkpoint interval for restart
-dumps", Future Generation Computer Systems 22(3), sec. 3): failures arrive at random, at rate
+dumps", Future Generation Computer Systems 22(3)): failures arrive at random, at rate
 1/M (exponential inter-arrival times; M is the mean time between failures of the whole job).
 The run computes for tau, saves for delta, computes for tau, ...; a failure, during compute, save
-or restart alike, costs the restart R and everything since the last completed save. A segment of
-L = tau + delta then takes, in expectation, M e^(R/M) (e^(L/M) - 1) of wall-clock time (Daly's
-eq. for T_w per segment), so the expected fraction of time lost is
-
-    lost(tau) = 1 - tau / (M e^(R/M) (e^((tau + delta)/M) - 1))                    (exact model)
-
-First order (Young 1974, "A first order approximation to the optimum checkpoint interval",
-CACM 17(9)), for saves short beside the period (delta/L small) and periods short beside the MTBF
-(L/M and R/M small), dropping their products and squares: per unit of time a share delta/L
-goes to saves, and failures (1/M of them) each cost R plus half a segment redone:
-
-    lost_1(tau) = delta / (tau + delta) + (R + (tau + delta) / 2) / M
-
-whose minimum is at the period tau + delta = sqrt(2 delta M) (Young's interval). Daly's higher
-order estimate of the compute time between saves is
-sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + (delta / 2M) / 9) - delta for delta < 2M, else M.
+or restart alike, costs the restart R and everything since the last completed save.
+``lost_fraction`` is that model's expected fraction of wall-clock time lost, exactly;
+``lost_fraction_first_order`` is the first-order approximation behind Young's interval (Young
+1974, "A first order approximation to the optimum checkpoint interval", CACM 17(9)), valid for
+saves short beside the period and periods short beside the MTBF; ``young_period`` minimises that approximation and
+``daly_interval`` is Daly's higher-order estimate of the exact optimum (``best_interval``).
+The formulas are in the functions' bodies (the lab asks for them before it shows them).
 """
 from __future__ import annotations
 
@@ -30,12 +21,15 @@ import statistics
 
 
 def young_period(delta: float, mtbf: float) -> float:
-    """sqrt(2 delta M): the time from one save's start to the next's that minimises ``lost_1``."""
+    """Young's interval: the time from one save's start to the next's (compute plus save) that
+    minimises ``lost_fraction_first_order``."""
+    # d/dL [delta / L + L / (2M)] = 0 at L = sqrt(2 delta M)
     return math.sqrt(2 * delta * mtbf)
 
 
 def daly_interval(delta: float, mtbf: float) -> float:
     """Daly's (2006) higher-order estimate of the optimal compute time between saves."""
+    # sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + (delta / 2M) / 9) - delta for delta < 2M, else M
     if delta >= 2 * mtbf:
         return mtbf
     x = delta / (2 * mtbf)
@@ -44,13 +38,18 @@ def daly_interval(delta: float, mtbf: float) -> float:
 
 def lost_fraction(tau: float, delta: float, restart: float, mtbf: float) -> float:
     """The expected fraction of wall-clock time not spent on progress (module doc: exact model)."""
+    # A segment of L = tau + delta needs L failure-free; each failure costs the time since the
+    # segment began plus a restart, which failures interrupt too. In expectation a segment then
+    # takes M e^(R/M) (e^(L/M) - 1) of wall-clock time (Daly 2006), of which tau is progress.
     _check(tau, delta, restart, mtbf)
     wall = mtbf * math.exp(restart / mtbf) * math.expm1((tau + delta) / mtbf)
     return 1 - tau / wall
 
 
 def lost_fraction_first_order(tau: float, delta: float, restart: float, mtbf: float) -> float:
-    """Young's first-order approximation of ``lost_fraction`` (module doc)."""
+    """The first-order approximation of ``lost_fraction`` behind Young's interval (module doc)."""
+    # Per unit of time a share delta / L goes to saves, and failures (1/M of them) each cost R plus
+    # half a segment redone; products and squares of delta/L, L/M and R/M are dropped.
     _check(tau, delta, restart, mtbf)
     return delta / (tau + delta) + (restart + (tau + delta) / 2) / mtbf
 
