@@ -9,8 +9,9 @@ or restart alike, costs the restart R and everything since the last completed sa
 ``lost_fraction`` is that model's expected fraction of wall-clock time lost, exactly;
 ``lost_fraction_first_order`` is the first-order approximation behind Young's interval (Young
 1974, "A first order approximation to the optimum checkpoint interval", CACM 17(9)), valid for
-saves short beside the period and periods short beside the MTBF; ``young_period`` minimises that approximation and
-``daly_interval`` is Daly's higher-order estimate of the exact optimum (``best_interval``).
+saves short beside the period and periods short beside the MTBF; ``young_period`` minimises
+that approximation and ``daly_interval`` is Daly's higher-order estimate of the exact optimum
+(``best_interval``).
 The formulas are in the functions' bodies (the lab asks for them before it shows them).
 """
 from __future__ import annotations
