@@ -8,10 +8,12 @@ import pytest
 import torch
 
 import distlab
-from distlab.labs.checkpoint.layout import files_written, tensor_chunks, writers
+from distlab.labs.checkpoint.layout import (files_written, merge_rank_folders, tensor_chunks,
+                                            writers)
 from distlab.labs.checkpoint.refusals import CheckpointRefused, checked_folder
 from distlab.labs.checkpoint.run_state import RunSpec
 from distlab.labs.checkpoint.runs import FORGETTABLE, reshard, resume_beside
+from distlab.labs.checkpoint.saving import save_checkpoint
 
 STEPS, SAVE_AT = 6, 3    # on 2 ranks an epoch is 2 steps: the resume reshuffles at step 5
 
@@ -142,3 +144,34 @@ def test_refusals_name_the_file_and_the_reason(resharded, tmp_path):
             checked_folder(folder, _model_state(spec))
         assert caught.value.path.endswith(file), (folder, caught.value)
         assert reason in caught.value.reason and "Nothing was loaded" in str(caught.value)
+
+
+def _save_apart(rank, world_size, base):
+    """Each rank saves into a folder of its own (as a confined rank must), then loads the merged
+    checkpoint the test made."""
+    from distlab.labs.checkpoint.run_state import Trainer
+    trainer = Trainer(rank, world_size)
+    trainer.step()
+    save_checkpoint(trainer, os.path.join(base, f"rank{rank}"))
+    return trainer.full_params()
+
+
+def _load_merged(rank, world_size, folder):
+    from distlab.labs.checkpoint.run_state import Trainer
+    from distlab.labs.checkpoint.saving import load_checkpoint
+    trainer = Trainer(rank, world_size)
+    load_checkpoint(trainer, folder)
+    return trainer.full_params()
+
+
+def test_ranks_that_save_apart_make_one_checkpoint_once_merged(tmp_path):
+    saved = distlab.run(_save_apart, 2, str(tmp_path), timeout=240)
+    parts = [str(tmp_path / f"rank{r}" / "step_000001") for r in range(2)]
+    assert sorted(os.listdir(parts[1])) == ["__1_0.distcp"]        # rank 0 alone writes .metadata
+    merged = merge_rank_folders(parts, str(tmp_path / "merged"))
+    with pytest.raises(FileExistsError):
+        merge_rank_folders(parts, merged)
+    with pytest.raises(ValueError, match=r"\.metadata is in both"):
+        merge_rank_folders([parts[0], parts[0]], str(tmp_path / "twice"))
+    back = distlab.run(_load_merged, 2, merged, timeout=240)
+    _assert_same(back[0], saved[0], "merged checkpoint")

@@ -38,3 +38,28 @@ def tensor_chunks(folder: str) -> list[dict]:
 def writers(folder: str) -> int:
     """How many ranks wrote the checkpoint: the distinct shard files its metadata names."""
     return len({info.relative_path for info in read_metadata(folder).storage_data.values()})
+
+
+def merge_rank_folders(folders: list[str], into: str) -> str:
+    """One checkpoint folder from the folders the ranks of one save wrote to, each its own (a
+    rank confined to a folder of its own, as the grader runs a student's ranks, cannot write
+    where the others do; DCP lets every rank pass its own path: rank r writes ``__r_0.distcp``
+    there and the coordinator ``.metadata``). Copies; refuses a name two folders hold, and an
+    ``into`` that exists. Returns ``into``, ready for ``load_checkpoint`` on any world size."""
+    import shutil
+    if os.path.exists(into):
+        raise FileExistsError(f"{into} exists: merge into a new folder (nothing is overwritten)")
+    sources: dict[str, str] = {}
+    for folder in folders:
+        for name in sorted(os.listdir(folder)):
+            if name in sources:
+                raise ValueError(f"{name} is in both {sources[name]} and {folder}: these are not "
+                                 f"the folders of one save's ranks")
+            sources[name] = folder
+    if ".metadata" not in sources:
+        raise ValueError(f"none of {folders} holds .metadata: the save did not finish")
+    os.makedirs(into)
+    for name, folder in sources.items():
+        shutil.copy2(os.path.join(folder, name), os.path.join(into, name))
+    read_metadata(into)
+    return into
