@@ -129,6 +129,31 @@ def _different_collectives(rank, world_size):
         dist.all_gather([torch.zeros(4) for _ in range(world_size)], t)
 
 
+def _two_groups_of_the_same_ranks(rank, world_size):
+    import threading
+    side = dist.new_group(backend="gloo")   # as an async checkpoint's own group (Lab 12)
+    a, b = torch.ones(2), torch.ones(3)
+    if rank == 0:   # the side group's call from a thread, first; the main group's after it
+        thread = threading.Thread(target=dist.all_reduce, args=(b,), kwargs={"group": side})
+        thread.start()
+        time.sleep(0.2)
+        dist.all_reduce(a)
+        thread.join()
+    else:
+        dist.all_reduce(a)
+        dist.all_reduce(b, group=side)
+    return a.sum().item() + b.sum().item()
+
+
+def test_two_groups_of_the_same_ranks_are_numbered_apart():
+    # The same ranks, two groups, calls in another order on each rank: no disagreement (the
+    # record once numbered them as one sequence and stopped the run).
+    out = distlab.run(_two_groups_of_the_same_ranks, 2)
+    assert list(out) == [10.0, 10.0]
+    calls = [c for c in out.comms[0] if c.op == "all_reduce"]
+    assert len({c.group_name for c in calls}) == 2 and {c.seq for c in calls} == {1}
+
+
 def test_different_collectives_are_named_without_waiting_for_the_timeout():
     start = time.perf_counter()
     with pytest.raises(HangError) as info:

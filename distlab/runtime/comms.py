@@ -58,6 +58,12 @@ class Comm:
     async_op: bool = False
     start: float = 0.0
     end: float | None = None
+    # which process group (c10d's name, the same on every rank): two groups of the same ranks,
+    # e.g. a checkpoint's own gloo group beside the training's, number their calls apart
+    group_name: str = ""
+    # made from a thread other than the rank's main one (an async checkpoint's writer): such a
+    # rank may move on while one of its calls waits, so no deadlock is ever concluded on it
+    threaded: bool = False
 
     @property
     def duration(self) -> float | None:
@@ -107,6 +113,13 @@ def _group_ranks(group) -> tuple:
     if group is None or group is c10d.GroupMember.WORLD:
         return tuple(range(dist.get_world_size()))
     return tuple(dist.get_process_group_ranks(group))
+
+
+def _group_name(group) -> str:
+    try:
+        return c10d._get_process_group_name(group or c10d._get_default_group())
+    except Exception:   # a group this torch cannot name: numbered with the others of its ranks
+        return ""
 
 
 def _peer(op: str, bound: inspect.BoundArguments, group) -> int | None:
@@ -186,8 +199,11 @@ class Recorder:
             shown, nbytes = _message(op, bound)
             # Collectives are numbered per group, point-to-point per (direction, peer): those are
             # the sequences that must line up between ranks.
-            key = (ranks,) if op not in POINT_TO_POINT else (op.lstrip("i"), peer)
+            name = _group_name(group) if op not in POINT_TO_POINT else ""
+            key = (ranks, name) if op not in POINT_TO_POINT else (op.lstrip("i"), peer)
             comm = Comm(rank=self.rank, seq=self._next_seq(key), op=op, group=ranks,
+                        group_name=name,
+                        threaded=threading.current_thread() is not threading.main_thread(),
                         shapes=[tuple(t.shape) for t in shown],
                         dtype=str(shown[0].dtype).removeprefix("torch.") if shown else "",
                         bytes=nbytes, peer=peer,

@@ -60,6 +60,7 @@ class _Index:
         self.counts: dict = {}
         self.first: dict = {}
         self.open: list[int] = []
+        self.threaded = False      # a call made off the main thread (an async save's writer)
 
     def update(self) -> "_Index":
         for i in range(self.seen, len(self.comms)):
@@ -69,6 +70,7 @@ class _Index:
             self.first.setdefault((key, comm.seq), comm)
             if comm.end is None and not comm.async_op:
                 self.open.append(i)
+            self.threaded = self.threaded or comm.threaded
         self.seen = len(self.comms)
         return self
 
@@ -81,7 +83,7 @@ class _Index:
 def _key(comm: Comm) -> tuple:
     if comm.op in POINT_TO_POINT:
         return (comm.op.lstrip("i"), comm.peer)
-    return ("collective", comm.group)
+    return ("collective", comm.group, comm.group_name)
 
 
 def _signature(comm: Comm) -> tuple:
@@ -101,7 +103,7 @@ def find_mismatch(states: list[RankState], new: Comm) -> str | None:
     for other in states:
         if other.rank == new.rank or other.rank not in new.group:
             continue
-        twin = other.twin(("collective", new.group), new.seq)
+        twin = other.twin(_key(new), new.seq)
         if twin is not None and _signature(twin) != _signature(new):
             first, second = sorted([new, twin], key=lambda c: c.rank)
             return (f"rank {first.rank} is in {_short(first)} {first.dtype}, rank {second.rank} in "
@@ -162,7 +164,7 @@ def _waits_on(states: list[RankState], state: RankState) -> set[int] | None:
     """The ranks this blocked rank still needs something from, or None if it may yet progress
     (not blocked, blocked in a send that the backend may buffer, or in a rooted collective)."""
     call = state.open_call() if state.status == "running" else None
-    if call is None:
+    if call is None or state.indexed().threaded:   # another thread may go on
         return None
     if call.op == "recv":
         peer = states[call.peer] if call.peer is not None and call.peer < len(states) else None
