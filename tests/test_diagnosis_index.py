@@ -38,7 +38,7 @@ def random_call(rank: int, rng: random.Random, seqs: dict) -> Comm:
 def test_the_index_answers_what_a_scan_answers_throughout_a_launch():
     rng = random.Random(0)
     state, seqs = RankState(1, status="running"), {}
-    keys = [("send", 0), ("recv", 2), ("collective", (0, 1, 2)), ("collective", (1, 2))]
+    keys = [("send", 0), ("recv", 2), ("collective", (0, 1, 2), ""), ("collective", (1, 2), "")]
     for _ in range(600):
         if rng.random() < 0.6:
             state.comms.append(random_call(1, rng, seqs))     # as the launcher appends them
@@ -56,7 +56,7 @@ def test_the_index_answers_what_a_scan_answers_throughout_a_launch():
 def test_a_replaced_record_is_indexed_afresh():
     state = RankState(0)
     state.comms.append(Comm(0, 1, "all_reduce", (0, 1), [(2,)], "float32", 8))
-    assert state.count(("collective", (0, 1))) == 1 and state.open_call() is state.comms[0]
+    assert state.count(("collective", (0, 1), "")) == 1 and state.open_call() is state.comms[0]
     state.comms = [Comm(0, 1, "send", (0, 1), [(2,)], "float32", 8, peer=1, end=2.0)]
-    assert state.count(("collective", (0, 1))) == 0 and state.count(("send", 1)) == 1
+    assert state.count(("collective", (0, 1), "")) == 0 and state.count(("send", 1)) == 1
     assert state.open_call() is None
