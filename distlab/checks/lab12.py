@@ -16,7 +16,29 @@ COURSE_CODE: dict = {}
 
 # LAB12-CHECKS-RESTART (l12restart: the same)
 
-# LAB12-CHECKS-INTERVAL (l12interval: the same)
+# Sections 5 and 6, how often to save (``lab12_interval``): the prediction and the open design
+from distlab.checks import lab12_interval  # noqa: E402
+COURSE_CODE = {**COURSE_CODE, **lab12_interval.COURSE_CODE}
+
+
+def check_lost_prediction(predict_lost_fraction, seed: int | None = None) -> str:
+    """``predict_lost_fraction(tau, delta, restart, mtbf)``: the expected fraction of time lost,
+    within first order's own error of the model, on three cases."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab12_interval.grade_prediction(predict_lost_fraction, seed)
+
+
+def check_checkpoint_plan(plan_checkpoints, seed: int | None = None) -> str:
+    """``plan_checkpoints(mtbf, restart, blocking_stall, async_stall, async_write) -> (interval,
+    mode)``: on three problems, the expected loss at most the hinted design's."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab12_interval.grade_plan(plan_checkpoints, seed, "hinted")
+
+
+def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
+    """The same problems, the expected loss at most the bar (halfway to the best plan's)."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab12_interval.grade_plan(plan_checkpoints, seed, "bar")
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).
 RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds what its ranks need)
@@ -24,7 +46,7 @@ RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds wha
 
 def make_references() -> dict[str, dict]:
     """The stored sets of Lab 12, each section's."""
-    return {}   # LAB12-REFERENCES (each section adds its sets)
+    return {**lab12_interval.prediction_sets(), **lab12_interval.design_sets()}   # LAB12-REFERENCES (each section adds its sets)
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -42,17 +42,283 @@
 # %% [markdown]
 # ## 5. How often to save
 #
-# LAB12-INTERVAL (owner: l12interval): the graded prediction of the fraction of time lost, the
-# simulated run that measures it; Young's and Daly's interval; the Llama 3 numbers worked through.
+# A save costs time, and so does a failure: the restart, and all the work since the last
+# checkpoint, done again. Saving often makes the first large and the second small; saving
+# rarely, the other way round. Before choosing, predict what a given interval loses.
+#
+# **The model** (Young 1974, "A first order approximation to the optimum checkpoint interval",
+# CACM 17(9); Daly 2006, "A higher order estimate of the optimum checkpoint interval for restart
+# dumps", Future Generation Computer Systems 22(3)). The run computes for $\tau$ seconds, saves
+# for $\delta$ (a blocking save: the training stops), computes for $\tau$, and so on. Failures
+# come at random, independently, at a constant rate: the time to the next one is exponential
+# with mean $M$, the mean time between failures of the whole job (every rank's failure stops
+# it). A failure, whenever it comes (during compute, a save or a restart), costs a restart of
+# $R$ seconds (relaunch, load) and every second of compute and save since the last save that
+# completed: the run starts again from that checkpoint.
+#
+# ### Prediction — the fraction of time lost (2 points)
+#
+# **Build** `predict_lost_fraction(tau, delta, restart, mtbf) -> float`: the expected fraction
+# of wall-clock time the run does not spend on progress (saves, restarts and work redone), over
+# a long run, for an interval $\tau$, a save $\delta$, a restart $R$ and an MTBF $M$, all in
+# seconds.
+#
+# **Contract.** The check compares your figure with the model's exact one on three visible cases
+# and three hidden ones, where saves take minutes, intervals tens of minutes and $M$ days (as on
+# a large cluster: Section 5's Llama 3 figures below), within the size of what a first-order
+# model leaves out on each case (about a tenth of the figure): a model to first order in the
+# small ratios passes, as does the exact one; a model that misses a cost does not. A simulated
+# run, failures drawn at random, then measures the same cases and two where failures are
+# frequent.
+#
+# **Why it matters.** Every plan of a long run starts from this number: what a checkpoint
+# interval costs, and how it changes when the save gets faster or the cluster larger.
+#
+# <details><summary>Hint 1</summary>
+#
+# Take a long run of wall-clock time $T$. How many saves does it hold, and how long do they
+# take together? How many failures does it see?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# What does one failure cost? Besides the restart, how much work since the last save is lost
+# when a failure comes at a moment drawn uniformly within the time between two saves?
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "interval_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab12 import check_lost_prediction
+from distlab.labs.checkpoint.interval_views import llama3_figures, prediction_beside_simulation
+
+# %% nbgrader={"grade": false, "grade_id": "predict_lost_fraction", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_lost_fraction(tau, delta, restart, mtbf):
+    """The expected fraction of wall-clock time lost, saves every tau seconds of compute."""
+    ### BEGIN SOLUTION
+    period = tau + delta                      # from one save's start to the next's
+    saves = delta / period                    # the share of time spent saving
+    failures = (restart + period / 2) / mtbf  # per second: 1/M failures, each a restart and half a period redone
+    return saves + failures
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_predict_lost_fraction", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_lost_prediction(predict_lost_fraction)
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_lost_prediction(predict_lost_fraction, seed=fresh_seed())   # three cases drawn afresh
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The measurement: each case run for 20,000 intervals, failures drawn from an exponential
+# distribution (a fixed seed), the fraction of wall-clock time lost counted, beside your
+# prediction. The last two cases have failures every 12 hours and every hour.
+
+# %% nbgrader={"grade": false, "grade_id": "interval_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(prediction_beside_simulation(predict_lost_fraction))
+
+# %% [markdown]
+# **What the simulation shows, and why.** Over a long run, a share $\delta/(\tau+\delta)$ of the
+# time goes to saves. Failures come $1/M$ per second, each costing $R$ plus, on average, half a
+# period $(\tau+\delta)/2$ of work redone. To first order,
+# $$\text{lost} \approx \frac{\delta}{\tau+\delta} + \frac{R + (\tau+\delta)/2}{M},$$
+# which the simulation confirms within its sampling error where $M$ is days. Where failures come
+# every few intervals it drifts: it forgets that a failure can strike the restart and the work
+# redone too. Daly (2006) counts that exactly: a period of $L = \tau + \delta$ that must run
+# without failure takes, on average, $M e^{R/M}(e^{L/M} - 1)$ of wall-clock time, so the
+# fraction lost is $1 - \tau / \left(M e^{R/M}(e^{L/M}-1)\right)$ (the simulation agrees with it
+# on every case: `tests/test_lab12_interval.py`). Setting the first-order loss's derivative in
+# $L$ to zero gives **Young's interval**, $L = \sqrt{2\delta M}$: the save's share and the
+# failures' share are then equal. Daly's higher-order estimate of the best compute time,
+# $\sqrt{2\delta M}\,\bigl(1 + \tfrac13\sqrt{\delta/2M} + \tfrac19\,\delta/2M\bigr) - \delta$
+# (for $\delta < 2M$), corrects it where saves are not short beside $M$. Note what $R$ does: it
+# adds $R/M$ to the loss whatever the interval, and does not move the best one.
+#
+# ### The Llama 3 numbers, worked through
+#
+# Llama 3 405B's pre-training saw 466 job interruptions in a 54-day snapshot on up to 16,384
+# GPUs (Dubey et al. 2024, arXiv 2407.21783, §3.3.4, Table 5); 419 were unexpected, about 78% of
+# them from confirmed hardware issues. Below: the job's MTBF, then, with your
+# `predict_lost_fraction`, what Young's interval loses for a few save and restart times, and the
+# write speed a save of that length needs, whole and per GPU, for a checkpoint of fp32 master
+# weights and Adam's two moments (12 bytes per parameter, ZeRO §3.1: an estimate, the paper does
+# not state its checkpoint's size). The restart times are assumptions.
+
+# %% nbgrader={"grade": false, "grade_id": "interval_llama3", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(llama3_figures(predict_lost_fraction))
+
+# %% [markdown]
+# With an interruption every 2.8 hours, a restart alone costs $R/M$ of the run: at 10 minutes,
+# 6%, whatever the checkpoints do. Keeping the loss under a few percent asks for restarts of a
+# minute or two *and* saves of seconds, and a save of a few seconds of a ~5 TB state is a write
+# of about 1 TB/s across the cluster, tens of MB/s per GPU. That is why the paper reports
+# reducing job start-up and checkpointing time (§3.3.4), and why large runs save
+# asynchronously: the training stalls only while the state is copied to CPU memory (Section 3),
+# and the write to storage runs beside the next steps.
 
 # %% [markdown]
 # ## 6. Open design: the checkpoint interval
 #
-# LAB12-DESIGN (owner: l12interval): the interval (and sync or async) that minimises expected
-# lost time, graded on a scale.
+# An asynchronous save changes the bargain. It stalls the training only for the copy to CPU
+# memory, far less than a blocking save; but the checkpoint counts only once its write to
+# storage has ended, and the next save cannot start before that write is done.
+
+# %% nbgrader={"grade": false, "grade_id": "plan_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from distlab.checks.lab12 import check_checkpoint_plan, check_checkpoint_plan_bar
+from distlab.checks.lab12_interval import design_figures, plan_verdict
+from distlab.labs.checkpoint.interval import daly_interval, simulate_lost_fraction, young_period
+from distlab.labs.checkpoint.interval_views import measured_problem, plan_on_measured
+from distlab.labs.checkpoint.save_costs import measure_save_costs
+
+# %% [markdown]
+# ### Exercise 6 — a checkpoint plan (open design, 2 + 1 points)
+#
+# **Goal.** Write `plan_checkpoints(mtbf, restart, blocking_stall, async_stall, async_write) ->
+# (interval, mode)`: how many seconds of compute between saves, and whether to save blocking
+# (`"blocking"`) or asynchronously (`"async"`), so that the run loses as little of its time as
+# you can make it.
+#
+# **Contract.** All figures in seconds: $M$ = `mtbf`, $R$ = `restart`; a blocking save stops the
+# training for `blocking_stall` and its checkpoint is complete when it returns; an asynchronous
+# save stops it for `async_stall`, then writes for `async_write` while training goes on. The
+# model is Section 5's, with two rules for asynchronous saves: a checkpoint counts only once its
+# write has ended (a failure during the write sends the run back to the checkpoint before), and
+# a save waits for the previous save's write to end (the training stops meanwhile, as in
+# Section 3's loop). The checks call your function on three problems, each where a plain plan
+# falls short: an asynchronous write longer than the interval the stall alone suggests, failures
+# frequent beside the write, and failures every few saves. Each plan is scored by its expected
+# fraction of time lost under the model, computed exactly by the grader, on a scale:
+# `test_checkpoint_plan` (2 points) wants at most the loss of the design the hints lead to, on
+# the visible problems and three hidden ones; `test_checkpoint_plan_bar` (1 point) at most the
+# **bar**, halfway from that design's loss to the least loss a search over both modes and every
+# interval finds. Both print your loss beside the hinted design's, the bar and the best.
+#
+# **Why it matters.** This is the choice every long run makes, and the numbers that decide it
+# (failure rate, stall, write time, restart) are measured, as in the last cell of this section,
+# never given.
+#
+# <details><summary>Hint 1</summary>
+#
+# For one mode at a time: which interval minimises your Section 5 loss? Which stall plays the
+# part of $\delta$ in each mode?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# With an asynchronous save, what does the training do when the interval is shorter than the
+# write? And what does a failure cost in that mode that it does not cost with a blocking save?
+# </details>
+#
+# <details><summary>Hint 3</summary>
+#
+# Young's interval $\sqrt{2\delta M}$, with $\delta$ the stall of the mode that stalls less, in
+# that mode: that design meets the first test.
+# </details>
+#
+# <details><summary>Hint 4</summary>
+#
+# Write the expected loss of each mode as a function of the interval, exactly, as Section 5's
+# explanation did for blocking saves, with the two rules above. From the moment a checkpoint
+# counts, how long until the next one counts if nothing fails? And after a failure and its
+# restart? Then search: the loss is cheap to evaluate.
+# </details>
+
+# %% nbgrader={"grade": false, "grade_id": "plan_figures", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(design_figures())    # the visible problems and their scale
+
+# %% nbgrader={"grade": false, "grade_id": "plan_checkpoints", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def plan_checkpoints(mtbf, restart, blocking_stall, async_stall, async_write):
+    """(interval, mode): seconds of compute between saves, "blocking" or "async"."""
+    ### BEGIN SOLUTION
+    import math
+    M, R = mtbf, restart
+
+    def lost(tau, stall, write):
+        period = max(tau, write) + stall     # a save waits for the previous write
+        fail = -math.expm1(-period / M)      # a failure before the next checkpoint counts
+        # after a failure: the restart (failures strike it too), then a period and a write
+        # without failure, from the last checkpoint that counts (Daly's expected time)
+        again = M * math.expm1(R / M) + M * math.exp(R / M) * math.expm1((period + write) / M)
+        return 1 - tau / (M * fail + fail * again)
+
+    def best(stall, write):
+        taus = [stall * 1e-2 * 1.02 ** k for k in range(1200)]   # up to ~2e8 stalls: every scale
+        tau = min((t for t in taus if t < 10 * M), key=lambda t: lost(t, stall, write))
+        lo, hi = tau / 1.02, tau * 1.02                          # golden section around it
+        for _ in range(80):
+            a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
+            lo, hi = (lo, b) if lost(a, stall, write) < lost(b, stall, write) else (a, hi)
+        tau = (lo + hi) / 2
+        return lost(tau, stall, write), tau
+
+    plans = {"blocking": best(blocking_stall, 0.0), "async": best(async_stall, async_write)}
+    mode = min(plans, key=lambda m: plans[m][0])
+    return plans[mode][1], mode
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "test_checkpoint_plan", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_checkpoint_plan(plan_checkpoints)
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_checkpoint_plan(plan_checkpoints, seed=fresh_seed())   # three problems drawn afresh
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "test_checkpoint_plan_bar", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_checkpoint_plan_bar(plan_checkpoints)
+### BEGIN HIDDEN TESTS
+from distlab.checks.assertions import fresh_seed   # the grader's seeds
+check_checkpoint_plan_bar(plan_checkpoints, seed=fresh_seed())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your plans on the scale: each problem's expected loss beside the hinted design's, the bar
+# and the best plan's.
+
+# %% nbgrader={"grade": false, "grade_id": "plan_verdict", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+print(plan_verdict(plan_checkpoints))
+
+# %% [markdown]
+# ### Checked with real saves on real ranks
+#
+# The costs the problems gave are measured here: two ranks train the course's `Trainer` (FSDP2)
+# and save its model and optimizer shards with `dcp.save`, then with `dcp.async_save` (its
+# stall, then the wait on its future: the write), and load one back (the part of a restart a
+# checkpoint decides; a relaunch adds about a second). On this laptop a save takes
+# milliseconds, so the failures come every 2 seconds to keep the same proportions as a large
+# run. Your plan for these costs, and the run simulated with failures drawn at random, beside
+# half and twice your interval in both modes:
+
+# %% nbgrader={"grade": false, "grade_id": "plan_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+costs = measure_save_costs(world_size=2)
+print({k: f"{1e3 * v:.1f} ms" for k, v in costs.items()})
+print(plan_on_measured(plan_checkpoints, measured_problem(costs, mtbf=2.0)))
+
+# %% [markdown]
+# **What the design shows.** Young's interval is the right start and, where failures are rare
+# beside the save, nearly the end: the loss is flat near its minimum, so a first-order interval
+# loses little more than the best. It falls short in three places, one per problem. An
+# asynchronous save whose write outlasts the interval makes the training wait: the interval
+# must be at least the write. A failure during an asynchronous write falls back one checkpoint
+# more, costing about a write's length per failure: where failures are frequent beside the
+# write, the blocking save, though it stalls longer, loses less. And where failures come every
+# few saves, first order itself is off (Daly 2006): the exact model, minimised, is the plan.
 
 # %% [markdown]
 # ## Summary
 #
 # LAB12-SUMMARY-BULLETS (each owner adds its sections' bullets, in section order; l12state
 # writes the closing "what this lab does not cover": torchft, silent data corruption).
+#
+# * (Sections 5 and 6, l12interval) A run that saves for $\delta$ every $\tau$ of compute, and
+#   fails every $M$ on average with a restart of $R$, loses to first order
+#   $\delta/(\tau+\delta) + (R + (\tau+\delta)/2)/M$ of its time, minimised at Young's
+#   interval $\sqrt{2\delta M}$ (Young 1974); Daly (2006) gives the exact loss,
+#   $1 - \tau/\bigl(M e^{R/M}(e^{(\tau+\delta)/M}-1)\bigr)$, which a simulation with failures
+#   drawn at random confirms, and a higher-order interval. The restart adds $R/M$ whatever the
+#   interval. At Llama 3's scale (466 interruptions in 54 days on 16,384 GPUs, §3.3.4: an MTBF of
+#   2.8 hours), losing under a few percent takes restarts of a minute or two and saves of
+#   seconds, about 1 TB/s of writes for a ~5 TB state.
+# * An asynchronous save stalls only for the copy to CPU memory, but its checkpoint counts once
+#   written: the interval must outlast the write, and a failure during a write costs about a
+#   write more. Where failures are frequent beside the write a blocking save loses less; where
+#   they come every few saves, only the exact model, minimised, finds the best plan.
