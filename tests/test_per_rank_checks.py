@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11
+from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11, lab12
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.grading.course_dir import source_notebook
@@ -240,6 +240,14 @@ def _lab07(ns):
     lab07.check_tp_plan(ns["tp_plan"], seed=SEED)
 
 
+def _lab12(ns):
+    # Sections 5 and 6 (l12interval): one rank calls the student's function on the cases'
+    # figures (one launch each, nothing per rank: 0 split launches), nothing else; the model,
+    # its expected values and the scale stay in the judge
+    lab12.check_lost_prediction(ns["predict_lost_fraction"], seed=SEED)
+    lab12.check_checkpoint_plan(ns["plan_checkpoints"], seed=SEED)
+
+
 def _lab11(ns):
     lab11.check_split_backward(ns["backward_input"], ns["backward_weight"], seed=SEED)
     # the table runs on the course's executor: rank r gets its row, its stages, and the batch
@@ -250,7 +258,8 @@ def _lab11(ns):
     lab11.check_executor(ns["run_table"], seed=SEED)
 
 
-CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
+CHECK_CALLS = {"12_checkpoint_restart": (_lab12, ("interval_imports", "plan_imports"), 0),
+               "11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
                                                    "design_imports"), 5),
                "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),

@@ -81,6 +81,21 @@ def _lab11_held() -> list[float]:
     return [_held_bytes(2, 8, 16, 8)["recompute"]]
 
 
+def _lab12_values() -> list[float]:
+    from distlab.checks.lab12_interval import PREDICTION_VISIBLE, _exact
+    return [_exact(case) for case in PREDICTION_VISIBLE]
+
+
+# Lab 12's time lost, stated in one step: the saves' share plus, per failure, the restart and
+# half of what ran since the last save (first order), or Daly's exact expected time.
+TAU = r"(τ|\\tau|tau|L|period)"
+LAB12_LOST = (rf"(δ|\\delta|delta)\s*/\s*\(?\s*{TAU}", r"\\frac\{\\delta\}\{\\tau",
+              rf"\b(R|restart)\s*\+\s*\(?{TAU}[^/\n]{{0,12}}/\s*2",
+              rf"{TAU}\s*/\s*2\s*\)?\s*\+\s*(R|restart)\b",
+              r"\bhalf\s+(of\s+)?(a|the|an|each)\s+(period|interval|segment)",
+              r"e\^\{?\s*R\s*/\s*M", r"\b(R|restart)\s*/\s*(M|mtbf)\b")
+
+
 PREDICTIONS = (
     Prediction("02_data_parallel", "test_predict_state_bytes",
                (rf"\b8\s*bytes\s+(per|an?|for each|of each)\s+([\w-]+\s+)?(parameter|element)",
@@ -134,6 +149,8 @@ PREDICTIONS = (
     Prediction("11_pipeline_schedules", "test_predict_held_bytes",
                (rf"\b2\s*\(?\s*L\s*\+\s*[12]\b", rf"\b2\s*L{TIMES}(a|b{TIMES}h)\b"),
                _lab11_held),
+    Prediction("12_checkpoint_restart", "test_predict_lost_fraction", LAB12_LOST,
+               _lab12_values),
 )
 
 # Labs whose text and checks other sessions own: what the scan finds there is reported for them
@@ -219,7 +236,11 @@ def test_every_graded_prediction_is_declared_and_its_values_come_from_code():
 
 
 # One-step statements a declaration must recognise (a pattern that never matches guards nothing).
-STATED = {"09_expert_parallel": ["at least E·C − T·k of the rows are zeros",
+STATED = {"12_checkpoint_restart": ["δ/(τ+δ) + (R + (τ+δ)/2)/M", "delta/tau + (tau/2 + R)/M",
+                                    "\\frac{\\delta}{\\tau} + \\frac{R + \\tau/2}{M}",
+                                    "each failure costs R plus half a period",
+                                    "M e^{R/M}(e^{L/M} - 1)", "the restarts add R/M"],
+          "09_expert_parallel": ["at least E·C − T·k of the rows are zeros",
                                  "E·C·h·4 − T·k·h·4 bytes of zeros",
                                  "the padding is the padded message less the dropless one",
                                  "the padded message holds E·C·h floats",

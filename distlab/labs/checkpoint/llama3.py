@@ -4,9 +4,9 @@ and restart costs keep the time lost under a few percent.
 Sources: Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", arXiv 2407.21783), §3.3.4 and
 Table 5: 466 job interruptions (419 unexpected) in a 54-day snapshot of Llama 3 405B's
 pre-training on up to 16,384 H100 GPUs. The checkpoint's size is an estimate, said as such:
-405e9 parameters with mixed-precision Adam's fp32 master weights and two moments, 12 bytes per
-parameter (Rajbhandari et al. 2020, "ZeRO", §3.1, K = 12); a bf16 copy of the weights is made
-again from the master weights. The restart costs are assumptions the lab varies.
+405e9 parameters, each with mixed-precision Adam's fp32 master weight and two fp32 moments
+(Rajbhandari et al. 2020, "ZeRO", §3.1, K = 12); a bf16 copy of the weights is made again from
+the master weights. The restart costs are assumptions the lab varies.
 
 Every loss here comes from a ``lost`` function of (tau, delta, restart, mtbf) handed in: the lab
 passes the student's own prediction, the tests the course's model.

@@ -97,9 +97,10 @@ def _golden(f, lo: float, hi: float, rounds: int = 200) -> float:
 
 
 def best_plan(problem: Problem, points: int = 400) -> tuple[float, str, float]:
-    """(tau, mode, lost fraction) of the plan with the least expected loss: every mode, a
-    logarithmic grid of ``points`` intervals from a thousandth of the smallest cost to ten MTBFs,
-    then a golden-section search between the best point's neighbours."""
+    """(tau, mode, lost fraction) of the plan with the least expected loss, over both modes and
+    every interval from a thousandth of the smallest cost to ten MTBFs."""
+    # A logarithmic grid of ``points`` intervals per mode; around its best point, a golden-section
+    # search between the point's neighbours (the loss is smooth there, with one minimum).
     best = None
     for mode in MODES:
         stall, write = problem.costs(mode)
