@@ -283,15 +283,16 @@ print(plan_verdict(plan_checkpoints))
 # The costs the problems gave are measured here: two ranks train the course's `Trainer` (FSDP2)
 # and save its model and optimizer shards with `dcp.save`, then with `dcp.async_save` (its
 # stall, then the wait on its future: the write), and load one back (the part of a restart a
-# checkpoint decides; a relaunch adds about a second). On this laptop a save takes
-# milliseconds, so the failures come every 2 seconds to keep the same proportions as a large
-# run. Your plan for these costs, and the run simulated with failures drawn at random, beside
-# half and twice your interval in both modes:
+# checkpoint decides; the relaunch is left out). On this laptop a save takes tens of
+# milliseconds, so the failures come every 10 seconds: a blocking save is then about the same
+# fraction of the MTBF as a save of a minute on a job that fails every few hours. Your plan for
+# these costs, and the run simulated with failures drawn at random, beside half and twice your
+# interval in both modes:
 
 # %% nbgrader={"grade": false, "grade_id": "plan_measured", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 costs = measure_save_costs(world_size=2)
 print({k: f"{1e3 * v:.1f} ms" for k, v in costs.items()})
-print(plan_on_measured(plan_checkpoints, measured_problem(costs, mtbf=2.0)))
+print(plan_on_measured(plan_checkpoints, measured_problem(costs, mtbf=10.0)))
 
 # %% [markdown]
 # **What the design shows.** Young's interval is the right start and, where failures are rare

@@ -61,8 +61,9 @@ def llama3_figures(predict: Callable) -> str:
 
 def measured_problem(costs: dict[str, float], mtbf: float) -> Problem:
     """A design problem from save costs measured on ranks (``save_costs``), failures every
-    ``mtbf`` seconds, a restart that is a relaunch of a second plus the measured load."""
-    return Problem(mtbf=mtbf, restart=1.0 + costs["load"], blocking_stall=costs["blocking"],
+    ``mtbf`` seconds, a restart that is the measured load (the relaunch left out: it is the
+    launcher's, not the checkpoint's)."""
+    return Problem(mtbf=mtbf, restart=costs["load"], blocking_stall=costs["blocking"],
                    async_stall=costs["async_stall"], async_write=costs["async_write"])
 
 
