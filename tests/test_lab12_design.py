@@ -20,9 +20,9 @@ LAB = lab12_interval.LAB
 CELL = "plan_checkpoints"
 # (name, cell, old, new, the test it loses): Young's interval for the mode that stalls less
 MISTAKES = [
-    ("plan_young_unrefined", CELL, "    return plans[mode][1], mode\n",
+    ("plan_young_unrefined", CELL, "    return plans[mode][1], mode",
      "    mode = 'async' if async_stall < blocking_stall else 'blocking'\n"
-     "    return math.sqrt(2 * min(async_stall, blocking_stall) * M), mode\n",
+     "    return math.sqrt(2 * min(async_stall, blocking_stall) * M), mode",
      "test_checkpoint_plan_bar"),
 ]
 PROBLEMS = [Problem(7200.0, 600.0, 120.0, 10.0, 300.0), Problem(1800.0, 300.0, 60.0, 5.0, 120.0),
@@ -77,10 +77,10 @@ def test_the_best_plan_beats_a_finer_search(problem):
 @pytest.mark.parametrize("seed", [None, 1, 2, 3, 4, 5, 6, 7])
 def test_the_scale_on_every_graded_problem(seed):
     for problem in lab12_interval.design_problems(seed):
-        fig = lab12_interval.scale_of(problem)
+        fig = lab12_interval.plan_scale(problem)
         assert fig["best"] <= fig["bar"] - lab12_interval.MIN_GAP / 2 < fig["hinted"]
         assert fig["hinted"] == plan_lost_fraction(*hinted_plan(problem), problem)
-    kinds = [lab12_interval.scale_of(p)["best_mode"] for p in lab12_interval.design_problems(seed)]
+    kinds = [lab12_interval.plan_scale(p)["best_mode"] for p in lab12_interval.design_problems(seed)]
     assert kinds[0] == MODES.index("async") and kinds[1] == MODES.index("blocking")
 
 
@@ -90,14 +90,14 @@ def test_stored_figures_are_the_codes():
     problems = lab12_interval.design_problems(None)
     assert stored["problems"].tolist() == [list(p.args()) for p in problems]
     for row, problem in zip(stored["figures"].tolist(), problems):
-        fig = lab12_interval.scale_of(problem)
+        fig = lab12_interval.plan_scale(problem)
         assert row == pytest.approx([fig[f] for f in lab12_interval.FIGURES], rel=1e-12)
 
 
 def test_the_solution_passes_both_tests_and_shows_its_figures(solved):
     line = lab12.check_checkpoint_plan(solved)
     problem = lab12_interval.design_problems(None)[0]
-    fig = lab12_interval.scale_of(problem)
+    fig = lab12_interval.plan_scale(problem)
     assert (f"long write: async every {fig['best_tau']:.0f} s loses {fig['best']:.4f} (hinted "
             f"{fig['hinted']:.4f}, bar {fig['bar']:.4f}, best {fig['best']:.4f})") in line
     assert "within the bar" in lab12.check_checkpoint_plan_bar(solved)

@@ -37,7 +37,7 @@ def _wrong(case, name):
 
 @pytest.mark.parametrize("seed", [None, *SEEDS])
 def test_the_tolerance_admits_both_models_and_refuses_each_mistake(seed):
-    for case in lab12_interval.prediction_cases(seed):
+    for case in lab12_interval.lost_prediction_cases(seed):
         tol = lab12_interval.prediction_tolerance(*case)
         exact = lost_fraction(*case)
         tau, delta, restart, mtbf = case

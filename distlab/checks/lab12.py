@@ -25,7 +25,7 @@ def check_lost_prediction(predict_lost_fraction, seed: int | None = None) -> str
     """``predict_lost_fraction(tau, delta, restart, mtbf)``: the expected fraction of time lost,
     within first order's own error of the model, on three cases."""
     __tracebackhide__ = True  # noqa: F841
-    return lab12_interval.grade_prediction(predict_lost_fraction, seed)
+    return lab12_interval.grade_lost_prediction(predict_lost_fraction, seed)
 
 
 def check_checkpoint_plan(plan_checkpoints, seed: int | None = None) -> str:
@@ -46,7 +46,7 @@ RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds wha
 
 def make_references() -> dict[str, dict]:
     """The stored sets of Lab 12, each section's."""
-    return {**lab12_interval.prediction_sets(), **lab12_interval.design_sets()}   # LAB12-REFERENCES (each section adds its sets)
+    return {**lab12_interval.lost_prediction_sets(), **lab12_interval.plan_sets()}   # LAB12-REFERENCES (each section adds its sets)
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -49,7 +49,7 @@ def prediction_tolerance(tau: float, delta: float, restart: float, mtbf: float) 
     return (delta / tau + (tau + delta + restart) / mtbf) ** 2
 
 
-def prediction_cases(seed: int | None) -> list[tuple[float, float, float, float]]:
+def lost_prediction_cases(seed: int | None) -> list[tuple[float, float, float, float]]:
     """The visible cases, or three drawn from ``seed`` where first order holds and each term of
     the loss is larger than the tolerance three times over."""
     if seed is None:
@@ -72,19 +72,19 @@ def _exact(case) -> float:
     return lost_fraction(*case)
 
 
-def prediction_sets() -> dict:
+def lost_prediction_sets() -> dict:
     return {PREDICTION_SET: {"seed": SEED, "cases": torch.tensor(PREDICTION_VISIBLE,
                                                                  dtype=torch.float64),
                              "lost": torch.tensor([_exact(c) for c in PREDICTION_VISIBLE],
                                                   dtype=torch.float64)}}
 
 
-def grade_prediction(predict_lost_fraction, seed: int | None = None) -> str:
+def grade_lost_prediction(predict_lost_fraction, seed: int | None = None) -> str:
     """``predict_lost_fraction(tau, delta, restart, mtbf)`` within ``prediction_tolerance`` of the
     exact model on every case."""
     from distlab.checks.ranks import call_each
     from distlab.checks.stored import expected_values
-    cases = prediction_cases(seed)
+    cases = lost_prediction_cases(seed)
     want = expected_values(LAB, PREDICTION_SET, "lost", seed, cases, _exact)
     calls = [f"predict_lost_fraction{case}" for case in cases]
     answers = call_each(predict_lost_fraction, cases, names=calls)
@@ -153,14 +153,14 @@ def design_problems(seed: int | None) -> list[Problem]:
     for kind in DESIGN_KINDS:
         while True:
             problem = _draw(kind, rng)
-            fig = scale_of(problem)
+            fig = plan_scale(problem)
             if fig["hinted"] - fig["best"] >= MIN_GAP:
                 out.append(problem)
                 break
     return out
 
 
-def scale_of(problem: Problem) -> dict:
+def plan_scale(problem: Problem) -> dict:
     """The hinted design's loss, the bar, the best loss, and the best plan (the judge's)."""
     from distlab.labs.checkpoint.plans import best_plan, hinted_plan, plan_lost_fraction
     hinted = plan_lost_fraction(*hinted_plan(problem), problem)
@@ -169,12 +169,12 @@ def scale_of(problem: Problem) -> dict:
             "best_mode": float(MODES.index(mode))}
 
 
-def design_sets() -> dict:
+def plan_sets() -> dict:
     problems = design_problems(None)
     return {DESIGN_SET: {"seed": SEED,
                          "problems": torch.tensor([p.args() for p in problems],
                                                   dtype=torch.float64),
-                         "figures": torch.tensor([[scale_of(p)[f] for f in FIGURES]
+                         "figures": torch.tensor([[plan_scale(p)[f] for f in FIGURES]
                                                   for p in problems], dtype=torch.float64)}}
 
 
@@ -187,7 +187,7 @@ def design_scales(seed: int | None) -> tuple[list[Problem], list[dict]]:
         return problems, [dict(zip(FIGURES, row)) for row in stored["figures"].tolist()]
     try:
         problems = design_problems(seed)
-        return problems, [scale_of(p) for p in problems]
+        return problems, [plan_scale(p) for p in problems]
     except NotImplementedError:
         raise CheckFailed("Hidden problems need the grader's code to draw and score them (your "
                           "handout has none); call the check as the test cell does, without a "
@@ -290,7 +290,7 @@ INTERVAL = "distlab.labs.checkpoint.interval"
 PLANS = "distlab.labs.checkpoint.plans"
 MODELS = (names(INTERVAL, "lost_fraction", "lost_fraction_first_order", "best_interval")
           + names(PLANS, "plan_lost_fraction", "best_plan", "hinted_plan")
-          + names(__name__, "_exact", "scale_of"))
+          + names(__name__, "_exact", "plan_scale"))
 SIMULATIONS = (names(INTERVAL, "simulate_lost_fraction", "_segment_time")
                + names(PLANS, "simulate_plan", "_failure_free", "_restart"))
 COURSE_CODE = {
