@@ -34,6 +34,10 @@ def test_the_figures_the_text_states():
     assert 10 <= row["per_gpu_MBps"] < 100 and "tens of MB/s per GPU" in text
     assert round(llama3.CHECKPOINT_BYTES / 1e12) == 5 and "~5 TB" in text
     assert 419 / 466 < 1 and "466 job interruptions" in text and "419 were unexpected" in text
+    # the prediction's cases, M of 1 to 8 days: "a few hundred to two thousand GPUs"
+    gpus = [llama3.gpu_mtbf_years() * 365.25 * 86400 / (days * 86400) for days in (1, 8)]
+    assert 1500 < gpus[0] <= 2000 and 200 < gpus[1] < 300
+    assert "a job of a few hundred to two\n# thousand GPUs" in text
     # "restarts of a minute or two and saves of seconds": 3% needs both
     assert 1 < llama3.largest_save(lost_fraction, 0.03, 60.0) < 10
     assert llama3.largest_save(lost_fraction, 0.03, 600.0) == 0.0

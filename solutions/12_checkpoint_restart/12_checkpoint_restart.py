@@ -64,10 +64,11 @@
 # seconds.
 #
 # **Contract.** The check compares your figure with the model's exact one on three visible cases
-# and three hidden ones, where saves take minutes, intervals tens of minutes and $M$ days (as on
-# a large cluster: Section 5's Llama 3 figures below), within the size of what a first-order
-# model leaves out on each case (about a tenth of the figure): a model to first order in the
-# small ratios passes, as does the exact one; a model that misses a cost does not. A simulated
+# and three hidden ones, where saves take a minute or two, intervals tens of minutes and $M$ is
+# days (at the failure rate per GPU of the Llama 3 figures below, a job of a few hundred to two
+# thousand GPUs), within the size of what a first-order model leaves out on each case (a few percent of
+# the figure, printed with it): a model to first order in the small ratios passes, as does the
+# exact one; a model that misses a cost does not. A simulated
 # run, failures drawn at random, then measures the same cases and two where failures are
 # frequent.
 #
@@ -127,8 +128,9 @@ print(prediction_beside_simulation(predict_lost_fraction))
 # without failure takes, on average, $M e^{R/M}(e^{L/M} - 1)$ of wall-clock time, so the
 # fraction lost is $1 - \tau / \left(M e^{R/M}(e^{L/M}-1)\right)$ (the simulation agrees with it
 # on every case: `tests/test_lab12_interval.py`). Setting the first-order loss's derivative in
-# $L$ to zero gives **Young's interval**, $L = \sqrt{2\delta M}$: the save's share and the
-# failures' share are then equal. Daly's higher-order estimate of the best compute time,
+# $L$ to zero gives **Young's interval**, $L = \sqrt{2\delta M}$: the saves' share and the
+# work redone's share are then equal (to first order it does not matter whether $L$ counts the
+# save: the lab's checks take $\sqrt{2\delta M}$ as the compute time $\tau$, as Young did). Daly's higher-order estimate of the best compute time,
 # $\sqrt{2\delta M}\,\bigl(1 + \tfrac13\sqrt{\delta/2M} + \tfrac19\,\delta/2M\bigr) - \delta$
 # (for $\delta < 2M$), corrects it where saves are not short beside $M$. Note what $R$ does: it
 # adds $R/M$ to the loss whatever the interval, and does not move the best one.
@@ -165,7 +167,7 @@ print(llama3_figures(predict_lost_fraction))
 # %% nbgrader={"grade": false, "grade_id": "plan_imports", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from distlab.checks.lab12 import check_checkpoint_plan, check_checkpoint_plan_bar
 from distlab.checks.lab12_interval import design_figures, plan_verdict
-from distlab.labs.checkpoint.interval import daly_interval, simulate_lost_fraction, young_period
+from distlab.labs.checkpoint.interval import daly_interval, young_period
 from distlab.labs.checkpoint.interval_views import measured_problem, plan_on_measured
 from distlab.labs.checkpoint.save_costs import measure_save_costs
 

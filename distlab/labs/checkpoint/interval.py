@@ -24,7 +24,8 @@ import statistics
 def young_period(delta: float, mtbf: float) -> float:
     """Young's interval: the time from one save's start to the next's (compute plus save) that
     minimises ``lost_fraction_first_order``."""
-    # d/dL [delta / L + L / (2M)] = 0 at L = sqrt(2 delta M)
+    # where the first-order loss's derivative in the period is zero (the handout ships this
+    # body: the loss itself, the lab's prediction, is not spelled out here)
     return math.sqrt(2 * delta * mtbf)
 
 
