@@ -147,3 +147,23 @@ def test_visible_checks_need_no_answer_of_the_course(monkeypatch, solved):
     assert "simulated here ±" in lab12.check_checkpoint_plan(solved)
     with pytest.raises(CheckFailed, match="Hidden problems need the grader's code"):
         lab12.check_checkpoint_plan(solved, seed=1)
+
+
+def test_what_the_design_shows():
+    """The lab's closing text, on the visible problems: the hinted async interval is shorter than
+    the write where the write is long, and the best waits for it; where failures are frequent
+    beside the write the blocking save wins though it stalls more; where they come every few
+    saves, even the best blocking interval is not Young's, and first order is off there."""
+    from distlab.labs.checkpoint.interval import lost_fraction_first_order, young_period
+    long_write, frequent, short = lab12_interval.design_problems(None)
+    tau, mode = hinted_plan(long_write)
+    best_tau, best_mode, _ = best_plan(long_write)
+    assert mode == best_mode == "async" and tau < long_write.async_write <= best_tau
+    assert frequent.async_stall < frequent.blocking_stall and best_plan(frequent)[1] == "blocking"
+    assert min(plan_lost_fraction(t, "async", frequent)
+               for t in (frequent.async_write * f for f in (1, 1.5, 2, 3))) > best_plan(frequent)[2]
+    tau, mode, best = best_plan(short)
+    young = young_period(short.blocking_stall, short.mtbf)
+    assert mode == "blocking" and plan_lost_fraction(young, "blocking", short) > best + 1e-3
+    assert abs(lost_fraction_first_order(tau, short.blocking_stall, short.restart, short.mtbf)
+               - best) > 0.05
