@@ -26,7 +26,8 @@ MISTAKES = [
      "test_checkpoint_plan_bar"),
 ]
 PROBLEMS = [Problem(7200.0, 600.0, 120.0, 10.0, 300.0), Problem(1800.0, 300.0, 60.0, 5.0, 120.0),
-            Problem(8 * 3600.0, 900.0, 240.0, 4.0, 900.0), Problem(3600.0, 120.0, 60.0, 20.0, 900.0)]
+            Problem(8 * 3600.0, 900.0, 240.0, 4.0, 900.0),
+            Problem(3600.0, 120.0, 60.0, 20.0, 900.0)]
 
 
 def _edited(name: str):
@@ -80,7 +81,8 @@ def test_the_scale_on_every_graded_problem(seed):
         fig = lab12_interval.plan_scale(problem)
         assert fig["best"] <= fig["bar"] - lab12_interval.MIN_GAP / 2 < fig["hinted"]
         assert fig["hinted"] == plan_lost_fraction(*hinted_plan(problem), problem)
-    kinds = [lab12_interval.plan_scale(p)["best_mode"] for p in lab12_interval.design_problems(seed)]
+    kinds = [lab12_interval.plan_scale(p)["best_mode"]
+             for p in lab12_interval.design_problems(seed)]
     assert kinds[0] == MODES.index("async") and kinds[1] == MODES.index("blocking")
 
 

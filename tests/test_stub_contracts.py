@@ -41,8 +41,8 @@ METHOD = {
                               r"\bB first\b", r"\bBFW\b", r"a B before"),
     # Sections 5 and 6 (l12interval): the time lost spelled out, the design's rules for an
     # asynchronous save turned into the model's terms
-    "12_checkpoint_restart": (r"half (of )?(a|the) (period|interval)", r"\bperiod plus (a|the) write",
-                              r"max\(\s*tau,\s*write", r"e\^\(?R\s*/\s*M"),
+    "12_checkpoint_restart": (r"half (of )?(a|the) (period|interval)",
+                              r"\bperiod plus (a|the) write", r"max\(\s*tau,\s*write", r"e\^\(?R\s*/\s*M"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

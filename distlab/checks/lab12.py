@@ -46,7 +46,8 @@ RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds wha
 
 def make_references() -> dict[str, dict]:
     """The stored sets of Lab 12, each section's."""
-    return {**lab12_interval.lost_prediction_sets(), **lab12_interval.plan_sets()}   # LAB12-REFERENCES (each section adds its sets)
+    # LAB12-REFERENCES (each section adds its sets)
+    return {**lab12_interval.lost_prediction_sets(), **lab12_interval.plan_sets()}
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

@@ -33,7 +33,7 @@ SEED = 1205
 # restart; 30 s every 30 min, 2 days, 15 min; 2 min every 80 min, 6 days, 40 min
 PREDICTION_VISIBLE = [(3000.0, 60.0, 1200.0, 4 * 86400.0), (1800.0, 30.0, 900.0, 2 * 86400.0),
                       (4800.0, 120.0, 2400.0, 6 * 86400.0)]
-MIN_GAP = 0.01          # a graded problem: the hinted design loses 1% of the time more than the best
+MIN_GAP = 0.01          # a graded problem: the hinted design loses 1% of the time more than best
 EPS = 1e-9              # lost fractions computed in another order: a plan at a limit passes
 
 

@@ -4,6 +4,7 @@ checkpoint folder holds and merging the folders of ranks that saved apart (``lay
 a folder that cannot be loaded whole (``refusals``), the rank bodies of a resume and of
 resharding (``runs``), a training loop that resumes after a rank is killed (``restart``; under
 torchrun: ``torchrun_job``), the stall of a blocking save beside an asynchronous one (``stall``),
-and the checkpoint interval (``interval``: Young/Daly, and a simulation of failures; ``plans``: blocking
-or asynchronous saves, Section 6's design; ``llama3``: the figures at Llama 3's scale; ``save_costs``:
-what a save costs on real ranks; ``interval_views``: what Sections 5 and 6 show)."""
+and the checkpoint interval (``interval``: Young/Daly, and a simulation of failures; ``plans``:
+blocking or asynchronous saves, Section 6's design; ``llama3``: the figures at Llama 3's scale;
+``save_costs``: what a save costs on real ranks; ``interval_views``: what Sections 5 and 6
+show)."""
