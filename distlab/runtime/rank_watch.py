@@ -33,8 +33,10 @@ class RankWatch:
     that trusts its ranks, ``distlab.runtime.safe_pickle`` for one that runs a student's code."""
 
     def __init__(self, zygote: ZygoteHandle, run_id: int, world_size: int, backend: str,
-                 timeout: float, loads, load_result, store: str = "its rendezvous store"):
+                 timeout: float, loads, load_result, store: str = "its rendezvous store",
+                 killer=None):
         self.store = store
+        self.killer = killer     # distlab.runtime.kill.Killer: a rank to kill from outside
         self.zygote, self.world_size, self.backend, self.timeout = zygote, world_size, backend, timeout
         self.run_id, self.loads, self.load_result = run_id, loads, load_result
         self.states = [RankState(rank) for rank in range(world_size)]
@@ -166,6 +168,8 @@ class RankWatch:
         elif kind == "enter":
             comm = message[1]
             state.comms.append(comm)
+            if self.killer is not None:
+                self.killer.note(rank, comm, self.pids[rank])
             mismatch = find_mismatch(self.states, comm)
             if mismatch:
                 self._fail(HangError, "the ranks disagree about a collective: " + mismatch, hint="")
@@ -235,6 +239,8 @@ class RankWatch:
             why = (f"\nIt died inside {call.describe()}. On gloo a rank aborts when the peers' "
                    f"tensors do not match this call (shape or dtype): compare the shapes each "
                    f"rank passes.")
+        if self.killer is not None:
+            aftermath = self.killer.aftermath(rank) + aftermath
         self._fail(RankCrashed, f"rank {rank} died: {exit_text(state.exit_status)}.{why}{aftermath}",
                    hint="")
 
