@@ -235,12 +235,12 @@ class RankWatch:
         state.exit_status = self.zygote.exits.get((self.run_id, rank))
         call = state.open_call()
         why = ""
-        if call is not None and (call.op in SAME_SHAPE_OPS or call.op in ("send", "recv")):
+        if self.killer is not None and self.killer.aftermath(rank):
+            aftermath = self.killer.aftermath(rank) + aftermath   # killed: not a mismatch
+        elif call is not None and (call.op in SAME_SHAPE_OPS or call.op in ("send", "recv")):
             why = (f"\nIt died inside {call.describe()}. On gloo a rank aborts when the peers' "
                    f"tensors do not match this call (shape or dtype): compare the shapes each "
                    f"rank passes.")
-        if self.killer is not None:
-            aftermath = self.killer.aftermath(rank) + aftermath
         self._fail(RankCrashed, f"rank {rank} died: {exit_text(state.exit_status)}.{why}{aftermath}",
                    hint="")
 
