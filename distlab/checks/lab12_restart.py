@@ -34,6 +34,8 @@ from distlab.checks.course_code import CourseCode, names
 from distlab.checks.lab12_restart_ranks import FOLDER, MARKER, resumable_rank
 
 STEP_PREFIX = "step_"
+WAIT = ("Wait for a save's future (future.result()) before starting the next save, and before "
+        "the loop returns.")
 VISIBLE = dict(world_size=2, steps=8, save_every=2, victim=1, kill_at=6)
 COURSE_CODE = {"check_train_resumable": CourseCode(forbidden=names(
     "distlab.labs.checkpoint.restart", "train_resumable", "complete_checkpoints"))}
@@ -42,11 +44,16 @@ COURSE_CODE = {"check_train_resumable": CourseCode(forbidden=names(
 def kill_case(seed: int | None, world_size: int, steps: int, save_every: int) -> tuple:
     """(victim, step, run seed): the visible case, or drawn from ``seed``: a step after the
     second save, so that at least one save has surely finished (a loop waits for a save before
-    it starts the next)."""
+    it starts the next), and two before the end, so that the signal, sent as the launcher reads
+    that the step began, lands before the run is over."""
     if seed is None:
         return VISIBLE["victim"], VISIBLE["kill_at"], 0
+    if steps - 2 < 2 * save_every + 1:
+        raise ValueError(f"steps={steps}, save_every={save_every}: a kill after the second "
+                         f"save and two steps before the end needs steps >= 2 * save_every + 3")
     rng = random.Random(seed)
-    return rng.randrange(world_size), rng.randint(2 * save_every + 1, steps), rng.randrange(1000)
+    return (rng.randrange(world_size), rng.randint(2 * save_every + 1, steps - 2),
+            rng.randrange(1000))
 
 
 def grade_train_resumable(train, save, load, seed: int | None = None, world_size: int = 2,
@@ -67,7 +74,7 @@ def grade_train_resumable(train, save, load, seed: int | None = None, world_size
                 f"complete checkpoint was left: with a save every {save_every} steps, the save "
                 f"of step {save_every} should have finished (a step folder whose .metadata rank "
                 f"0 wrote). Does your loop call save(trainer, root) after every step that is a "
-                f"multiple of save_every?")
+                f"multiple of save_every, and do its saves finish? " + WAIT)
         planted = f"{STEP_PREFIX}{c + save_every:06d}"
         relaunch = work.run(train, save, load, world_size, {
             **files, f"{planted}/__0_0.distcp": b"unfinished: no .metadata"}, steps, save_every,
@@ -137,9 +144,18 @@ def _all_waited(out, what: str) -> None:
             when, late = result["unwaited"][0]
             raise CheckFailed(
                 f"in {what}, rank {rank}: when {when}, the save of step {late[0]} had not been "
-                f"waited for. An asynchronous save writes in a thread: wait on its future "
-                f"(future.result()) before starting the next save, and before the loop returns, "
-                f"or a rank may end, or save again, while a checkpoint is half written.")
+                f"waited for. An asynchronous save writes in a thread: a rank may end, or save "
+                f"again, while a checkpoint is half written. " + WAIT)
+
+
+def _overlap_hint(exc) -> str:
+    """DCP's saves talk through object collectives; two saves in flight interleave theirs."""
+    if "_object" not in str(exc):
+        return ""
+    return ("\nThe calls above are a checkpoint's (DCP plans and finishes a save with "
+            "gather_object and scatter_object_list, from the save's thread): a save still in "
+            "flight when the next one starts interleaves its calls with the next's, and one in "
+            "flight when a rank returns leaves its peers waiting. " + WAIT)
 
 
 class _Workspace:
@@ -170,7 +186,7 @@ class _Workspace:
             restart_from=None):
         import distlab
         from distlab.checks.ranks import rank_timeout
-        from distlab.runtime.outcome import RankError
+        from distlab.runtime.outcome import HangError, RankError
         tag = self._tag()
         try:
             out = distlab.run(resumable_rank, world_size, tag, files, train, save, load, steps,
@@ -178,6 +194,8 @@ class _Workspace:
                               timeout=rank_timeout())
         except RankError as exc:
             raise CheckFailed(f"{what} failed: {exc}") from None
+        except HangError as exc:
+            raise CheckFailed(f"{what} did not finish: {exc}{_overlap_hint(exc)}") from None
         out.tag = tag
         return out
 
@@ -186,7 +204,7 @@ class _Workspace:
         import distlab
         from distlab.checks.ranks import rank_timeout
         from distlab.runtime.kill import KillPlan, killing
-        from distlab.runtime.outcome import RankCrashed, RankError
+        from distlab.runtime.outcome import HangError, RankCrashed, RankError
         tag = self._tag()
         try:
             with killing(KillPlan(rank=victim, call=kill_at)):
@@ -199,6 +217,10 @@ class _Workspace:
         except RankError as exc:
             raise CheckFailed(f"your loop, from step 0, failed before rank {victim} was killed "
                               f"at step {kill_at}: {exc}") from None
+        except HangError as exc:
+            raise CheckFailed(f"your loop, from step 0, did not get to step {kill_at}, where "
+                              f"rank {victim} was to be killed: {exc}{_overlap_hint(exc)}"
+                              ) from None
         else:
             raise CheckFailed(f"rank {victim} was to be killed as it started training step "
                               f"{kill_at} (its {kill_at}th loss all_reduce), and your loop "

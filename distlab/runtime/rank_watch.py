@@ -176,7 +176,8 @@ class RankWatch:
             self._check_stuck()
         elif kind == "exit":
             index, end = message[1], message[2]
-            state.comms[index].end = end
+            if 0 <= index < len(state.comms):   # a report out of order is dropped, not a crash
+                state.comms[index].end = end
         elif kind == "result":
             self.results[rank] = self.load_result(message[1])
             state.status = "done"
@@ -274,7 +275,7 @@ class RankWatch:
                         self.states[rank].status = "running"
                     elif message[0] == "enter":
                         self.states[rank].comms.append(message[1])
-                    elif message[0] == "exit":
+                    elif message[0] == "exit" and 0 <= message[1] < len(self.states[rank].comms):
                         self.states[rank].comms[message[1]].end = message[2]
             except (EOFError, OSError):
                 pass

@@ -63,9 +63,6 @@ import torch.distributed.checkpoint as dcp
 from distlab.labs.checkpoint.async_views import stall_table
 from distlab.labs.checkpoint.saving import save_group, step_folder
 
-# Sections 3 and 4's checkpoints, under the lab's folder; removed at the end of Section 4
-RESTART_WORK = tempfile.mkdtemp(prefix="lab12-restart-", dir=".")
-
 # %% nbgrader={"grade": false, "grade_id": "async_save_checkpoint", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def async_save_checkpoint(trainer, root):
     """Start saving the trainer's whole state under root/step_NNNNNN; return (future, folder)."""
@@ -90,6 +87,8 @@ def async_save_checkpoint(trainer, root):
 # the wait for the last save at the end, and the whole run.
 
 # %% nbgrader={"grade": false, "grade_id": "async_stall", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
+# Sections 3 and 4's checkpoints, under the lab's folder; removed at the end of Section 4
+RESTART_WORK = tempfile.mkdtemp(prefix="lab12-restart-", dir=".")
 print(stall_table(save_checkpoint, async_save_checkpoint, under=RESTART_WORK))
 
 # %% [markdown]
@@ -149,8 +148,9 @@ from distlab.labs.checkpoint.run_state import RunSpec, Trainer
 # `.metadata`, and compares in the grader: the relaunch trained exactly 8 − c steps (counted
 # in the launcher's record, one loss `all_reduce` per step), and its losses and parameters equal,
 # bit for bit, your own clean restart from step c's checkpoint (a fresh `Trainer`, your `load`,
-# `trainer.step()` to the end); and every save was waited for. Hidden: a fresh seed chooses the
-# victim, the step (after the second save) and the run's data and initial weights.
+# `trainer.step()` to the end); and every save was waited for. Hidden: 10 steps, and a fresh
+# seed chooses the victim, the step (after the second save, two before the end) and the run's
+# data and initial weights.
 #
 # **Why it matters.** Llama 3's 466 interruptions in 54 days (§3.3.4) each cost the work since
 # the last complete checkpoint plus the restart; a loop that restarts from step 0, or from a
@@ -207,7 +207,8 @@ def train_resumable(rank, world_size, root, steps, save_every, save, load, spec=
 check_train_resumable(train_resumable, async_save_checkpoint, load_checkpoint)
 ### BEGIN HIDDEN TESTS
 from distlab.checks.assertions import fresh_seed   # the grader's seeds
-check_train_resumable(train_resumable, async_save_checkpoint, load_checkpoint, seed=fresh_seed())
+check_train_resumable(train_resumable, async_save_checkpoint, load_checkpoint, seed=fresh_seed(),
+                      steps=10)
 ### END HIDDEN TESTS
 
 # %% [markdown]
