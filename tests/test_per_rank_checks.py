@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11
+from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11, lab12
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.grading.course_dir import source_notebook
@@ -250,12 +250,25 @@ def _lab11(ns):
     lab11.check_executor(ns["run_table"], seed=SEED)
 
 
+def _lab12_restart(ns):
+    # Section 4: each rank gets the student's functions, its step count and the merged
+    # checkpoint's files (inputs); the clean restart it is compared with is the student's own,
+    # and every comparison stays in the judge. Sections 1-2's functions, where the notebook
+    # has none yet (the l12restart branch alone), are the course's.
+    from distlab.labs.checkpoint import run_state, saving
+    ns.setdefault("training_state", run_state.training_state)
+    ns.setdefault("load_checkpoint", saving.load_checkpoint)
+    lab12.check_train_resumable(ns["train_resumable"], ns["async_save_checkpoint"],
+                                ns["load_checkpoint"], seed=SEED, steps=10)
+
+
 CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
                                                    "design_imports"), 5),
                "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),
         "08_sharded_data_parallel": (_lab08, ("imports",), 3),
         "07_3d_parallelism": (_lab07, ("imports",), 1)}
+CHECK_CALLS["12_checkpoint_restart"] = (_lab12_restart, ("async_imports", "restart_imports"), 0)
 
 
 @pytest.mark.parametrize("lab", list(CHECK_CALLS))
