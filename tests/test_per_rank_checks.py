@@ -259,7 +259,7 @@ def _lab12_restart(ns):
     ns.setdefault("training_state", run_state.training_state)
     ns.setdefault("load_checkpoint", saving.load_checkpoint)
     lab12.check_train_resumable(ns["train_resumable"], ns["async_save_checkpoint"],
-                                ns["load_checkpoint"], seed=SEED, steps=10)
+                                ns["load_checkpoint"], seed=SEED)
 
 
 CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",

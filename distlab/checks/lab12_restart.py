@@ -163,7 +163,10 @@ class _Workspace:
 
     def __init__(self):
         from distlab.runtime.launch import current_launcher
-        self.base = current_launcher().settings.cwd or os.getcwd()
+        launcher = current_launcher()
+        # in the judge: the launcher of the student's ranks (theirs are the folders read)
+        launcher = getattr(launcher, "student", launcher)
+        self.base = launcher.settings.cwd or os.getcwd()
         self.tags: list[str] = []
         self.mine = tempfile.mkdtemp(prefix="lab12-judge-", dir=self.base)
 
