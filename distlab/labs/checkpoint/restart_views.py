@@ -71,15 +71,15 @@ def plot_restart(run: dict, ax=None):
     ax.plot(sorted(again), [again[s] for s in sorted(again)], "o", color="C3", ms=6, mfc="none",
             label="relaunched after the kill")
     resumed = run["relaunched"]["resumed_from"] or 0
-    ax.axvline(run["kill_at"], color="k", ls=":", lw=1)
-    ax.text(run["kill_at"], ax.get_ylim()[1], f" rank {run['victim']} killed", va="top",
-            fontsize=8)
+    ax.axvline(run["kill_at"], color="k", ls=":", lw=1,
+               label=f"rank {run['victim']} killed (SIGKILL) as step {run['kill_at']} began")
     ax.axvspan(resumed, run["kill_at"], color="C3", alpha=0.12,
                label=f"steps trained twice (checkpoint {resumed} to the kill)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (mean over ranks)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     ax.set_title("A rank killed by SIGKILL, the run relaunched from its checkpoint")
+    ax.figure.tight_layout()
     return ax
 
 
@@ -131,4 +131,6 @@ def torchrun_restart(train, save, load, folder: str, steps: int = 8, save_every:
     shown = ["agent: " + line.split("] ", 1)[-1] for line in done.stderr.splitlines()
              if _agent_line(line)]
     result = torch.load(os.path.join(folder, "run", "result.pt"), weights_only=True)
-    return {"command": "torchrun " + " ".join(command[3:]), "agent": shown, "result": result}
+    shown_command = " ".join(os.path.relpath(a) if a.startswith(folder) else a
+                             for a in command[3:])
+    return {"command": "torchrun " + shown_command, "agent": shown, "result": result}
