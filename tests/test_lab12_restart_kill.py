@@ -88,3 +88,36 @@ def test_a_relaunch_after_the_kill_resumes_from_the_last_complete_checkpoint(tmp
     assert out[0]["losses"] == {s: clean["losses"][s] for s in range(resume_at + 1, STEPS + 1)}
     for name, value in clean["params"].items():
         assert torch.equal(out[0]["params"][name], value), name
+
+
+
+def test_a_calls_index_and_its_start_report_go_together(tmp_path):
+    """Two threads (training, an asynchronous save's writer) calling at once: the one that took
+    the earlier index reports first, so the launcher's copy of the record (in report order)
+    matches the rank's. Here the first report is slow, and the other thread's call comes in
+    meanwhile: it must wait, not report first."""
+    from distlab.runtime.comms import Recorder
+    reports, first, other_reported = [], threading.Event(), threading.Event()
+
+    def sink(kind, comm, index):
+        if kind == "enter" and index == 0:
+            first.set()
+            other_reported.wait(0.5)     # the other thread's report, if it could come first
+        if kind == "enter" and index == 1:
+            other_reported.set()
+        reports.append((kind, index))
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    recorder = Recorder(0, sink).install()
+    try:
+        slow = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1)))
+        slow.start()
+        first.wait(5)
+        dist.all_reduce(torch.ones(1))
+        slow.join()
+    finally:
+        recorder.uninstall()
+        dist.destroy_process_group()
+    assert [index for kind, index in reports if kind == "enter"] == [0, 1]
+
