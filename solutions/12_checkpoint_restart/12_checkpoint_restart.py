@@ -30,8 +30,9 @@
 # ## 3. Saving without stopping: asynchronous checkpoints
 #
 # A blocking `dcp.save` stops every rank for the whole write: the state is planned, serialised
-# and written to the folder, and only then does the next step start. At scale that is minutes
-# per save (Llama 3 saves hundreds of terabytes of state), paid again at every save.
+# and written to the folder, and only then does the next step start. At scale a save is
+# terabytes (mixed-precision Adam keeps about 16 bytes per parameter, Lab 7), written by every
+# rank at once, and the stall is paid again at every save.
 # `torch.distributed.checkpoint.async_save` splits a save in two:
 #
 # 1. **staging**, on the training's thread: the state dict is copied to CPU memory. Training
@@ -99,7 +100,7 @@ print(stall_table(save_checkpoint, async_save_checkpoint, under=RESTART_WORK))
 # finished before the run may stop. On a laptop's two shared cores the thread can cost the steps
 # nearly what it saves the stall; on a GPU node, whose training runs on the GPU while the CPUs
 # mostly wait, the write is close to free, which is why large runs save asynchronously
-# (torchtitan's `async_mode`, Megatron-LM's asynchronous checkpointing). Staging itself is not
+# (torchtitan's `checkpoint.async_mode`, Megatron-LM's `--async-save`). Staging itself is not
 # free either: it needs CPU memory for a whole copy of the rank's state.
 
 # %% [markdown]
