@@ -30,7 +30,7 @@ def kill_and_relaunch(train, save, load, root: str, world_size: int = 2, steps: 
     ``victim`` starts training step ``kill_at`` (``root/killed``); relaunched on that folder.
     Returns both runs' results, the launcher's message and the folders the kill left."""
     import distlab
-    from distlab.runtime.kill import KillPlan, killing
+    from distlab.runtime.kill import DEFAULT_GROUP, KillPlan, killing
     from distlab.runtime.outcome import RankCrashed
     clean, killed = os.path.join(root, "uninterrupted"), os.path.join(root, "killed")
     uninterrupted = distlab.run(train, world_size, clean, steps, save_every, save, load,
@@ -48,7 +48,7 @@ def kill_and_relaunch(train, save, load, root: str, world_size: int = 2, steps: 
     return {"uninterrupted": uninterrupted, "relaunched": relaunched[0], "message": message,
             "left": left, "victim": victim, "kill_at": kill_at, "steps": steps,
             "trained": [sum(1 for c in rank if c.op == "all_reduce" and not c.threaded
-                            and c.group_name == "0") for rank in relaunched.comms]}
+                            and c.group_name == DEFAULT_GROUP) for rank in relaunched.comms]}
 
 
 def same_to_the_bit(run: dict) -> bool:
