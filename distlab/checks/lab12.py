@@ -41,8 +41,10 @@ def check_train_resumable(train_resumable, save, load, seed: int | None = None,
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).
 RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds what its ranks need)
-# Section 4's ranks: FSDP2, the optimizer (AdamW imports torch._dynamo), DCP
-RANK_IMPORTS += ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.checkpoint",
+# Section 4's ranks (measured: a rank with nothing preloaded, after the solution's loop): FSDP2
+# and DTensor, the optimizer (AdamW imports torch._dynamo, which imports part of _inductor), DCP
+RANK_IMPORTS += ("torch._dynamo", "torch._inductor", "torch.distributed.tensor",
+                 "torch.distributed.fsdp", "torch.distributed.checkpoint",
                  "torch.distributed.checkpoint.state_dict")
 
 
