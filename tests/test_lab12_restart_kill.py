@@ -41,9 +41,10 @@ def _threaded_first(rank, world_size, calls):
 
 
 def test_the_launcher_kills_the_rank_at_its_nth_call_and_reports_sigkill(tmp_path):
-    with killing(KillPlan(rank=1, call=3)):
+    with killing(KillPlan(rank=1, call=3)) as fired:
         with pytest.raises(distlab.RankCrashed) as crashed:
             distlab.run(_count_up, 2, str(tmp_path), 50, timeout=120)
+    assert fired == [1]
     text = str(crashed.value)
     assert "rank 1 died: its process was killed by SIGKILL" in text
     assert "The launcher killed it on purpose" in text and "3rd all_reduce" in text
@@ -55,9 +56,9 @@ def test_the_launcher_kills_the_rank_at_its_nth_call_and_reports_sigkill(tmp_pat
 def test_the_plan_counts_only_the_calls_it_names_and_only_within_its_block(tmp_path):
     # 3 threaded calls on another group + 2 on the default group: a plan for the 3rd main-thread
     # all_reduce on the default group never fires
-    with killing(KillPlan(rank=0, call=3)):
+    with killing(KillPlan(rank=0, call=3)) as fired:
         out = distlab.run(_threaded_first, 2, 2, timeout=120)
-    assert list(out) == ["survived", "survived"]
+    assert list(out) == ["survived", "survived"] and fired == []
     with killing(KillPlan(rank=0, call=2, group_name=None, threaded=None)):
         with pytest.raises(distlab.RankCrashed, match="rank 0 died: .*SIGKILL"):
             distlab.run(_threaded_first, 2, 2, timeout=120)

@@ -54,10 +54,12 @@ class KillPlan:
 
 
 class Killer:
-    """One run's side of a plan: counts the victim's calls as they are reported and kills it."""
+    """One run's side of a plan: counts the victim's calls as they are reported and kills it;
+    ``fired`` (the block's list) gets the victim's rank when the signal is sent."""
 
-    def __init__(self, plan: KillPlan):
+    def __init__(self, plan: KillPlan, fired: list | None = None):
         self.plan, self.seen, self.killed_pid = plan, 0, None
+        self.fired = fired if fired is not None else []
 
     def note(self, rank: int, comm: Comm, pid: int) -> None:
         """``rank``: the rank whose connection reported ``comm`` (not what the report says)."""
@@ -68,6 +70,7 @@ class Killer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             self.killed_pid = pid
+            self.fired.append(rank)
 
     def aftermath(self, rank: int) -> str:
         """What a RankCrashed message adds when the dead rank is the one this plan killed."""
@@ -77,23 +80,26 @@ class Killer:
                 f"started {self.plan.describe()}.")
 
 
-_PLAN: contextvars.ContextVar[KillPlan | None] = contextvars.ContextVar("distlab_kill",
-                                                                        default=None)
+_PLAN: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("distlab_kill",
+                                                                     default=None)
 
 
 @contextlib.contextmanager
 def killing(plan: KillPlan):
-    """Within the block (this thread or task), ``distlab.run`` carries out ``plan``."""
-    token = _PLAN.set(plan)
+    """Within the block (this thread or task), ``distlab.run`` carries out ``plan``. Yields a
+    list that gets the victim's rank once the signal is sent: a caller told of another rank's
+    failure (its peer vanished) can tell the kill's aftermath from a failure of its own."""
+    fired: list[int] = []
+    token = _PLAN.set((plan, fired))
     try:
-        yield plan
+        yield fired
     finally:
         _PLAN.reset(token)
 
 
 def current_killer() -> Killer | None:
-    plan = _PLAN.get()
-    return Killer(plan) if plan is not None else None
+    current = _PLAN.get()
+    return Killer(*current) if current is not None else None
 
 
 def _ordinal(n: int) -> str:
