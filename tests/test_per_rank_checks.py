@@ -255,11 +255,16 @@ def _lab12_restart(ns):
     # checkpoint's files (inputs); the clean restart it is compared with is the student's own,
     # and every comparison stays in the judge. Sections 1-2's functions, where the notebook
     # has none yet (the l12restart branch alone), are the course's.
+    import contextlib
+    import tempfile
     from distlab.labs.checkpoint import run_state, saving
     ns.setdefault("training_state", run_state.training_state)
     ns.setdefault("load_checkpoint", saving.load_checkpoint)
-    lab12.check_train_resumable(ns["train_resumable"], ns["async_save_checkpoint"],
-                                ns["load_checkpoint"], seed=SEED)
+    # the check's folders go in the launcher's folder (here the working one): a temporary one
+    with tempfile.TemporaryDirectory(prefix="lab12-per-rank-") as folder, \
+            contextlib.chdir(folder):
+        lab12.check_train_resumable(ns["train_resumable"], ns["async_save_checkpoint"],
+                                    ns["load_checkpoint"], seed=SEED)
 
 
 CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
