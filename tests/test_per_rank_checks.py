@@ -258,6 +258,23 @@ def _lab11(ns):
     lab11.check_executor(ns["run_table"], seed=SEED)
 
 
+def _lab12_restart(ns):
+    # Section 4: each rank gets the student's functions, its step count and the merged
+    # checkpoint's files (inputs); the clean restart it is compared with is the student's own,
+    # and every comparison stays in the judge. Sections 1-2's functions, where the notebook
+    # has none yet (the l12restart branch alone), are the course's.
+    import contextlib
+    import tempfile
+    from distlab.labs.checkpoint import run_state, saving
+    ns.setdefault("training_state", run_state.training_state)
+    ns.setdefault("load_checkpoint", saving.load_checkpoint)
+    # the check's folders go in the launcher's folder (here the working one): a temporary one
+    with tempfile.TemporaryDirectory(prefix="lab12-per-rank-") as folder, \
+            contextlib.chdir(folder):
+        lab12.check_train_resumable(ns["train_resumable"], ns["async_save_checkpoint"],
+                                    ns["load_checkpoint"], seed=SEED)
+
+
 CHECK_CALLS = {"12_checkpoint_restart": (_lab12, ("interval_imports", "plan_imports"), 0),
                "11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
                                                    "design_imports"), 5),
@@ -265,6 +282,7 @@ CHECK_CALLS = {"12_checkpoint_restart": (_lab12, ("interval_imports", "plan_impo
         "09_expert_parallel": (_lab09, ("imports",), 5),
         "08_sharded_data_parallel": (_lab08, ("imports",), 3),
         "07_3d_parallelism": (_lab07, ("imports",), 1)}
+CHECK_CALLS["12_checkpoint_restart"] = (_lab12_restart, ("async_imports", "restart_imports"), 0)
 
 
 @pytest.mark.parametrize("lab", list(CHECK_CALLS))

@@ -39,10 +39,13 @@ METHOD = {
     "11_pipeline_schedules": (r"warms? up with", r"\(v\s*-\s*1\)\s*p\s*\+\s*2", r"keep(s|ing)? up to r\b",
                               r"list[- ]schedul", r"\bgreedy", r"k-th (forward|backward)",
                               r"\bB first\b", r"\bBFW\b", r"a B before"),
+    # Section 4's loop (l12restart): how the newest complete folder is found, how saves wait;
     # Sections 5 and 6 (l12interval): the time lost spelled out, the design's rules for an
     # asynchronous save turned into the model's terms
-    "12_checkpoint_restart": (r"half (of )?(a|the) (period|interval)",
-                              r"\bperiod plus (a|the) write", r"max\(\s*tau,\s*write", r"e\^\(?R\s*/\s*M"),
+    "12_checkpoint_restart": (r"zero-padded", r"\bsort(ed)? the\b[^.]*folders", r"pending future",
+                              r"half (of )?(a|the) (period|interval)",
+                              r"\bperiod plus (a|the) write", r"max\(\s*tau,\s*write",
+                              r"e\^\(?R\s*/\s*M"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

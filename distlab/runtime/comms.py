@@ -160,6 +160,9 @@ class Recorder:
         self.comms: list[Comm] = []
         self._seq: dict[tuple, int] = {}
         self._local = threading.local()
+        # A call's index and its "enter" report go together: two threads (training and an
+        # asynchronous save) must not report in another order than they took their indexes.
+        self._order = threading.Lock()
         self._originals: dict[str, Callable] = {}
 
     def install(self) -> "Recorder":
@@ -201,17 +204,19 @@ class Recorder:
             # the sequences that must line up between ranks.
             name = _group_name(group) if op not in POINT_TO_POINT else ""
             key = (ranks, name) if op not in POINT_TO_POINT else (op.lstrip("i"), peer)
-            comm = Comm(rank=self.rank, seq=self._next_seq(key), op=op, group=ranks,
+            comm = Comm(rank=self.rank, seq=0, op=op, group=ranks,
                         group_name=name,
                         threaded=threading.current_thread() is not threading.main_thread(),
                         shapes=[tuple(t.shape) for t in shown],
                         dtype=str(shown[0].dtype).removeprefix("torch.") if shown else "",
                         bytes=nbytes, peer=peer,
                         async_op=bool(bound.arguments.get("async_op")) or op in ("isend", "irecv"))
-            index = len(self.comms)
-            self.comms.append(comm)
-            comm.start = time.perf_counter()
-            self.sink("enter", comm, index)
+            with self._order:
+                comm.seq = self._next_seq(key)
+                index = len(self.comms)
+                self.comms.append(comm)
+                comm.start = time.perf_counter()
+                self.sink("enter", comm, index)
             self._local.busy = True
             try:
                 result = original(*args, **kwargs)

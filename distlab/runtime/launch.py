@@ -43,6 +43,7 @@ import cloudpickle
 
 from distlab.runtime import call_guard, wire
 from distlab.runtime.devices import pick_backend
+from distlab.runtime.kill import current_killer
 from distlab.runtime.outcome import (DistributedError, HangError, RankCrashed, RankError,  # noqa: F401
                                      Results)
 from distlab.runtime.per_rank import ReferenceLeak, for_rank
@@ -204,7 +205,7 @@ class Launcher:
         own = zygote_pid is not None and wire.in_own_network(zygote_pid)
         watch = RankWatch(zygote, run_id, world_size, backend, timeout,
                           self.settings.loads_message, self.settings.load_result,
-                          store=f"file {store_path}")
+                          store=f"file {store_path}", killer=current_killer())
         try:
             before = wire.loopback(zygote_pid) if own else None
             out = watch.go(tasks)

@@ -33,8 +33,10 @@ class RankWatch:
     that trusts its ranks, ``distlab.runtime.safe_pickle`` for one that runs a student's code."""
 
     def __init__(self, zygote: ZygoteHandle, run_id: int, world_size: int, backend: str,
-                 timeout: float, loads, load_result, store: str = "its rendezvous store"):
+                 timeout: float, loads, load_result, store: str = "its rendezvous store",
+                 killer=None):
         self.store = store
+        self.killer = killer     # distlab.runtime.kill.Killer: a rank to kill from outside
         self.zygote, self.world_size, self.backend, self.timeout = zygote, world_size, backend, timeout
         self.run_id, self.loads, self.load_result = run_id, loads, load_result
         self.states = [RankState(rank) for rank in range(world_size)]
@@ -166,13 +168,16 @@ class RankWatch:
         elif kind == "enter":
             comm = message[1]
             state.comms.append(comm)
+            if self.killer is not None:
+                self.killer.note(rank, comm, self.pids[rank])
             mismatch = find_mismatch(self.states, comm)
             if mismatch:
                 self._fail(HangError, "the ranks disagree about a collective: " + mismatch, hint="")
             self._check_stuck()
         elif kind == "exit":
             index, end = message[1], message[2]
-            state.comms[index].end = end
+            if 0 <= index < len(state.comms):   # a report out of order is dropped, not a crash
+                state.comms[index].end = end
         elif kind == "result":
             self.results[rank] = self.load_result(message[1])
             state.status = "done"
@@ -231,7 +236,9 @@ class RankWatch:
         state.exit_status = self.zygote.exits.get((self.run_id, rank))
         call = state.open_call()
         why = ""
-        if call is not None and (call.op in SAME_SHAPE_OPS or call.op in ("send", "recv")):
+        if self.killer is not None and self.killer.aftermath(rank):
+            aftermath = self.killer.aftermath(rank) + aftermath   # killed: not a mismatch
+        elif call is not None and (call.op in SAME_SHAPE_OPS or call.op in ("send", "recv")):
             why = (f"\nIt died inside {call.describe()}. On gloo a rank aborts when the peers' "
                    f"tensors do not match this call (shape or dtype): compare the shapes each "
                    f"rank passes.")
@@ -268,7 +275,7 @@ class RankWatch:
                         self.states[rank].status = "running"
                     elif message[0] == "enter":
                         self.states[rank].comms.append(message[1])
-                    elif message[0] == "exit":
+                    elif message[0] == "exit" and 0 <= message[1] < len(self.states[rank].comms):
                         self.states[rank].comms[message[1]].end = message[2]
             except (EOFError, OSError):
                 pass

@@ -27,10 +27,13 @@ BENCH_SPEC = RunSpec(d=256, hidden=1024, blocks=4, samples=1024, batch=32, dtype
 
 
 def stall_run(rank: int, world_size: int, root: str, mode: str, steps: int, save_every: int,
-              spec: RunSpec = BENCH_SPEC) -> dict:
+              spec: RunSpec = BENCH_SPEC, save=None, async_save=None) -> dict:
     """Train ``steps`` steps, saving every ``save_every`` (``mode``: none, blocking or async);
     return the seconds of each step, of each stall (the save call, plus for async any wait on the
-    save before), and of the whole run."""
+    save before), and of the whole run. ``save(trainer, root)`` and ``async_save(trainer, root)
+    -> (future, folder)``: the saves to time (default: the course's)."""
+    save = save or save_checkpoint
+    async_save = async_save or async_save_checkpoint
     trainer = Trainer(rank, world_size, spec)
     trainer.step()                              # warm-up: allocations, the first gathers
     step_times, stalls, pending = [], [], None
@@ -44,9 +47,9 @@ def stall_run(rank: int, world_size: int, root: str, mode: str, steps: int, save
             if pending is not None:
                 pending.result()
             if mode == "async":
-                pending, _ = async_save_checkpoint(trainer, root)
+                pending, _ = async_save(trainer, root)
             else:
-                save_checkpoint(trainer, root)
+                save(trainer, root)
             stalls.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     if pending is not None:
@@ -56,15 +59,18 @@ def stall_run(rank: int, world_size: int, root: str, mode: str, steps: int, save
 
 
 def measure_stalls(world_size: int = 2, steps: int = 12, save_every: int = 4,
-                   spec: RunSpec = BENCH_SPEC) -> list[dict]:
-    """One row per mode (``stall_run`` on fresh ranks, in a temporary folder removed after):
-    the slowest rank's median stall, median step and total."""
+                   spec: RunSpec = BENCH_SPEC, save=None, async_save=None,
+                   under: str | None = None) -> list[dict]:
+    """One row per mode (``stall_run`` on fresh ranks, in a temporary folder removed after,
+    made in ``under``, default the system's): the slowest rank's median stall, median step and
+    total. ``save``, ``async_save``: as ``stall_run`` takes them."""
     from distlab import run
     rows = []
     for mode in MODES:
-        root = tempfile.mkdtemp(prefix="distlab-lab12-stall-")
+        root = tempfile.mkdtemp(prefix="distlab-lab12-stall-", dir=under)
         try:
-            out = run(stall_run, world_size, root, mode, steps, save_every, spec, timeout=600)
+            out = run(stall_run, world_size, root, mode, steps, save_every, spec, save,
+                      async_save, timeout=600)
             size = _bytes_under(root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
