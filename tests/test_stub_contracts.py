@@ -39,6 +39,9 @@ METHOD = {
     "11_pipeline_schedules": (r"warms? up with", r"\(v\s*-\s*1\)\s*p\s*\+\s*2", r"keep(s|ing)? up to r\b",
                               r"list[- ]schedul", r"\bgreedy", r"k-th (forward|backward)",
                               r"\bB first\b", r"\bBFW\b", r"a B before"),
+    # Sections 1 and 2 (l12state): the calls the hints lead to
+    "12_checkpoint_restart": (r"\bget_state_dict\b", r"\bset_state_dict\b",
+                              r"under its own key"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

@@ -1,0 +1,187 @@
+"""Lab 12, Section 2: save and load with ``torch.distributed.checkpoint``, and resharding (the
+judge serves only ``distlab.checks.lab12``'s ``check_*``: ``check_resharding`` there calls
+``grade_resharding`` here).
+
+``save(model, optimizer, folder)`` and ``load(model, optimizer, folder)`` for the FSDP2
+``Trainer``'s model and AdamW. They take the model and the optimizer, never Section 1's state, so
+a mistake there cannot cost this test.
+
+The judge draws a whole state (parameters, AdamW's moments and step counts:
+``shards.drawn_state``) and hands each of ``writers`` ranks its own rows of it (``PerRank``: the
+rows FSDP2 gives that rank), which the rank installs in a trainer and saves with the student's
+``save`` into a folder of its own: in grading, a rank may write nowhere else. The judge merges
+the folders (``layout.merge_rank_folders``) and reads, outside the ranks, what the save made: a
+DCP checkpoint (``.metadata``) whose shards every writer wrote itself (``layout.writers``). Then
+``readers`` ranks, each a fresh trainer, get the checkpoint's files and ``load`` them; each
+returns what it holds, and the judge compares it, row for row, with the rows of the drawn state
+that rank owns now, exactly (a load copies bytes). Visible: 4 ranks write, 2 read (the lab's
+model); hidden: 2 write, 4 read, a fresh state for a model whose widths 4 does not divide, so
+that FSDP2's last rank holds fewer rows, or none.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from distlab.checks.assertions import CheckFailed
+from distlab.checks.rank_failures import ranks_failed
+from distlab.checks.ranks import rank_timeout
+from distlab.labs.checkpoint.layout import merge_rank_folders, writers as writers_of
+from distlab.labs.checkpoint.refusals import CheckpointRefused
+from distlab.labs.checkpoint.run_state import RunSpec
+from distlab.labs.checkpoint.shards import (FOLDER_PREFIX, drawn_state, load_files, row_range,
+                                            rows_of, save_drawn, shard_of)
+from distlab.runtime.per_rank import PerRank, plain, reference
+
+VISIBLE = dict(writers=4, readers=2)
+VISIBLE_SEED = 1200
+MAX_BYTES = 32 << 20      # a checkpoint of this model is tens of kilobytes
+
+
+def _case(seed, writers: int, readers: int):
+    """(spec, the drawn state's seed, where)."""
+    if seed is None:
+        return RunSpec(), VISIBLE_SEED, f"the lab's model, {writers} ranks -> {readers}"
+    g = seed % 4
+    spec = RunSpec(d=(6, 10, 6, 10)[g], hidden=(10, 6, 14, 18)[g])
+    return spec, seed, (f"a fresh state (seed {seed}), widths {spec.d} and {spec.hidden}, "
+                        f"{writers} ranks -> {readers}")
+
+
+def _run(fn, world_size, what, *args):
+    import distlab
+    from distlab.runtime.outcome import DistributedError
+    try:
+        return distlab.run(fn, world_size, *args, backend="gloo", timeout=rank_timeout())
+    except DistributedError as err:
+        raise ranks_failed(what, err, DCP_HINT if "CheckpointException" in str(err) else "") \
+            from None
+
+
+DCP_HINT = ("torch.distributed.checkpoint refused the save or the load. Every rank must call "
+            "dcp.save (and dcp.load) with the same keys: its own shards of every tensor, as "
+            "DTensors (get_state_dict gives them), so that together they tile each tensor.")
+
+
+def _folders(out, world_size: int) -> list[str]:
+    """The folders the writers report, each checked to be one the rank made for its save."""
+    folders = []
+    for rank in range(world_size):
+        folder = out[rank]
+        if not (isinstance(folder, str) and os.path.isdir(folder)
+                and os.path.basename(folder).startswith(f"{FOLDER_PREFIX}{rank}-")):
+            raise CheckFailed(f"rank {rank}'s save left no folder of its own ({folder!r})")
+        folders.append(folder)
+    return folders
+
+
+def _merged_files(folders: list[str], world_size: int, what: str) -> dict[str, bytes]:
+    """The writers' folders merged into one checkpoint, checked and read: name -> bytes. The
+    folders (the ranks' own, made for this check) and the merged copy are removed."""
+    root = tempfile.mkdtemp(prefix="lab12-merge-")
+    try:
+        total = sum(os.path.getsize(os.path.join(f, n)) for f in folders for n in os.listdir(f))
+        if total > MAX_BYTES:
+            raise CheckFailed(f"{what}: the ranks wrote {total:,} bytes; this model's checkpoint "
+                              f"is tens of kilobytes")
+        try:
+            merged = merge_rank_folders(folders, os.path.join(root, "checkpoint"))
+        except CheckpointRefused as err:
+            raise CheckFailed(f"{what}: the merged folders are no checkpoint DCP can read: "
+                              f"{err.reason}") from None
+        except (ValueError, OSError) as err:
+            raise CheckFailed(f"{what}: {err}. save must write with dcp.save: rank r writes "
+                              f"__r_0.distcp into its folder and the coordinator .metadata "
+                              f"(the checker gives each rank a folder of its own).") from None
+        count = writers_of(merged)
+        if count != world_size:
+            raise CheckFailed(f"{what}: the checkpoint's metadata names {count} shard file(s) for "
+                              f"{world_size} ranks. Every rank writes its own shards (dcp.save on "
+                              f"every rank, each with its own state dict).")
+        return {name: open(os.path.join(merged, name), "rb").read()
+                for name in sorted(os.listdir(merged))}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _label(key: str) -> str:
+    """ "0.lin1.weight.exp_avg" -> "AdamW's exp_avg of 0.lin1.weight"."""
+    for kind in ("exp_avg_sq", "exp_avg", "step"):
+        if key.endswith(f".{kind}"):
+            return f"AdamW's {kind} of {key.removesuffix('.' + kind)}"
+    return key
+
+
+WRONG_ROWS = ("The values are the checkpoint's but not this rank's rows. With {readers} ranks "
+              "rank r owns other rows of every tensor than the writer of the same number did: "
+              "each rank must ask for the rows it owns now, by the tensor's name and global "
+              "shape (DCP does, from the metadata, when you load into DTensor state dicts), "
+              "never a slice of the writers' shards laid end to end.")
+
+
+NOT_LOADED = ("These are the fresh trainer's own values (its initial weights; AdamW's state as a "
+              "fresh optimizer makes it, zeros): nothing of the checkpoint reached them. After "
+              "dcp.load fills your state dict, put it back into the model and the optimizer.")
+
+
+def _fresh(spec: RunSpec, key: str, rows, rank: int, readers: int) -> bool:
+    """Whether ``rows`` are what rank ``rank`` of a fresh trainer holds for ``key``: its
+    initial weights' rows, or AdamW's zeros."""
+    import torch
+    initial = dict(spec.model().named_parameters()).get(key)
+    if initial is not None:
+        return torch.equal(rows, rows_of(initial.detach(), rank, readers))
+    return rows.numel() > 0 and not bool(rows.any())
+
+
+def _compare(back, expected, readers: int, what: str, spec: RunSpec) -> int:
+    """Each reader's rows against the drawn state's; the number of entries compared."""
+    import torch
+    compared = 0
+    for rank in range(readers):
+        mine = back[rank]
+        for key, value in expected.items():
+            got = mine.get(key)
+            start, stop = row_range(value, rank, readers) if value.dim() else (0, 0)
+            rows = f" (rows {start} to {stop - 1} of {value.shape[0]})" if value.dim() else ""
+            where = f"{what}: rank {rank}'s {_label(key)}{rows}"
+            if got is None:
+                raise CheckFailed(f"{where} is missing after load: the optimizer holds no state "
+                                  f"for it. Save AdamW's state beside the model's, every "
+                                  f"rank its own, and load it back.")
+            want = shard_of({key: value}, rank, readers)[key]
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise CheckFailed(f"{where}: shape {list(got.shape)}, {got.dtype}; this rank "
+                                  f"holds {list(want.shape)}, {want.dtype}.")
+            if not torch.equal(got, want):
+                hint = (NOT_LOADED if _fresh(spec, key, got, rank, readers)
+                        else WRONG_ROWS.format(readers=readers))
+                raise CheckFailed(f"{where} differs from what the writers saved "
+                                  f"({int((got != want).sum())} of {want.numel()} values).\n"
+                                  f"{hint}")
+            compared += 1
+    return compared
+
+
+def grade_resharding(save, load, seed=None, writers=VISIBLE["writers"],
+                     readers=VISIBLE["readers"]) -> str:
+    """``writers`` ranks save their shards of a drawn state with ``save``; ``readers`` ranks load
+    the merged checkpoint with ``load``; every rank then holds its rows exactly (module doc)."""
+    __tracebackhide__ = True  # noqa: F841
+    spec, state_seed, where = _case(seed, writers, readers)
+    state = drawn_state(spec, state_seed)
+    expected = reference(state)
+    shards = [shard_of(plain(state), r, writers) for r in range(writers)]
+    out = _run(save_drawn, writers, f"save on {writers} ranks ({where})", save, PerRank(shards),
+               spec)
+    what = f"save on {writers} ranks, load on {readers} ({where})"
+    files = _merged_files(_folders(out, writers), writers, what)
+    back = _run(load_files, readers, f"load on {readers} ranks ({where})", load, files, spec)
+    compared = _compare(back, expected, readers, what, spec)
+    size = sum(len(b) for b in files.values())
+    return (f"{where}: every rank wrote its own shards ({len(files)} files, {size:,} bytes, DCP "
+            f"metadata naming {writers} writers); after load each of the {readers} ranks holds "
+            f"exactly its rows of every parameter and of AdamW's state ({compared} tensors)")
