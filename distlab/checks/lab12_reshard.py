@@ -122,6 +122,11 @@ WRONG_ROWS = ("The values are the checkpoint's but not this rank's rows. With {r
               "never a slice of the writers' shards laid end to end.")
 
 
+OTHER_LAYOUT = ("A shard of the writers' layout came back as it was saved: a state dict written "
+                "with torch.save and read with torch.load keeps the rows its writer held, and "
+                "one rank's save holds one rank's rows. Save every rank's shards of the model "
+                "and of AdamW's state with dcp.save, and load them into this run's own state "
+                "dicts, so that each rank gets the rows it owns now.")
 NOT_LOADED = ("These are the fresh trainer's own values (its initial weights; AdamW's state as a "
               "fresh optimizer makes it, zeros): nothing of the checkpoint reached them. After "
               "dcp.load fills your state dict, put it back into the model and the optimizer.")
@@ -155,7 +160,7 @@ def _compare(back, expected, readers: int, what: str, spec: RunSpec) -> int:
             want = shard_of({key: value}, rank, readers)[key]
             if got.shape != want.shape or got.dtype != want.dtype:
                 raise CheckFailed(f"{where}: shape {list(got.shape)}, {got.dtype}; this rank "
-                                  f"holds {list(want.shape)}, {want.dtype}.")
+                                  f"holds {list(want.shape)}, {want.dtype}.\n{OTHER_LAYOUT}")
             if not torch.equal(got, want):
                 hint = (NOT_LOADED if _fresh(spec, key, got, rank, readers)
                         else WRONG_ROWS.format(readers=readers))
