@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 
-from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11
+from distlab.checks import assertions, lab07, lab08, lab09, lab10, lab11, lab12
 from distlab.checks.assertions import CheckFailed
 from distlab.course import solutions
 from distlab.grading.course_dir import source_notebook
@@ -250,7 +250,17 @@ def _lab11(ns):
     lab11.check_executor(ns["run_table"], seed=SEED)
 
 
-CHECK_CALLS = {"11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
+def _lab12(ns):
+    # Section 1: every rank gets the run (its spec: sizes and the run's own seed, made from the
+    # case's), where it stops and how long it goes on; the uninterrupted run stays in the judge
+    lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=SEED)
+    # Section 2: each writer gets its own rows of the drawn state, each reader the checkpoint's
+    # files; the drawn state stays in the judge
+    lab12.check_resharding(ns["save"], ns["load"], seed=SEED, writers=2, readers=4)
+
+
+CHECK_CALLS = {"12_checkpoint_restart": (_lab12, ("state_imports", "reshard_imports"), 1),
+               "11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
                                                    "design_imports"), 5),
                "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),
