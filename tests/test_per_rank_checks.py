@@ -251,8 +251,8 @@ def _lab11(ns):
 
 
 def _lab12(ns):
-    # Section 1: every rank gets the run (its spec: sizes and the run's own seed, made from the
-    # case's), where it stops and how long it goes on; the uninterrupted run stays in the judge
+    # Section 1: every rank gets the run (its spec), where it stops and how long it goes on;
+    # the uninterrupted run stays in the judge
     lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=SEED)
     # Section 2: each writer gets its own rows of the drawn state, each reader the checkpoint's
     # files; the drawn state stays in the judge

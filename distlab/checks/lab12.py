@@ -35,7 +35,8 @@ def check_whole_state(whole_state, restore, seed: int | None = None, world_size:
     take the state, serialize it (torch.save to bytes and back), restore it into a fresh
     Trainer and train to ``steps``; the losses after the resume and every parameter at the end
     equal the uninterrupted run's to the last bit (float64), and the step is restored
-    (``lab12_state``). Hidden: a fresh run (seed, where it stops, how long it goes on)."""
+    (``lab12_state``). Hidden: the run stopped after another step and trained on for
+    another number of steps, drawn from the seed."""
     __tracebackhide__ = True  # noqa: F841
     return lab12_state.grade_whole_state(whole_state, restore, seed, world_size, steps, save_at)
 

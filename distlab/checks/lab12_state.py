@@ -10,11 +10,12 @@ the resume and every parameter gathered whole at the end with the uninterrupted 
 last bit (float64, ``torch.equal``): a resume that is not bit-identical cannot hide in rounding.
 The step the restored trainer holds must be ``save_at``.
 
-The uninterrupted run is the course's, with no student code in it: stored for the visible case
-(``resume`` in ``data/12_checkpoint_restart``), run here on ranks of its own (``Ranks``'
-reference launcher) for a hidden case (a fresh run: seed, where it stops, how long it goes on),
-and for the visible case too when the stored run differs from this machine's (another CPU's
-kernels round other bits: ``distlab.checks.stored``).
+The uninterrupted run is the course's, with no student code in it: stored (``resume`` in
+``data/12_checkpoint_restart``: 7 steps, the parameters after steps 5 to 7), so that a hidden case
+(the run stopped after step 3 or 4, then 2 or 3 steps more, drawn from the seed) costs one launch
+of the student's ranks and no run of the course's; where the stored run differs from what this
+machine computes (another CPU's kernels round other bits: ``distlab.checks.stored``), the course's
+run is made again here, on ranks of its own (``Ranks``' reference launcher), and decides.
 """
 from __future__ import annotations
 
@@ -29,44 +30,54 @@ from distlab.runtime.per_rank import plain, reference
 
 LAB = "12_checkpoint_restart"
 VISIBLE = dict(world_size=2, steps=6, save_at=3)   # on 2 ranks an epoch is 2 steps: step 5 reshuffles
+STORED_STEPS = 7     # the stored run: its losses, and its parameters after steps 5, 6 and 7
+KEPT = (5, 6)
 
 
 def visible_set() -> dict:
-    """The stored uninterrupted run of the visible case (RunSpec's defaults)."""
-    run = _uninterrupted(RunSpec(), **VISIBLE)
-    return {"seed": RunSpec().seed, "losses": torch.tensor(plain(run["losses"]),
-                                                          dtype=torch.float64),
-            **{f"params.{name}": plain(value) for name, value in run["params"].items()}}
+    """The stored uninterrupted run (RunSpec's defaults, 2 ranks, 7 steps): every loss, and the
+    parameters after steps 5, 6 and 7, which every case of the check ends on."""
+    run = _uninterrupted(RunSpec(), VISIBLE["world_size"], STORED_STEPS, 0, KEPT)
+    out = {"seed": RunSpec().seed,
+           "losses": torch.tensor(plain(run["losses"]), dtype=torch.float64)}
+    for step, params in {**run["kept"], STORED_STEPS: run["params"]}.items():
+        out.update({f"params.{step}.{name}": plain(value) for name, value in params.items()})
+    return out
 
 
-def _stored() -> dict:
+def _stored(steps: int, save_at: int) -> dict:
+    """The stored run's losses of steps ``save_at + 1`` to ``steps`` and its parameters after
+    ``steps``, marked."""
     from distlab.checks.stored import load
     stored = load(LAB, "resume")
-    return reference({"losses": stored["losses"].tolist(),
-                      "params": {k.removeprefix("params."): v for k, v in stored.items()
-                                 if k.startswith("params.")}})
+    prefix = f"params.{steps}."
+    return reference({"losses": stored["losses"].tolist()[save_at:steps],
+                      "params": {k.removeprefix(prefix): v for k, v in stored.items()
+                                 if k.startswith(prefix)}})
 
 
-def _uninterrupted(spec: RunSpec, world_size: int, steps: int, save_at: int) -> dict:
+def _uninterrupted(spec: RunSpec, world_size: int, steps: int, save_at: int,
+                   keep: tuple = ()) -> dict:
     """The course's run on ranks of its own, marked: no rank that runs student code gets it."""
     import distlab
-    out = distlab.run(uninterrupted, world_size, spec, steps, save_at, backend="gloo",
+    out = distlab.run(uninterrupted, world_size, spec, steps, save_at, keep, backend="gloo",
                       timeout=rank_timeout())
     return reference(out[0])
 
 
 def _case(seed, world_size: int, steps: int, save_at: int):
-    """(spec, world size, steps, save_at, where): the visible run, or a fresh one from ``seed``:
-    it stops after step 3 or 4 (on 2 ranks an epoch is 2 steps, so Python's random has shuffled
-    once more than a fresh trainer's by then), then trains 2 or 3 steps more (so that a new
-    epoch starts after the resume and its shuffle reads that state)."""
+    """(spec, world size, steps, save_at, where): the visible case, or a hidden one from
+    ``seed``: the same run (its uninterrupted run is stored up to step 7, so that grading needs
+    no run of the course's beside the student's) stopped after step 3 or 4 (on 2 ranks an epoch
+    is 2 steps, so Python's random has shuffled once more than a fresh trainer's by then), then
+    trained 2 or 3 steps more (so that a new epoch starts after the resume and its shuffle reads
+    that state)."""
     if seed is None:
         return RunSpec(), world_size, steps, save_at, "the stored run"
     save_at = 3 + seed % 2
     steps = save_at + 2 + (seed // 2) % 2
-    # the run's own seed, made from the hidden case's (its ranks never see the case's seed)
-    spec = RunSpec(seed=1 + (seed * 7919) % 100_003)
-    return spec, world_size, steps, save_at, f"a fresh run (seed {seed})"
+    return (RunSpec(), world_size, steps, save_at,
+            f"the stored run stopped after step {save_at} (seed {seed})")
 
 
 def _resumed(whole_state, restore, spec, world_size, steps, save_at, what):
@@ -134,17 +145,16 @@ def grade_whole_state(whole_state, restore, seed=None, world_size=VISIBLE["world
     """Resume from ``whole_state`` through ``restore`` (module doc); the verdict line."""
     __tracebackhide__ = True  # noqa: F841
     spec, world_size, steps, save_at, where = _case(seed, world_size, steps, save_at)
-    if seed is None and (world_size, steps, save_at) != tuple(VISIBLE.values()):
-        raise CheckFailed(f"the stored run is {VISIBLE}; call the check as the test cell does, "
-                          f"or pass a seed")
+    if world_size != VISIBLE["world_size"] or not 0 < save_at < steps <= STORED_STEPS:
+        raise CheckFailed(f"the stored run is {STORED_STEPS} steps on {VISIBLE['world_size']} "
+                          f"ranks; call the check as the test cell does")
     out = _resumed(whole_state, restore, spec, world_size, steps, save_at,
                    f"whole_state and restore on {world_size} ranks ({where})")
-    if seed is None:
-        try:
-            return _compare(out, _stored(), spec, world_size, steps, save_at, where)
-        except CheckFailed:
-            # This machine may round otherwise than the one that stored the run: the run made
-            # here decides.
-            where = "the run made on this machine (the stored one differs from it)"
+    try:
+        return _compare(out, _stored(steps, save_at), spec, world_size, steps, save_at, where)
+    except CheckFailed:
+        # This machine may round otherwise than the one that stored the run: the course's run
+        # made here, on ranks of its own, decides.
+        where += ", made again on this machine"
     expected = _uninterrupted(spec, world_size, steps, save_at)
     return _compare(out, expected, spec, world_size, steps, save_at, where)

@@ -93,8 +93,8 @@
 # it into a fresh trainer and train steps 4 to 6. In the grader, beside the course's
 # uninterrupted run of 6 steps (stored; made again on the grader's machine if this machine
 # rounds otherwise), the three losses and every parameter gathered at the end must be equal
-# with `torch.equal`: not close, equal. Hidden: a fresh run (another seed, a stop after step 3
-# or 4, then two or three steps more, so that a new epoch always starts after the resume).
+# with `torch.equal`: not close, equal. Hidden: the same run stopped after step 3 or 4, then
+# two or three steps more (a new epoch always starts after the resume).
 #
 # **Why it matters.** A resume that is almost right is a silent fork: the run you get is
 # statistically like the one you lost, but a bug hunt, an ablation or a bisection of a loss

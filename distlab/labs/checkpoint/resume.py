@@ -45,12 +45,17 @@ def resume_with(rank: int, world_size: int, whole_state, restore, spec: RunSpec,
             "bytes": size}
 
 
-def uninterrupted(rank: int, world_size: int, spec: RunSpec, steps: int, save_at: int) -> dict:
+def uninterrupted(rank: int, world_size: int, spec: RunSpec, steps: int, save_at: int,
+                  keep: tuple[int, ...] = ()) -> dict:
     """The same run trained to ``steps`` without stopping: the losses of steps ``save_at + 1``
-    on and every parameter gathered whole at the end."""
+    on, every parameter gathered whole at the end, and after each step in ``keep`` too."""
     trainer = Trainer(rank, world_size, spec)
-    losses = [trainer.step() for _ in range(steps)]
-    return {"losses": losses[save_at:], "params": trainer.full_params()}
+    losses, kept = [], {}
+    for _ in range(steps):
+        losses.append(trainer.step())
+        if trainer.steps_done in keep:
+            kept[trainer.steps_done] = trainer.full_params()
+    return {"losses": losses[save_at:], "params": trainer.full_params(), "kept": kept}
 
 
 def epoch_starts(spec: RunSpec, world_size: int, steps: int) -> list[int]:
