@@ -1,6 +1,6 @@
 """Lab 12, Section 2: save and load with torch.distributed.checkpoint, graded by resharding. The
-solution's ``save`` / ``load`` pass 4 -> 2 (visible) and 2 -> 4 on fresh states for models whose
-widths 4 does not divide (hidden); each planted mistake (optimizer state saved from rank 0 only;
+solution's ``save`` / ``load`` pass 2 -> 4 (the lab's model) and 4 -> 2 (a model whose widths 4
+does not divide), on the check's states and on fresh ones; each planted mistake (optimizer state saved from rank 0 only;
 resharding by slicing the ranks' flat buffers laid end to end) loses exactly this test, told
 why, and not Section 1's; a save that is not every rank's own is refused; the section's
 refusals refuse, with nothing loaded; the checker leaves no folder behind."""
@@ -105,27 +105,31 @@ def _left_behind() -> set[str]:
                + glob.glob(os.path.join(tempfile.gettempdir(), "lab12-merge-*")))
 
 
-def test_the_solution_passes_four_to_two_and_two_to_four_on_fresh_states():
+def test_the_solution_passes_both_ways_on_the_checks_states_and_fresh_ones():
     ns, before = namespace(), _left_behind()
     line = lab12.check_resharding(ns["save"], ns["load"])
-    assert "4 ranks -> 2" in line and "DCP metadata naming 4 writers" in line, line
-    assert "(64 tensors)" in line, line          # 2 ranks x 8 parameters x 4 (weights, moments, step)
-    line = lab12.check_resharding(ns["save"], ns["load"], seed=SEED, writers=2, readers=4)
-    assert f"seed {SEED}" in line and "2 ranks -> 4" in line and "naming 2 writers" in line, line
+    assert "saved on 2 ranks, loaded on 4; saved on 4, loaded on 2 (the check's states" in line
+    assert "from 2 writers" in line and "from 4 writers" in line, line
+    # 4 readers x 8 parameters x 4 (weights, moments, step), then 2 readers x the same
+    assert "(192 tensors)" in line, line
+    line = lab12.check_resharding(ns["save"], ns["load"], seed=SEED)
+    assert f"fresh states (seed {SEED})" in line, line
     assert _left_behind() <= before, "the check left folders behind"
 
 
-def test_hidden_cases_use_widths_that_four_does_not_divide():
-    from distlab.labs.checkpoint.run_state import RunSpec
-    specs = [lab12_reshard._case(seed, 2, 4)[0] for seed in range(8)]
-    assert len({(s.d, s.hidden) for s in specs}) == 4
-    assert all(s.d % 4 and s.hidden % 4 for s in specs)
-    # a rank of 4 then holds fewer rows than the others, or none (FSDP2 cuts as torch.chunk)
-    from distlab.labs.checkpoint.shards import rows_of
+def test_the_second_state_is_for_widths_that_four_does_not_divide():
     import torch
+    from distlab.labs.checkpoint.shards import rows_of
+    for seed in (None, *range(8)):
+        (a, _, w_a, r_a), (b, _, w_b, r_b), = lab12_reshard._cases(seed)[0]
+        assert (w_a, r_a, w_b, r_b) == (2, 4, 4, 2)
+        assert b.d % 4 and b.hidden % 4 and a == type(a)()
+        # the ranks get the model's sizes, never the case's seed
+        assert a.seed == b.seed == type(a)().seed
+    assert len({lab12_reshard._cases(seed)[0][1][0] for seed in range(8)}) == 4
+    # a rank of 4 then holds fewer rows than the others, or none (FSDP2 cuts as torch.chunk)
     assert [rows_of(torch.zeros(6, 2), r, 4).shape[0] for r in range(4)] == [2, 2, 2, 0]
-    # the ranks get the model's sizes, never the case's seed
-    assert all(s.seed == RunSpec().seed for s in specs)
+    assert [rows_of(torch.zeros(10, 2), r, 4).shape[0] for r in range(4)] == [3, 3, 3, 1]
 
 
 @pytest.mark.parametrize("name,edits,says", MISTAKES, ids=[m[0] for m in MISTAKES])
@@ -139,13 +143,13 @@ def test_each_mistake_loses_this_test_only_and_says_why(name, edits, says):
 
 
 def test_a_save_that_one_rank_writes_is_refused():
-    """Rank 0 alone writes (``no_dist``): a checkpoint of one writer for 4 ranks."""
+    """Rank 0 alone writes (``no_dist``): a checkpoint of one writer for 2 ranks."""
     ns = namespace([(SAVE, '    model_sd, optim_sd = get_state_dict(model, optimizer)\n'
                            '    if torch.distributed.get_rank() == 0:\n'
                            '        dcp.save({"model": model_sd, "optim": optim_sd}, '
                            'checkpoint_id=folder, no_dist=True)\n')])
     got = verdicts({"t": lambda: lab12.check_resharding(ns["save"], ns["load"])})
-    assert "names 1 shard file(s) for 4 ranks" in got["t"], got
+    assert "names 1 shard file(s) for 2 ranks" in got["t"], got
 
 
 def test_a_load_that_loads_nothing_is_told_so():

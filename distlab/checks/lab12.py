@@ -5,7 +5,7 @@ Exercises, in the lab's order (each section's grading in its own module):
    resuming from it, bit for bit against the uninterrupted run (``lab12_state``).
 2. ``save(model, optimizer, folder)`` / ``load(model, optimizer, folder)`` with
    ``torch.distributed.checkpoint``, each rank its own shards, loaded on another world size
-   (4 -> 2, and 2 -> 4 hidden): every rank's rows exact (``lab12_reshard``).
+   (2 -> 4 and 4 -> 2): every rank's rows exact (``lab12_reshard``).
 LAB12-DOC-RESTART (l12restart: Sections 3 and 4)
 LAB12-DOC-INTERVAL (l12interval: Sections 5 and 6)
 """
@@ -41,15 +41,16 @@ def check_whole_state(whole_state, restore, seed: int | None = None, world_size:
     return lab12_state.grade_whole_state(whole_state, restore, seed, world_size, steps, save_at)
 
 
-def check_resharding(save, load, seed: int | None = None, writers: int = 4,
-                     readers: int = 2) -> str:
-    """``save(model, optimizer, folder)`` on ``writers`` ranks, each in a folder of its own
-    (merged by the checker), ``load(model, optimizer, folder)`` on ``readers`` ranks: a DCP
-    checkpoint every writer wrote its shards of, and after the load every reader holds exactly
-    its rows of every parameter and of AdamW's state (``lab12_reshard``). Hidden: 2 -> 4, a
-    fresh state, widths 4 does not divide."""
+def check_resharding(save, load, seed: int | None = None) -> str:
+    """``save(model, optimizer, folder)`` and ``load(model, optimizer, folder)``: 2 ranks save a
+    drawn state (each into a folder of its own, merged by the checker), 4 load it and save
+    another, 2 load that; each save a DCP checkpoint every writer wrote its shards of, and after
+    each load every rank holds exactly its rows of every parameter and of AdamW's state
+    (``lab12_reshard``). ``seed``: other states and widths (no hidden case: nothing in it can
+    be known ahead)."""
     __tracebackhide__ = True  # noqa: F841
-    return lab12_reshard.grade_resharding(save, load, seed, writers, readers)
+    return lab12_reshard.grade_resharding(save, load, seed)
+
 
 # LAB12-CHECKS-RESTART (l12restart: the same)
 

@@ -7,16 +7,21 @@ judge serves only ``distlab.checks.lab12``'s ``check_*``: ``check_resharding`` t
 a mistake there cannot cost this test.
 
 The judge draws a whole state (parameters, AdamW's moments and step counts:
-``shards.drawn_state``) and hands each of ``writers`` ranks its own rows of it (``PerRank``: the
-rows FSDP2 gives that rank), which the rank installs in a trainer and saves with the student's
-``save`` into a folder of its own: in grading, a rank may write nowhere else. The judge merges
-the folders (``layout.merge_rank_folders``) and reads, outside the ranks, what the save made: a
-DCP checkpoint (``.metadata``) whose shards every writer wrote itself (``layout.writers``). Then
-``readers`` ranks, each a fresh trainer, get the checkpoint's files and ``load`` them; each
-returns what it holds, and the judge compares it, row for row, with the rows of the drawn state
-that rank owns now, exactly (a load copies bytes). Visible: 4 ranks write, 2 read (the lab's
-model); hidden: 2 write, 4 read, a fresh state for a model whose widths 4 does not divide, so
-that FSDP2's last rank holds fewer rows, or none.
+``shards.drawn_state``) and hands each writer its own rows of it (``PerRank``: the rows FSDP2 gives
+that rank), which the rank installs in a trainer and saves with the student's ``save`` into a
+folder of its own: in grading, a rank may write nowhere else. The judge merges the folders
+(``layout.merge_rank_folders``) and reads, outside the ranks, what the save made: a DCP checkpoint
+(``.metadata``) whose shards every writer wrote itself (``layout.writers``). Then readers of the
+other world size, each a fresh trainer, get the checkpoint's files and ``load`` them; each returns
+what it holds, and the judge compares it, row for row, with the rows of the drawn state that rank
+owns now, exactly (a load copies bytes).
+
+Both ways in three launches: 2 ranks save state A; 4 ranks load it (2 -> 4) and, in the same
+launch, save state B; 2 ranks load that (4 -> 2). A is for the lab's model, B for one whose
+widths 4 does not divide (FSDP2's last of 4 ranks then holds fewer rows, or none). There is no
+hidden case: nothing in the check can be known ahead and written in (every value compared went
+through the student's save and load), and a second call would cost three launches more. A seed
+(tests) draws both states and A's widths afresh.
 """
 from __future__ import annotations
 
@@ -30,33 +35,40 @@ from distlab.checks.ranks import rank_timeout
 from distlab.labs.checkpoint.layout import merge_rank_folders, writers as writers_of
 from distlab.labs.checkpoint.refusals import CheckpointRefused
 from distlab.labs.checkpoint.run_state import RunSpec
-from distlab.labs.checkpoint.shards import (FOLDER_PREFIX, drawn_state, load_files, row_range,
-                                            rows_of, save_drawn, shard_of)
-from distlab.runtime.per_rank import PerRank, plain, reference
+from distlab.labs.checkpoint.shards import (FOLDER_PREFIX, drawn_state, load_files,
+                                            load_then_save, row_range, rows_of, save_drawn,
+                                            shard_of)
+from distlab.runtime.per_rank import PerRank, reference
 
-VISIBLE = dict(writers=4, readers=2)
 VISIBLE_SEED = 1200
 MAX_BYTES = 32 << 20      # a checkpoint of this model is tens of kilobytes
+UNEVEN = ((6, 10), (10, 6), (6, 14), (10, 18))   # (d, hidden): widths 4 does not divide
 
 
-def _case(seed, writers: int, readers: int):
-    """(spec, the drawn state's seed, where)."""
-    if seed is None:
-        return RunSpec(), VISIBLE_SEED, f"the lab's model, {writers} ranks -> {readers}"
-    g = seed % 4
-    spec = RunSpec(d=(6, 10, 6, 10)[g], hidden=(10, 6, 14, 18)[g])
-    return spec, seed, (f"a fresh state (seed {seed}), widths {spec.d} and {spec.hidden}, "
-                        f"{writers} ranks -> {readers}")
+def _cases(seed):
+    """[(spec, the drawn state's seed, writers, readers)] of the two legs, and where."""
+    base = VISIBLE_SEED if seed is None else seed
+    d, hidden = UNEVEN[0 if seed is None else seed % len(UNEVEN)]
+    legs = [(RunSpec(), base, 2, 4), (RunSpec(d=d, hidden=hidden), base + 1, 4, 2)]
+    return legs, ("the check's states" if seed is None else f"fresh states (seed {seed})")
 
 
-def _run(fn, world_size, what, *args):
+def _run(fn, world_size, what, *args, hint=""):
     import distlab
     from distlab.runtime.outcome import DistributedError
     try:
         return distlab.run(fn, world_size, *args, backend="gloo", timeout=rank_timeout())
     except DistributedError as err:
-        raise ranks_failed(what, err, DCP_HINT if "CheckpointException" in str(err) else "") \
+        raise ranks_failed(what, err, DCP_HINT if "CheckpointException" in str(err) else hint) \
             from None
+
+
+def _reading(writers: int, readers: int) -> str:
+    return (f"This load reads on {readers} ranks a checkpoint {writers} ranks wrote: each rank's "
+            f"rows of a tensor are none of the writers' (not even as many, where {readers} does "
+            f"not divide a width). Ask the checkpoint for the rows this rank owns now, by each "
+            f"tensor's name and global shape: DCP reads them from the writers' chunks when you "
+            f"load into this run's own state dicts.")
 
 
 DCP_HINT = ("torch.distributed.checkpoint refused the save or the load. Every rank must call "
@@ -171,22 +183,36 @@ def _compare(back, expected, readers: int, what: str, spec: RunSpec) -> int:
     return compared
 
 
-def grade_resharding(save, load, seed=None, writers=VISIBLE["writers"],
-                     readers=VISIBLE["readers"]) -> str:
-    """``writers`` ranks save their shards of a drawn state with ``save``; ``readers`` ranks load
-    the merged checkpoint with ``load``; every rank then holds its rows exactly (module doc)."""
+def _leg(spec, writers, readers, where) -> str:
+    return (f"{writers} ranks -> {readers}, widths {spec.d} and {spec.hidden} "
+            f"({where})")
+
+
+def grade_resharding(save, load, seed=None) -> str:
+    """2 ranks save a drawn state, 4 load it and save another, 2 load that (module doc): every
+    save a DCP checkpoint of every writer's shards, every reader holding its rows exactly."""
     __tracebackhide__ = True  # noqa: F841
-    spec, state_seed, where = _case(seed, writers, readers)
-    state = drawn_state(spec, state_seed)
-    expected = reference(state)
-    shards = [shard_of(plain(state), r, writers) for r in range(writers)]
-    out = _run(save_drawn, writers, f"save on {writers} ranks ({where})", save, PerRank(shards),
-               spec)
-    what = f"save on {writers} ranks, load on {readers} ({where})"
-    files = _merged_files(_folders(out, writers), writers, what)
-    back = _run(load_files, readers, f"load on {readers} ranks ({where})", load, files, spec)
-    compared = _compare(back, expected, readers, what, spec)
-    size = sum(len(b) for b in files.values())
-    return (f"{where}: every rank wrote its own shards ({len(files)} files, {size:,} bytes, DCP "
-            f"metadata naming {writers} writers); after load each of the {readers} ranks holds "
+    legs, where = _cases(seed)
+    (spec_a, seed_a, w_a, r_a), (spec_b, seed_b, w_b, r_b) = legs
+    state_a, state_b = drawn_state(spec_a, seed_a), drawn_state(spec_b, seed_b)
+    what_a, what_b = (_leg(spec_a, w_a, r_a, where), _leg(spec_b, w_b, r_b, where))
+    out = _run(save_drawn, w_a, f"save on {w_a} ranks ({what_a})", save,
+               PerRank([shard_of(state_a, r, w_a) for r in range(w_a)]), spec_a)
+    files_a = _merged_files(_folders(out, w_a), w_a, f"save on {w_a} ranks ({what_a})")
+    out = _run(load_then_save, r_a, f"load ({what_a}), then save on {w_b} ranks ({what_b})",
+               load, files_a, spec_a, save,
+               PerRank([shard_of(state_b, r, w_b) for r in range(w_b)]), spec_b,
+               hint=_reading(w_a, r_a))
+    compared = _compare([o["loaded"] for o in out], reference(state_a), r_a,
+                        f"save and load, {what_a}", spec_a)
+    files_b = _merged_files(_folders([o["folder"] for o in out], w_b), w_b,
+                            f"save on {w_b} ranks ({what_b})")
+    back = _run(load_files, r_b, f"load on {r_b} ranks ({what_b})", load, files_b, spec_b,
+                hint=_reading(w_b, r_b))
+    compared += _compare(back, reference(state_b), r_b, f"save and load, {what_b}", spec_b)
+    sizes = "; ".join(f"{len(f)} files, {sum(map(len, f.values())):,} bytes from {w} writers"
+                      for f, w in ((files_a, w_a), (files_b, w_b)))
+    return (f"saved on 2 ranks, loaded on 4; saved on 4, loaded on 2 ({where}; the lab's "
+            f"model, then widths {spec_b.d} and {spec_b.hidden}): every rank wrote its own shards "
+            f"({sizes}, DCP metadata naming each writer); after each load every rank holds "
             f"exactly its rows of every parameter and of AdamW's state ({compared} tensors)")

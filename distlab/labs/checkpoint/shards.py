@@ -118,3 +118,11 @@ def load_files(rank: int, world_size: int, load, files: dict[str, bytes],
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return local_state(trainer)
+
+
+def load_then_save(rank: int, world_size: int, load, files: dict[str, bytes], spec: RunSpec,
+                   save, shard: dict, save_spec: RunSpec) -> dict:
+    """Rank body: ``load_files`` of one checkpoint, then ``save_drawn`` of another state (two
+    legs of a check in one launch): {"loaded": what the rank holds, "folder": the save's}."""
+    return {"loaded": load_files(rank, world_size, load, files, spec),
+            "folder": save_drawn(rank, world_size, save, shard, save_spec)}
