@@ -166,14 +166,15 @@ def test_the_sections_refusals_refuse_and_load_nothing(tmp_path):
     untouched."""
     import distlab
     from distlab.labs.checkpoint.run_state import RunSpec
-    from distlab.labs.checkpoint.student_runs import (beside, load_and_gather, train_and_save,
-                                                      try_loads, unfinished_copy)
+    from distlab.labs.checkpoint.student_runs import (load_and_gather, loaded_beside_saved,
+                                                      train_and_save, try_loads,
+                                                      unfinished_copy)
     ns = namespace()
     four = str(tmp_path / "four")
     saved = distlab.run(train_and_save, 4, ns["save"], four, 2, timeout=240)
     loaded = distlab.run(load_and_gather, 2, ns["load"], four, timeout=240)
     assert saved[0].keys() == loaded[0].keys() and len(saved[0]) == 32
-    assert "8                         8" in beside(saved[0], loaded[0], 4, 2)
+    assert "8                         8" in loaded_beside_saved(saved[0], loaded[0], 4, 2)
     unfinished = unfinished_copy(four, str(tmp_path / "unfinished"))
     out = distlab.run(try_loads, 2, ns["load"], [("unfinished", unfinished, RunSpec()),
                                                 ("other", four, RunSpec(hidden=24))],

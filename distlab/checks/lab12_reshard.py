@@ -37,7 +37,7 @@ from distlab.labs.checkpoint.refusals import CheckpointRefused
 from distlab.labs.checkpoint.run_state import RunSpec
 from distlab.labs.checkpoint.shards import (FOLDER_PREFIX, drawn_state, load_files,
                                             load_then_save, row_range, rows_of, save_drawn,
-                                            shard_of)
+                                            state_rows)
 from distlab.runtime.per_rank import PerRank, reference
 
 VISIBLE_SEED = 1200
@@ -169,7 +169,7 @@ def _compare(back, expected, readers: int, what: str, spec: RunSpec) -> int:
                 raise CheckFailed(f"{where} is missing after load: the optimizer holds no state "
                                   f"for it. Save AdamW's state beside the model's, every "
                                   f"rank its own, and load it back.")
-            want = shard_of({key: value}, rank, readers)[key]
+            want = state_rows({key: value}, rank, readers)[key]
             if got.shape != want.shape or got.dtype != want.dtype:
                 raise CheckFailed(f"{where}: shape {list(got.shape)}, {got.dtype}; this rank "
                                   f"holds {list(want.shape)}, {want.dtype}.\n{OTHER_LAYOUT}")
@@ -197,11 +197,11 @@ def grade_resharding(save, load, seed=None) -> str:
     state_a, state_b = drawn_state(spec_a, seed_a), drawn_state(spec_b, seed_b)
     what_a, what_b = (_leg(spec_a, w_a, r_a, where), _leg(spec_b, w_b, r_b, where))
     out = _run(save_drawn, w_a, f"save on {w_a} ranks ({what_a})", save,
-               PerRank([shard_of(state_a, r, w_a) for r in range(w_a)]), spec_a)
+               PerRank([state_rows(state_a, r, w_a) for r in range(w_a)]), spec_a)
     files_a = _merged_files(_folders(out, w_a), w_a, f"save on {w_a} ranks ({what_a})")
     out = _run(load_then_save, r_a, f"load ({what_a}), then save on {w_b} ranks ({what_b})",
                load, files_a, spec_a, save,
-               PerRank([shard_of(state_b, r, w_b) for r in range(w_b)]), spec_b,
+               PerRank([state_rows(state_b, r, w_b) for r in range(w_b)]), spec_b,
                hint=_reading(w_a, r_a))
     compared = _compare([o["loaded"] for o in out], reference(state_a), r_a,
                         f"save and load, {what_a}", spec_a)

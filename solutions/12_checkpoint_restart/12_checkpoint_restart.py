@@ -285,9 +285,9 @@ import torch.distributed.checkpoint as dcp
 
 from distlab.checks.lab12 import check_resharding
 from distlab.labs.checkpoint.refusals import checked_folder
-from distlab.labs.checkpoint.student_runs import (beside, layout_tables, load_and_gather,
-                                                   refusals_table, train_and_save, try_loads,
-                                                   unfinished_copy)
+from distlab.labs.checkpoint.student_runs import (layout_tables, load_and_gather,
+                                                   loaded_beside_saved, refusals_table,
+                                                   train_and_save, try_loads, unfinished_copy)
 
 # %% nbgrader={"grade": false, "grade_id": "save_load", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def save(model, optimizer, folder):
@@ -339,7 +339,7 @@ print(layout_tables(four))
 
 # %% nbgrader={"grade": false, "grade_id": "reshard_four_to_two", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]
 loaded = distlab.run(load_and_gather, 2, load, four)
-print(beside(saved[0], loaded[0], writers=4, readers=2))
+print(loaded_beside_saved(saved[0], loaded[0], writers=4, readers=2))
 
 # %% [markdown]
 # ### Folders that must be refused

@@ -5,7 +5,7 @@ FSDP2 (``fully_shard``) cuts every parameter along dim 0 as ``torch.chunk`` does
 rows per rank, the last ranks fewer or none when W does not divide n. AdamW's moments live as
 the parameter does, so they are cut the same way; its step count is one number per parameter,
 the same on every rank. A state drawn here (``drawn_state``) is cut into the rank's rows
-(``shard_of``), installed into a fresh ``Trainer`` (``install``) and read back as the rank holds
+(``state_rows``), installed into a fresh ``Trainer`` (``install``) and read back as the rank holds
 it (``local_state``), so that what a rank loaded can be compared, row for row, with what the
 writers held, without a collective.
 """
@@ -55,7 +55,7 @@ def row_range(tensor: torch.Tensor, rank: int, world_size: int) -> tuple[int, in
     return min(rank * per, tensor.shape[0]), min((rank + 1) * per, tensor.shape[0])
 
 
-def shard_of(state: dict[str, torch.Tensor], rank: int, world_size: int) -> dict:
+def state_rows(state: dict[str, torch.Tensor], rank: int, world_size: int) -> dict:
     """Every entry of ``state`` cut to rank ``rank``'s rows: what that rank holds."""
     return {key: rows_of(value, rank, world_size) for key, value in state.items()}
 

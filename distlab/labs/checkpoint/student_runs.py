@@ -105,7 +105,7 @@ def load_and_gather(rank: int, world_size: int, load, folder: str,
     return gathered(trainer)
 
 
-def beside(saved: dict, loaded: dict, writers: int, readers: int) -> str:
+def loaded_beside_saved(saved: dict, loaded: dict, writers: int, readers: int) -> str:
     """A table: per kind of tensor, how many the readers hold equal to the writers' (whole)."""
     kinds: dict[str, list] = {}
     for key, value in saved.items():
