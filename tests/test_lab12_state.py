@@ -31,7 +31,7 @@ MISTAKES = [
      "The first step after the resume already differs"),
     ("python_rng_not_saved",
      [('        "python": random.getstate(),              # each epoch\'s shuffle\n', ""),
-      ('    random.setstate(mine["python"])\n', "")],
+      ('\n    random.setstate(mine["python"])', "")],    # the cell's last line
      "shuffled again with Python's random"),
     ("data_position_not_saved",
      [('        "data": trainer.data.state_dict(),        # epoch, offset, the epoch\'s order\n',

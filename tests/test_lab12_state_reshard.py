@@ -23,8 +23,9 @@ SEED = 5
 SAVE = ('    model_sd, optim_sd = get_state_dict(model, optimizer)    # this rank\'s DTensor shards\n'
         '    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)\n')
 LOAD_STATE = '    state = {"model": model_sd, "optim": optim_sd}\n'
+# the cell's last line: no newline after it once the solution's markers are gone
 SET_STATE = ('    set_state_dict(model, optimizer, model_state_dict=state["model"],\n'
-             '                   optim_state_dict=state["optim"])\n')
+             '                   optim_state_dict=state["optim"])')
 LOAD = ('    model_sd, optim_sd = get_state_dict(model, optimizer)    # the shards this rank owns now\n'
         + LOAD_STATE
         + '    checked_folder(folder, state)                             # whole, and this model\'s, or refused\n'
@@ -40,7 +41,7 @@ RANK0_LOAD = [(LOAD_STATE, '    state = {"model": model_sd}\n'),
               (SET_STATE, '    set_state_dict(model, optimizer, model_state_dict=state["model"],\n'
                           '                   optim_state_dict=optim_sd)\n'
                           '    optimizer.load_state_dict(torch.load(os.path.join(folder, '
-                          '"optimizer.pt"), weights_only=False))\n')]
+                          '"optimizer.pt"), weights_only=False))')]
 
 # each rank's shards in one flat buffer (as ZeRO keeps them), saved under the rank's key; loaded
 # by laying the writers' buffers end to end and cutting this world size's equal share of it
