@@ -184,3 +184,14 @@ def test_the_sections_refusals_refuse_and_load_nothing(tmp_path):
     assert a["refused"][0] == ".metadata" and "did not finish" in a["refused"][1]
     assert b["refused"][0] == ".metadata" and "another model" in b["refused"][1]
     assert a["untouched"] and b["untouched"]
+
+
+def test_the_checker_merges_only_folders_the_ranks_made_for_the_save(tmp_path):
+    """A writer's reported folder must be one its rank made for the save (the checker removes
+    them once merged): anything else is refused, and nothing is removed."""
+    from distlab.checks.assertions import CheckFailed
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    with pytest.raises(CheckFailed, match="left no folder of its own"):
+        lab12_reshard._folders([str(other)], 1)
+    assert other.exists()

@@ -118,15 +118,18 @@ def loaded_beside_saved(saved: dict, loaded: dict, writers: int, readers: int) -
                          for kind, same in kinds.items()])
 
 
-def layout_tables(folder: str, key: str = "model.0.lin1.weight") -> str:
-    """The files a save wrote, and the chunks the metadata maps for one tensor."""
+def layout_tables(folder: str, name: str = "0.lin1.weight") -> str:
+    """The files a save wrote, and the chunks the metadata maps for parameter ``name`` (under
+    whatever key the save put the model's state: the shortest key ending in the name)."""
     files = format_table([{"file": r["file"], "bytes": f"{r['bytes']:,}"}
                           for r in files_written(folder)])
-    chunks = format_table([{"key": r["key"], "global shape": r["global shape"],
-                            "offsets": r["offsets"], "sizes": r["sizes"], "file": r["file"],
-                            "bytes": f"{r['bytes']:,}"}
-                           for r in tensor_chunks(folder) if r["key"] == key])
-    return f"{files}\n\nThe metadata's chunks of {key}:\n{chunks}"
+    chunks = tensor_chunks(folder)
+    keys = sorted({r["key"] for r in chunks if r["key"].endswith(name)}, key=len)
+    rows = [{"key": r["key"], "global shape": r["global shape"], "offsets": r["offsets"],
+             "sizes": r["sizes"], "file": r["file"], "bytes": f"{r['bytes']:,}"}
+            for r in chunks if keys and r["key"] == keys[0]]
+    return (f"{files}\n\nThe metadata's chunks of {keys[0] if keys else name}:\n"
+            f"{format_table(rows)}")
 
 
 def unfinished_copy(folder: str, into: str) -> str:
