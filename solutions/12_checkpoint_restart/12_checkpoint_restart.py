@@ -79,8 +79,8 @@
 #
 # **Contract.** Every rank calls `whole_state` on its trainer after some step and gets back
 # everything a bit-identical resume needs, as data: tensors, numbers, strings, and lists, tuples
-# and dicts of them (what `torch.save` writes, and what Section 2's
-# `torch.distributed.checkpoint` saves). The model's and optimizer's shards are state dicts keyed
+# and dicts of them (what `torch.save` writes, and what `torch.distributed.checkpoint` saves).
+# The model's and optimizer's shards are state dicts keyed
 # by parameter name whose values are `DTensor`s (each rank's rows, with the tensor's global
 # shape), so that another world size can read them. Every rank later calls `restore` on a
 # **fresh** `Trainer` of the same run and world size (weights, generators and data as at step 0)
@@ -202,8 +202,8 @@ print(forgetting_table(forgotten[0], 3))
 #
 # Section 1's state lives in each rank's memory; a checkpoint puts it on disk, and a sharded
 # run should write it sharded. Gathering the whole model onto rank 0 to write one file moves
-# every byte through one rank and needs its memory for all of it; at Llama 3's scale that is
-# hundreds of gigabytes of weights and twice as much optimizer state. So every rank writes its
+# every byte through one rank and needs its memory for all of it; at the scale of Llama 3 405B
+# that is terabytes of weights and optimizer state. So every rank writes its
 # own shards, all at once: `torch.distributed.checkpoint` (DCP) writes, in the checkpoint's
 # folder, one file per rank, `__r_0.distcp`, and then one `.metadata`, written by one rank (the
 # coordinator, rank 0) once every rank has reported what it wrote.
