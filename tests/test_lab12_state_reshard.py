@@ -194,4 +194,22 @@ def test_the_checker_merges_only_folders_the_ranks_made_for_the_save(tmp_path):
     other.mkdir()
     with pytest.raises(CheckFailed, match="left no folder of its own"):
         lab12_reshard._folders([str(other)], 1)
+    from distlab.labs.checkpoint.shards import FOLDER_PREFIX
+    link = tmp_path / f"{FOLDER_PREFIX}0-link"
+    link.symlink_to(other)
+    with pytest.raises(CheckFailed, match="left no folder of its own"):
+        lab12_reshard._folders([str(link)], 1)
     assert other.exists()
+
+
+def test_a_link_in_a_writers_folder_is_refused_not_followed(tmp_path):
+    """The checker reads the writers' files and hands them to the readers: a symbolic link (to a
+    file the ranks may not read themselves) is refused, never followed."""
+    from distlab.checks.assertions import CheckFailed
+    from distlab.labs.checkpoint.shards import FOLDER_PREFIX
+    folder = tmp_path / f"{FOLDER_PREFIX}0-x"
+    folder.mkdir()
+    (folder / ".metadata").symlink_to(__file__)
+    with pytest.raises(CheckFailed, match="not a plain file"):
+        lab12_reshard._merged_files([str(folder)], 1, "save")
+    assert not folder.exists()      # the rank's own folder, removed as after every check

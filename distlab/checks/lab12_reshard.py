@@ -81,11 +81,26 @@ def _folders(out, world_size: int) -> list[str]:
     folders = []
     for rank in range(world_size):
         folder = out[rank]
+        # the rank's own folder, not a link to another (whose files the checker would read)
         if not (isinstance(folder, str) and os.path.isdir(folder)
+                and os.path.realpath(folder) == os.path.abspath(folder)
                 and os.path.basename(folder).startswith(f"{FOLDER_PREFIX}{rank}-")):
             raise CheckFailed(f"rank {rank}'s save left no folder of its own ({folder!r})")
         folders.append(folder)
     return folders
+
+
+def _plain_files(folders: list[str], what: str) -> None:
+    """Every entry of the writers' folders is a plain file of the folder's own: the checker
+    reads them and hands them on to the readers, so a link (to a file the ranks may not read)
+    or a folder is refused, never followed."""
+    import stat
+    for rank, folder in enumerate(folders):
+        for name in sorted(os.listdir(folder)):
+            if not stat.S_ISREG(os.lstat(os.path.join(folder, name)).st_mode):
+                raise CheckFailed(f"{what}: rank {rank}'s save left {name!r}, which is not a "
+                                  f"plain file (a link or a folder); a checkpoint is the files "
+                                  f"dcp.save writes")
 
 
 def _merged_files(folders: list[str], world_size: int, what: str) -> dict[str, bytes]:
@@ -93,6 +108,7 @@ def _merged_files(folders: list[str], world_size: int, what: str) -> dict[str, b
     folders (the ranks' own, made for this check) and the merged copy are removed."""
     root = tempfile.mkdtemp(prefix="lab12-merge-")
     try:
+        _plain_files(folders, what)
         total = sum(os.path.getsize(os.path.join(f, n)) for f in folders for n in os.listdir(f))
         if total > MAX_BYTES:
             raise CheckFailed(f"{what}: the ranks wrote {total:,} bytes; this model's checkpoint "
