@@ -203,10 +203,10 @@ print(forgetting_table(forgotten[0], 3))
 # Section 1's state lives in each rank's memory; a checkpoint puts it on disk, and a sharded
 # run should write it sharded. Gathering the whole model onto rank 0 to write one file moves
 # every byte through one rank and needs its memory for all of it; at the scale of Llama 3 405B
-# that is terabytes of weights and optimizer state. So every rank writes its
-# own shards, all at once: `torch.distributed.checkpoint` (DCP) writes, in the checkpoint's
-# folder, one file per rank, `__r_0.distcp`, and then one `.metadata`, written by one rank (the
-# coordinator, rank 0) once every rank has reported what it wrote.
+# that is terabytes of weights and optimizer state. So every rank writes its own shards, all at
+# once: `torch.distributed.checkpoint` (DCP) writes, in the checkpoint's folder, one file per
+# rank, `__r_0.distcp`, and then one `.metadata`, written by one rank (the coordinator, rank 0)
+# once every rank has reported what it wrote.
 #
 # The metadata is what makes a checkpoint more than a pile of shards. For every tensor it
 # records the name, the **global** shape, and the chunks the ranks wrote: each chunk's offsets
