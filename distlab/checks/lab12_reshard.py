@@ -76,15 +76,27 @@ DCP_HINT = ("torch.distributed.checkpoint refused the save or the load. Every ra
             "DTensors (get_state_dict gives them), so that together they tile each tensor.")
 
 
+def _is_own(folder, rank: int) -> bool:
+    """Whether ``folder`` is one rank ``rank`` made for its save (``shards.save_drawn``): the
+    rank's own folder, not a link to another (whose files the checker would read)."""
+    return (isinstance(folder, str) and os.path.isdir(folder) and not os.path.islink(folder)
+            and os.path.basename(folder).startswith(f"{FOLDER_PREFIX}{rank}-"))
+
+
+def _remove(folders: list) -> None:
+    """The writers' folders removed, those that are theirs (``_is_own``) only."""
+    for rank, folder in enumerate(folders):
+        if _is_own(folder, rank):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _folders(out, world_size: int) -> list[str]:
     """The folders the writers report, each checked to be one the rank made for its save."""
     folders = []
     for rank in range(world_size):
         folder = out[rank]
-        # the rank's own folder, not a link to another (whose files the checker would read)
-        if not (isinstance(folder, str) and os.path.isdir(folder)
-                and not os.path.islink(folder)
-                and os.path.basename(folder).startswith(f"{FOLDER_PREFIX}{rank}-")):
+        if not _is_own(folder, rank):
+            _remove([out[r] for r in range(world_size)])
             raise CheckFailed(f"rank {rank}'s save left no folder of its own ({folder!r})")
         folders.append(folder)
     return folders
@@ -219,8 +231,12 @@ def grade_resharding(save, load, seed=None) -> str:
                load, files_a, spec_a, save,
                PerRank([state_rows(state_b, r, w_b) for r in range(w_b)]), spec_b,
                hint=_reading(w_a, r_a))
-    compared = _compare([o["loaded"] for o in out], reference(state_a), r_a,
-                        f"save and load, {what_a}", spec_a)
+    try:
+        compared = _compare([o["loaded"] for o in out], reference(state_a), r_a,
+                            f"save and load, {what_a}", spec_a)
+    except CheckFailed:
+        _remove([o["folder"] for o in out])      # the second save's, never merged
+        raise
     files_b = _merged_files(_folders([o["folder"] for o in out], w_b), w_b,
                             f"save on {w_b} ranks ({what_b})")
     back = _run(load_files, r_b, f"load on {r_b} ranks ({what_b})", load, files_b, spec_b,

@@ -98,8 +98,14 @@ def save_drawn(rank: int, world_size: int, save, shard: dict, spec: RunSpec = Ru
     folder."""
     trainer = Trainer(rank, world_size, spec)
     install(trainer, shard)
+    own = folder is None
     folder = folder or tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{rank}-")
-    save(trainer.model, trainer.optimizer, folder)
+    try:
+        save(trainer.model, trainer.optimizer, folder)
+    except BaseException:
+        if own:       # the folder this rank made: nobody else will know of it
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
