@@ -258,6 +258,15 @@ def _lab11(ns):
     lab11.check_executor(ns["run_table"], seed=SEED)
 
 
+def _lab12_state(ns):
+    # Section 1: every rank gets the run (its spec), where it stops and how long it goes on;
+    # the uninterrupted run stays in the judge
+    lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=SEED)
+    # Section 2: each writer gets its own rows of the drawn state, each reader the checkpoint's
+    # files; the drawn state stays in the judge
+    lab12.check_resharding(ns["save"], ns["load"], seed=SEED)
+
+
 def _lab12_restart(ns):
     # Section 4: each rank gets the student's functions, its step count and the merged
     # checkpoint's files (inputs); the clean restart it is compared with is the student's own,
@@ -275,14 +284,21 @@ def _lab12_restart(ns):
                                     ns["load_checkpoint"], seed=SEED)
 
 
-CHECK_CALLS = {"12_checkpoint_restart": (_lab12, ("interval_imports", "plan_imports"), 0),
+def _lab12_all(ns):
+    _lab12_state(ns)
+    _lab12_restart(ns)
+    _lab12(ns)
+
+
+CHECK_CALLS = {"12_checkpoint_restart": (_lab12_all, ("state_imports", "reshard_imports",
+                                                      "async_imports", "restart_imports",
+                                                      "interval_imports", "plan_imports"), 2),
                "11_pipeline_schedules": (_lab11, ("split_imports", "executor_imports",
                                                    "design_imports"), 5),
                "10_context_parallel": (_lab10, ("imports", "plan_imports"), 3),
         "09_expert_parallel": (_lab09, ("imports",), 5),
         "08_sharded_data_parallel": (_lab08, ("imports",), 3),
         "07_3d_parallelism": (_lab07, ("imports",), 1)}
-CHECK_CALLS["12_checkpoint_restart"] = (_lab12_restart, ("async_imports", "restart_imports"), 0)
 
 
 @pytest.mark.parametrize("lab", list(CHECK_CALLS))

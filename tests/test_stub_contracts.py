@@ -45,7 +45,9 @@ METHOD = {
     "12_checkpoint_restart": (r"zero-padded", r"\bsort(ed)? the\b[^.]*folders", r"pending future",
                               r"half (of )?(a|the) (period|interval)",
                               r"\bperiod plus (a|the) write", r"max\(\s*tau,\s*write",
-                              r"e\^\(?R\s*/\s*M"),
+                              r"e\^\(?R\s*/\s*M",
+                              # Sections 1 and 2 (l12state): the calls the hints lead to
+                              r"\bget_state_dict\b", r"\bset_state_dict\b", r"under its own key"),
 }
 # Labs whose stubs other sessions own (issue 42): what the scan finds there is theirs to fix.
 OWNED_ELSEWHERE: dict[str, str] = {}   # {lab: why it may fail for now}

@@ -1,12 +1,19 @@
 """Graded checks of Lab 12, "When a rank dies".
 
 Exercises, in the lab's order (each section's grading in its own module):
-LAB12-DOC-STATE (l12state: Sections 1 and 2)
+1. ``whole_state(trainer)`` / ``restore(trainer, state)``: the whole training state, graded by
+   resuming from it, bit for bit against the uninterrupted run (``lab12_state``).
+2. ``save(model, optimizer, folder)`` / ``load(model, optimizer, folder)`` with
+   ``torch.distributed.checkpoint``, each rank its own shards, loaded on another world size
+   (2 -> 4 and 4 -> 2): every rank's rows exact (``lab12_reshard``).
 3. (Section 3, asynchronous saves: taught and measured, not graded here.)
 4. ``train_resumable(rank, world_size, root, steps, save_every, save, load, spec)``: the loop
    that resumes from the newest complete checkpoint, graded with a rank killed from outside by
    SIGKILL at a (hidden: random) step and a relaunch (``lab12_restart``).
-LAB12-DOC-INTERVAL (l12interval: Sections 5 and 6)
+5. ``predict_lost_fraction(tau, delta, restart, mtbf)``: the graded prediction of the time lost
+   (``lab12_interval``).
+6. ``plan_checkpoints(mtbf, restart, blocking_stall, async_stall, async_write)``: the open design
+   on a scale, the hinted design's level and the bar (``lab12_interval``).
 """
 from __future__ import annotations
 
@@ -14,8 +21,42 @@ from distlab.checks.course_code import CourseCode  # noqa: F401
 
 COURSE_CODE: dict = {}
 
-# LAB12-CHECKS-STATE (l12state: import your module, define your check_* wrappers here, merge
-# your COURSE_CODE and make_references; the judge serves only this module's check_*)
+# Sections 1 and 2: the whole state, and DCP with resharding (``lab12_state``, ``lab12_reshard``)
+from distlab.checks import lab12_reshard, lab12_state  # noqa: E402
+from distlab.checks.course_code import names  # noqa: E402
+
+# The course's answers to Sections 1 and 2 (the handout withholds them); the uninterrupted run
+# the checks compare with is not one (any Trainer trains it), so a student's own kernel can
+# make it where the stored one was made on another CPU.
+STATE_SHIPPED = (names("distlab.labs.checkpoint.run_state", "training_state", "restore_state")
+                 + names("distlab.labs.checkpoint.saving", "save_checkpoint", "load_checkpoint",
+                         "load_shards"))
+COURSE_CODE = {**COURSE_CODE, "check_whole_state": CourseCode(forbidden=STATE_SHIPPED),
+               "check_resharding": CourseCode(forbidden=STATE_SHIPPED)}
+
+
+def check_whole_state(whole_state, restore, seed: int | None = None, world_size: int = 2,
+                      steps: int = 6, save_at: int = 3) -> str:
+    """``whole_state(trainer)`` and ``restore(trainer, state)``: ranks train ``save_at`` steps,
+    take the state, serialize it (torch.save to bytes and back), restore it into a fresh
+    Trainer and train to ``steps``; the losses after the resume and every parameter at the end
+    equal the uninterrupted run's to the last bit (float64), and the step is restored
+    (``lab12_state``). Hidden: the run stopped after another step and trained on for
+    another number of steps, drawn from the seed."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab12_state.grade_whole_state(whole_state, restore, seed, world_size, steps, save_at)
+
+
+def check_resharding(save, load, seed: int | None = None) -> str:
+    """``save(model, optimizer, folder)`` and ``load(model, optimizer, folder)``: 2 ranks save a
+    drawn state (each into a folder of its own, merged by the checker), 4 load it and save
+    another, 2 load that; each save a DCP checkpoint every writer wrote its shards of, and after
+    each load every rank holds exactly its rows of every parameter and of AdamW's state
+    (``lab12_reshard``). ``seed``: other states and widths (no hidden case: nothing in it can
+    be known ahead)."""
+    __tracebackhide__ = True  # noqa: F841
+    return lab12_reshard.grade_resharding(save, load, seed)
+
 
 # Section 4: the resumable loop, a rank killed from outside (``lab12_restart``)
 from distlab.checks import lab12_restart  # noqa: E402
@@ -62,18 +103,18 @@ def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
     return lab12_interval.grade_plan(plan_checkpoints, seed, "bar")
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).
-RANK_IMPORTS: tuple[str, ...] = ()   # LAB12-RANK-IMPORTS (each section adds what its ranks need)
-# Section 4's ranks (measured: a rank with nothing preloaded, after the solution's loop): FSDP2
-# and DTensor, the optimizer (AdamW imports torch._dynamo, which imports part of _inductor), DCP
-RANK_IMPORTS += ("torch._dynamo", "torch._inductor", "torch.distributed.tensor",
-                 "torch.distributed.fsdp", "torch.distributed.checkpoint",
-                 "torch.distributed.checkpoint.state_dict")
+RANK_IMPORTS: tuple[str, ...] = (
+    # Sections 1, 2 and 4 (measured for Section 4: a rank with nothing preloaded, after the
+    # solution's loop): FSDP2 and DTensor, the optimizer (AdamW imports torch._dynamo, which
+    # imports part of _inductor), DCP
+    "torch._dynamo", "torch._inductor", "torch.distributed.tensor", "torch.distributed.fsdp",
+    "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict")
 
 
 def make_references() -> dict[str, dict]:
     """The stored sets of Lab 12, each section's."""
-    # LAB12-REFERENCES (each section adds its sets)
-    return {**lab12_interval.lost_prediction_sets(), **lab12_interval.plan_sets()}
+    return {"resume": lab12_state.visible_set(), **lab12_interval.lost_prediction_sets(),
+            **lab12_interval.plan_sets()}
 
 
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)

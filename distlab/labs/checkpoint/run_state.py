@@ -148,7 +148,7 @@ def rank_key(rank: int) -> str:
 def training_state(trainer: Trainer) -> dict:
     """Everything a bit-identical resume needs, as a state dict ``torch.distributed.checkpoint``
     saves: the shards (keyed by parameter name), the step and data position (the same on every
-    rank), and this rank's generators under its own key."""
+    rank), and this rank's generators, kept apart from every other rank's."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     return {"model": model_sd, "optim": optim_sd,

@@ -62,9 +62,9 @@ def async_save_checkpoint(trainer: Trainer, root: str):
 
 
 def load_checkpoint(trainer: Trainer, folder: str) -> None:
-    """Read a checkpoint into the trainer, whatever world size wrote it (module doc), after
-    ``checked_folder`` has found it complete and made for this model; the state then goes back
-    into the model, optimizer, generators and data position."""
+    """Read a checkpoint into the trainer, whatever world size wrote it (module doc): its model,
+    optimizer, generators and data position as they were saved. A folder ``checked_folder``
+    refuses (a save that did not finish, another model's) loads nothing at all."""
     import torch.distributed.checkpoint as dcp
     state = training_state(trainer)       # the shapes and shards this rank wants, filled in place
     checked_folder(folder, state)

@@ -1,0 +1,65 @@
+"""Rank bodies of Section 1 of Lab 12: a run resumed from the state a student's ``whole_state``
+took, and the uninterrupted run it must equal.
+
+``resume_with`` trains ``save_at`` steps, takes the state, and serializes it (``torch.save`` to
+bytes and back, as a checkpoint on disk would: what comes back is data, never the live objects
+the trainer holds); then a fresh ``Trainer`` (weights, generators and data as at step 0) gets
+that state through ``restore`` and trains to ``steps``. ``uninterrupted`` trains the same run to
+``steps`` without stopping: the course's run, with no student code in it.
+"""
+from __future__ import annotations
+
+import io
+
+import torch
+
+from distlab.labs.checkpoint.run_state import RunSpec, Trainer
+
+
+def serialized(state):
+    """``state`` through ``torch.save`` to bytes and ``torch.load`` back: a copy holding data only
+    (each tensor its own storage, generators as their saved states). Its size in bytes too."""
+    blob = io.BytesIO()
+    torch.save(state, blob)
+    size = blob.tell()
+    blob.seek(0)
+    return torch.load(blob, weights_only=False), size   # this rank's own bytes
+
+
+def resume_with(rank: int, world_size: int, whole_state, restore, spec: RunSpec, steps: int,
+                save_at: int) -> dict:
+    """Train ``save_at`` steps, take ``whole_state(trainer)``, serialize it, ``restore`` it into a
+    fresh trainer and train to ``steps``. Returns the losses after the resume, every parameter
+    gathered whole at the end, the step the fresh trainer holds once restored, and the state's
+    size in bytes."""
+    first = Trainer(rank, world_size, spec)
+    for _ in range(save_at):
+        first.step()
+    state, size = serialized(whole_state(first))
+    del first
+    second = Trainer(rank, world_size, spec)
+    restore(second, state)
+    restored_step = second.steps_done
+    losses = [second.step() for _ in range(steps - save_at)]
+    return {"losses": losses, "params": second.full_params(), "restored_step": restored_step,
+            "bytes": size}
+
+
+def uninterrupted(rank: int, world_size: int, spec: RunSpec, steps: int, save_at: int,
+                  keep: tuple[int, ...] = ()) -> dict:
+    """The same run trained to ``steps`` without stopping: the losses of steps ``save_at + 1``
+    on, every parameter gathered whole at the end, and after each step in ``keep`` too."""
+    trainer = Trainer(rank, world_size, spec)
+    losses, kept = [], {}
+    for _ in range(steps):
+        losses.append(trainer.step())
+        if trainer.steps_done in keep:
+            kept[trainer.steps_done] = trainer.full_params()
+    return {"losses": losses[save_at:], "params": trainer.full_params(), "kept": kept}
+
+
+def epoch_starts(spec: RunSpec, world_size: int, steps: int) -> list[int]:
+    """The steps (counted from 1) at which a new epoch starts and Python's ``random`` shuffles
+    the rows again (``DataPosition.next_rows``: the epoch's tail is dropped)."""
+    per_epoch = spec.samples // (spec.batch * world_size)
+    return [k for k in range(2, steps + 1) if (k - 1) % per_epoch == 0]
