@@ -4,6 +4,7 @@ it: torch's agent shares its rendezvous store with the workers and keeps it acro
 uninterrupted run. The two-node Slurm run is tests/test_readme.py's
 ``test_cluster_restart_command``."""
 import os
+import socket
 import shutil
 import subprocess
 import sys
@@ -59,3 +60,26 @@ def test_the_batch_script_outside_slurm_says_how_to_submit_it(tmp_path):
     assert "submit this with sbatch (README.md, On a cluster)" in done.stderr, done.stderr
     assert not list(tmp_path.iterdir())      # nothing made before the check
 
+
+
+def test_restarts_across_nodes_on_a_shared_store_are_refused_with_the_setting_to_use(tmp_path):
+    # Two agents on this host, as two nodes would run them, without
+    # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each agent counts its own restarts, so restarted
+    # workers could never meet; every worker stops at once, naming its rank and the setting.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "run").mkdir()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+         "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+         "--rdzv-id=lab12", *JOB[:3]], env=_environ(tmp_path), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [agent.communicate(timeout=300) for agent in agents]
+    assert all(agent.returncode != 0 for agent in agents), outputs
+    errors = "".join(err for _, err in outputs)
+    for rank in range(2):
+        assert f"rank {rank}: torchrun restarts workers on 2 nodes sharing its agents' store" \
+            in errors, errors[-3000:]
+    assert "Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every node's environment" in errors
+    assert not list((tmp_path / "run").iterdir())     # refused before any step
