@@ -482,11 +482,12 @@ def test_cluster_restart_command(course, tmp_path):
     # README's restartable run on two Slurm nodes (two slurmd daemons on this host, as above):
     # a rank SIGKILLs itself, torchrun's agents restart the workers, and they resume from the
     # shared checkpoint folder and land on an uninterrupted run of the same loop (distlab.run,
-    # the same world size), to the last bit.
+    # the same world size), to the last bit; the job's checkpoints are removed once it succeeds,
+    # kept when it fails, and a job submitted on them resumes there.
     import torch
 
     import distlab
-    from distlab.labs.checkpoint.restart import train_resumable
+    from distlab.labs.checkpoint.restart import complete_checkpoints, train_resumable
     [submit] = CLUSTER_RESTART
     steps, save_every, crash_step = (int(re.search(rf"--{flag} (?:\d+:)?(\d+)", submit).group(1))
                                      for flag in ("steps", "save-every", "crash-at"))
@@ -496,16 +497,19 @@ def test_cluster_restart_command(course, tmp_path):
             pytest.fail(why)
         pytest.skip(f"two-node Slurm restart skipped: {why}")
     with slurm_cluster.Cluster(course.parent / "slurm-restart", nodes=2) as cluster:
-        done = subprocess.run(["bash", "-c", f"mkdir -p logs\n{submit}"], cwd=course, text=True,
-                              timeout=120, capture_output=True,
-                              env=environ(course, SLURM_CONF=cluster.env["SLURM_CONF"]))
-        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-        [job] = re.findall(r"Submitted batch job (\d+)", done.stdout)
-        cluster.wait_idle(timeout=900)
-        states = cluster.job_states()
-        log = course / "logs" / f"restart-{job}.out"
-        out = log.read_text() if log.exists() else ""
-        assert states.get(job) == "COMPLETED", (states, out[-5000:], cluster.logs())
+        job, out = _submit_restart(cluster, course, f"mkdir -p logs\n{submit}", "COMPLETED")
+        # Without restarts the job fails and keeps its checkpoints; submitted again on them (as
+        # README.md says), it resumes there and leaves the folder it was given alone.
+        failed, failed_out = _submit_restart(
+            cluster, course, submit.replace("sbatch ", "sbatch --export=ALL,MAX_RESTARTS=0 ", 1),
+            "FAILED")
+        kept = course / "logs" / f"restart-{failed}" / "checkpoints"
+        assert f"checkpoints kept in {kept}" in failed_out, failed_out[-3000:]
+        assert [step for step, _ in complete_checkpoints(str(kept))] == \
+            list(range(save_every, crash_step, save_every))
+        again, again_out = _submit_restart(
+            cluster, course, submit.replace("sbatch ", f"sbatch --export=ALL,CHECKPOINTS={kept} ",
+                                            1), "COMPLETED")
     assert "2 node(s) (node[1-2]) x 2 process(es)" in out, out[-3000:]
     assert "failed (exitcode: -9)" in out, out[-3000:]     # an agent saw the SIGKILL
     result = torch.load(course / "logs" / f"restart-{job}.pt", weights_only=True)
@@ -523,3 +527,25 @@ def test_cluster_restart_command(course, tmp_path):
         assert f"{step:>6}  {loss!r}" in out, out[-3000:]       # as the job printed them
     for name, value in reference["params"].items():
         assert torch.equal(result["params"][name], value), name
+    assert [step for step, _ in complete_checkpoints(str(kept))][-1] == steps   # still there
+    resumed = torch.load(course / "logs" / f"restart-{again}.pt", weights_only=True)
+    assert resumed["resumed_from"] == resumed_from and set(resumed["restarts"]) == {0}, again_out
+    assert resumed["losses"] == result["losses"]
+    for name, value in reference["params"].items():
+        assert torch.equal(resumed["params"][name], value), name
+
+
+def _submit_restart(cluster, course: Path, command: str, state: str) -> tuple[str, str]:
+    """Submit ``command`` (one sbatch of cluster/slurm/restart.sbatch), wait for it to end in
+    ``state``; (job id, its log)."""
+    done = subprocess.run(["bash", "-c", command], cwd=course, text=True, timeout=120,
+                          capture_output=True,
+                          env=environ(course, SLURM_CONF=cluster.env["SLURM_CONF"]))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    [job] = re.findall(r"Submitted batch job (\d+)", done.stdout)
+    cluster.wait_idle(timeout=900)
+    log = course / "logs" / f"restart-{job}.out"
+    out = log.read_text() if log.exists() else ""
+    assert cluster.job_states().get(job) == state, (cluster.job_states(), out[-5000:],
+                                                    cluster.logs())
+    return job, out
