@@ -80,11 +80,14 @@ CLUSTER = [".venv/bin/python -m distlab.cluster.busbw --max-bytes 64K",
            "mkdir -p logs",
            "sbatch --nodes=2 cluster/slurm/busbw.sbatch --compare --max-bytes 1M",
            "sbatch --nodes=2 cluster/slurm/train3d.sbatch"]
+CLUSTER_RESTART = ["sbatch --nodes=2 cluster/slurm/restart.sbatch --steps 6 --save-every 2 "
+                   "--crash-at 3:5"]
 
 
 def test_every_readme_command_is_run():
     shown = readme_commands()
-    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI + CLUSTER
+    run = SETUP + SITE + RELEASE + GRADING + SLURM + AUTHORING + RUN_BY_CI + CLUSTER + \
+        CLUSTER_RESTART
     assert sorted(shown) == sorted(run), (
         f"README.md and tests/test_readme.py disagree.\n  shown but not run: "
         f"{sorted(set(shown) - set(run))}\n  run but not shown: {sorted(set(run) - set(shown))}\n"
@@ -472,3 +475,77 @@ def test_cluster_commands(course):
     _assert_single_process_losses(train, "PP=2 x DP=1 x TP=2")
     assert re.search(r"^pp\s+2\s+across nodes", train, re.M), train[-3000:]
     assert re.search(r"^tp\s+2\s+within a node", train, re.M), train[-3000:]
+
+
+@pytest.mark.timeout(1200)
+def test_cluster_restart_command(course, tmp_path):
+    # README's restartable run on two Slurm nodes (two slurmd daemons on this host, as above):
+    # a rank SIGKILLs itself, torchrun's agents restart the workers, and they resume from the
+    # shared checkpoint folder and land on an uninterrupted run of the same loop (distlab.run,
+    # the same world size), to the last bit; the job's checkpoints are removed once it succeeds,
+    # kept when it fails, and a job submitted on them resumes there.
+    import torch
+
+    import distlab
+    from distlab.labs.checkpoint.restart import complete_checkpoints, train_resumable
+    [submit] = CLUSTER_RESTART
+    steps, save_every, crash_step = (int(re.search(rf"--{flag} (?:\d+:)?(\d+)", submit).group(1))
+                                     for flag in ("steps", "save-every", "crash-at"))
+    why = slurm_cluster.missing()
+    if why:
+        if os.environ.get("DISTLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(why)
+        pytest.skip(f"two-node Slurm restart skipped: {why}")
+    with slurm_cluster.Cluster(course.parent / "slurm-restart", nodes=2) as cluster:
+        job, out = _submit_restart(cluster, course, f"mkdir -p logs\n{submit}", "COMPLETED")
+        # Without restarts the job fails and keeps its checkpoints; submitted again on them (as
+        # README.md says), it resumes there and leaves the folder it was given alone.
+        failed, failed_out = _submit_restart(
+            cluster, course, submit.replace("sbatch ", "sbatch --export=ALL,MAX_RESTARTS=0 ", 1),
+            "FAILED")
+        kept = course / "logs" / f"restart-{failed}" / "checkpoints"
+        assert f"checkpoints kept in {kept}" in failed_out, failed_out[-3000:]
+        assert [step for step, _ in complete_checkpoints(str(kept))] == \
+            list(range(save_every, crash_step, save_every))
+        again, again_out = _submit_restart(
+            cluster, course, submit.replace("sbatch ", f"sbatch --export=ALL,CHECKPOINTS={kept} ",
+                                            1), "COMPLETED")
+    assert "2 node(s) (node[1-2]) x 2 process(es)" in out, out[-3000:]
+    assert "failed (exitcode: -9)" in out, out[-3000:]     # an agent saw the SIGKILL
+    result = torch.load(course / "logs" / f"restart-{job}.pt", weights_only=True)
+    # The failed node's agent counted its restart; the other may have restarted its workers
+    # without counting (it joined the round the failed one opened).
+    assert max(result["restarts"]) == 1, result["restarts"]
+    resumed_from = (crash_step - 1) // save_every * save_every
+    assert result["resumed_from"] == resumed_from, result["resumed_from"]
+    assert not (course / "logs" / f"restart-{job}").exists()    # checkpoints removed
+    reference = distlab.run(train_resumable, len(result["restarts"]), str(tmp_path), steps,
+                            save_every, timeout=300)[0]
+    assert sorted(result["losses"]) == list(range(resumed_from + 1, steps + 1))
+    for step, loss in result["losses"].items():
+        assert loss == reference["losses"][step], (step, loss, reference["losses"][step])
+        assert f"{step:>6}  {loss!r}" in out, out[-3000:]       # as the job printed them
+    for name, value in reference["params"].items():
+        assert torch.equal(result["params"][name], value), name
+    assert [step for step, _ in complete_checkpoints(str(kept))][-1] == steps   # still there
+    resumed = torch.load(course / "logs" / f"restart-{again}.pt", weights_only=True)
+    assert resumed["resumed_from"] == resumed_from and set(resumed["restarts"]) == {0}, again_out
+    assert resumed["losses"] == result["losses"]
+    for name, value in reference["params"].items():
+        assert torch.equal(resumed["params"][name], value), name
+
+
+def _submit_restart(cluster, course: Path, command: str, state: str) -> tuple[str, str]:
+    """Submit ``command`` (one sbatch of cluster/slurm/restart.sbatch), wait for it to end in
+    ``state``; (job id, its log)."""
+    done = subprocess.run(["bash", "-c", command], cwd=course, text=True, timeout=120,
+                          capture_output=True,
+                          env=environ(course, SLURM_CONF=cluster.env["SLURM_CONF"]))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    [job] = re.findall(r"Submitted batch job (\d+)", done.stdout)
+    cluster.wait_idle(timeout=900)
+    log = course / "logs" / f"restart-{job}.out"
+    out = log.read_text() if log.exists() else ""
+    assert cluster.job_states().get(job) == state, (cluster.job_states(), out[-5000:],
+                                                    cluster.logs())
+    return job, out

@@ -9,6 +9,9 @@
 #   MASTER_PORT    the rendezvous port: default 29500 + (job id mod 1000)
 #   RENDEZVOUS_WAIT  seconds a node waits for the first node's agent to answer there before it
 #                  stops the job, naming the endpoint (default 60)
+#   MAX_RESTARTS   how often each agent restarts its workers after one fails (torchrun's
+#                  --max-restarts; default 0: a failure ends the job). Above 0 the agents keep
+#                  their rendezvous store to themselves (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
 #   PYTHON         default ./.venv/bin/python of the repository sbatch ran in
 : "${MODULE:?set MODULE to the program to run}"
 : "${SLURM_JOB_ID:?submit this with sbatch (README.md, On a cluster)}"
@@ -26,7 +29,14 @@ if [[ -z ${MASTER_ADDR:-} ]]; then
 fi
 MASTER_PORT=${MASTER_PORT:-$(( 29500 + SLURM_JOB_ID % 1000 ))}
 RENDEZVOUS_WAIT=${RENDEZVOUS_WAIT:-60}
-export MODULE PYTHON GPUS_PER_NODE MASTER_ADDR MASTER_PORT RENDEZVOUS_WAIT
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+if (( MAX_RESTARTS > 0 )); then
+    # torch's agents otherwise share their rendezvous store with the workers and keep it across
+    # a restart: restarted workers would read the addresses of the attempt before and fail to
+    # connect. Without sharing, rank 0 serves a fresh store for each attempt.
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+export MODULE PYTHON GPUS_PER_NODE MASTER_ADDR MASTER_PORT RENDEZVOUS_WAIT MAX_RESTARTS
 
 cd "$REPO"
 echo "$MODULE: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST) x $GPUS_PER_NODE process(es)," \
@@ -40,5 +50,6 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '
         --wait "$RENDEZVOUS_WAIT" || exit 2
     exec "$PYTHON" -u -m torch.distributed.run \
     --nproc_per_node "$GPUS_PER_NODE" --nnodes "$SLURM_NNODES" --node_rank "$SLURM_PROCID" \
+    --max_restarts "$MAX_RESTARTS" \
     --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \
     -m "$MODULE" "$@"' torchrun "$@"
