@@ -14,6 +14,9 @@ from distlab.labs.checkpoint.interval import lost_fraction, lost_fraction_first_
 LAB = lab12_interval.LAB
 CELL = "predict_lost_fraction"
 # (name, cell, old, new, the test it loses)
+# Lab 12's import cells: every solution cell's definitions need them (Section 4's default spec)
+SETUP = ("state_imports", "reshard_imports", "async_imports", "restart_imports",
+         "interval_imports", "plan_imports")
 MISTAKES = [
     ("prediction_no_restart", CELL, "(restart + period / 2) / mtbf", "(period / 2) / mtbf",
      "test_predict_lost_fraction"),
@@ -25,7 +28,7 @@ SEEDS = range(60)
 
 def _edited(name: str):
     (cell, old, new), = [(c, o, n) for m, c, o, n, _ in MISTAKES if m == name]
-    return solutions.solution_namespace(LAB, [(cell, old, new)])[CELL]
+    return solutions.solution_namespace(LAB, [(cell, old, new)], SETUP)[CELL]
 
 
 def _wrong(case, name):
@@ -57,7 +60,7 @@ def test_the_visible_cases_are_stored_as_the_model_computes_them():
 
 
 def test_the_solution_passes_and_shows_its_figures():
-    predict = solutions.solution_functions(LAB, (CELL,))[CELL]
+    predict = solutions.solution_functions(LAB, (CELL,), SETUP)[CELL]
     line = lab12.check_lost_prediction(predict)
     case = lab12_interval.PREDICTION_VISIBLE[0]
     assert (f"{predict(*case):.4f} (model {lost_fraction(*case):.4f} ± "

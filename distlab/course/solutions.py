@@ -6,9 +6,11 @@ from distlab import paths
 from distlab.grading.course_dir import source_notebook
 
 
-def solution_functions(lab: str, names: tuple[str, ...]) -> dict:
-    """``names`` as the solution cells of ``lab`` define them."""
-    namespace = solution_namespace(lab, filename=lambda grade_id: f"<{lab}:{grade_id}>")
+def solution_functions(lab: str, names: tuple[str, ...], setup: tuple[str, ...] = ("imports",)
+                       ) -> dict:
+    """``names`` as the solution cells of ``lab`` define them (after its ``setup`` cells)."""
+    namespace = solution_namespace(lab, setup=setup,
+                                   filename=lambda grade_id: f"<{lab}:{grade_id}>")
     return {k: namespace[k] for k in names}
 
 

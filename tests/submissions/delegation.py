@@ -23,7 +23,8 @@ Each graded exercise listed scores zero with feedback naming the course object. 
 are left as handed out, so grading stops them at once (a sample costs what an untouched lab
 costs, not a whole solution's run; the solutions' full marks are tests/test_grader.py's, with
 the call guard watching them too). Lab 1's two all-reduce exercises and Lab 2's four, Lab 5's
-schedules and Lab 8's three ZeRO classes have no shipped implementation to delegate to.
+schedules, Lab 8's three ZeRO classes, and Lab 12's save/load on a model and optimizer and its
+checkpoint plan have no shipped implementation of their signature to delegate to.
 """
 from __future__ import annotations
 
@@ -151,6 +152,17 @@ DELEGATED = {
         "executor": [("run_table", "distlab.labs.pipeline.executor:run_table")],
         "capped_schedule": [("capped_schedule", "distlab.checks.lab11_design:_course_table")],
     },
+    "12_checkpoint_restart": {
+        "whole_state": [("whole_state", "distlab.labs.checkpoint.run_state:training_state"),
+                        ("restore", "distlab.labs.checkpoint.run_state:restore_state")],
+        "async_save_checkpoint": [("async_save_checkpoint",
+                                   "distlab.labs.checkpoint.saving:async_save_checkpoint")],
+        "train_resumable": [("train_resumable", "distlab.labs.checkpoint.restart:train_resumable",
+                             ("rank, world_size, root, steps, save_every, save, load, spec=None",
+                              "rank, world_size, root, steps, save_every, asynchronous=True"))],
+        "predict_lost_fraction": [("predict_lost_fraction",
+                                   "distlab.labs.checkpoint.interval:lost_fraction")],
+    },
 }
 
 # The test cells each lab's delegation must zero (every one whose exercise is delegated).
@@ -180,6 +192,8 @@ ZEROED = {
                               "test_predict_interleaved", "test_interleaved_1f1b", "test_zb_h1",
                               "test_zb_v", "test_executor", "test_capped_schedule",
                               "test_capped_schedule_bar"),
+    "12_checkpoint_restart": ("test_whole_state", "test_train_resumable",
+                              "test_predict_lost_fraction"),
 }
 
 
