@@ -228,6 +228,23 @@ def test_fsdp2_on_the_gpu_matches_single_process_training():
     assert out[0]["peak"] > 0
 
 
+def test_lab12_resume_on_the_gpu_is_bit_identical(tmp_path):
+    """Lab 12's run on a GPU (NCCL, FSDP2 on CUDA, dropout from the GPU's own generator): an
+    asynchronous save (staged from the GPU to CPU memory, written by a thread on its own gloo
+    group) resumed in a fresh trainer lands on the uninterrupted run to the last bit; without
+    the GPU's generator in the state it would not."""
+    from distlab.labs.checkpoint.run_state import RunSpec
+    from distlab.labs.checkpoint.runs import resume_beside
+
+    spec = RunSpec(device="cuda")
+    out = distlab.run(resume_beside, 1, str(tmp_path / "saved"), 6, 3, spec, timeout=180)
+    assert out.backend == "nccl"
+    got = out[0]
+    assert got["resumed"] == got["uninterrupted"], got
+    for name, value in got["params"].items():
+        assert torch.equal(got["resumed_params"][name].cpu(), value.cpu()), name
+
+
 def test_tp_and_fsdp_on_a_one_gpu_mesh_match_single_process_training():
     from distlab.labs import mesh
 

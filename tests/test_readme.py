@@ -483,7 +483,7 @@ def test_cluster_restart_command(course, tmp_path):
     # a rank SIGKILLs itself, torchrun's agents restart the workers, and they resume from the
     # shared checkpoint folder and land on an uninterrupted run of the same loop (distlab.run,
     # the same world size), to the last bit; the job's checkpoints are removed once it succeeds,
-    # kept when it fails, and a job submitted on them resumes there.
+    # and a job submitted on a user's folder of checkpoints resumes there and leaves it alone.
     import torch
 
     import distlab
@@ -496,31 +496,29 @@ def test_cluster_restart_command(course, tmp_path):
         if os.environ.get("DISTLAB_REQUIRE_SLURM") == "1":
             pytest.fail(why)
         pytest.skip(f"two-node Slurm restart skipped: {why}")
+    resumed_from = (crash_step - 1) // save_every * save_every
+    reference = distlab.run(train_resumable, 4, str(tmp_path / "reference"), steps, save_every,
+                            timeout=300)[0]
+    # A user's own folder of checkpoints (the uninterrupted run's, up to where the job resumes):
+    # a job submitted on it (as README.md says) resumes there and leaves the folder alone.
+    kept = tmp_path / "mine"
+    for step, folder in complete_checkpoints(str(tmp_path / "reference")):
+        if step <= resumed_from:
+            shutil.copytree(folder, kept / Path(folder).name)
     with slurm_cluster.Cluster(course.parent / "slurm-restart", nodes=2) as cluster:
         job, out = _submit_restart(cluster, course, f"mkdir -p logs\n{submit}", "COMPLETED")
-        # Without restarts the job fails and keeps its checkpoints; submitted again on them (as
-        # README.md says), it resumes there and leaves the folder it was given alone.
-        failed, failed_out = _submit_restart(
-            cluster, course, submit.replace("sbatch ", "sbatch --export=ALL,MAX_RESTARTS=0 ", 1),
-            "FAILED")
-        kept = course / "logs" / f"restart-{failed}" / "checkpoints"
-        assert f"checkpoints kept in {kept}" in failed_out, failed_out[-3000:]
-        assert [step for step, _ in complete_checkpoints(str(kept))] == \
-            list(range(save_every, crash_step, save_every))
         again, again_out = _submit_restart(
             cluster, course, submit.replace("sbatch ", f"sbatch --export=ALL,CHECKPOINTS={kept} ",
                                             1), "COMPLETED")
     assert "2 node(s) (node[1-2]) x 2 process(es)" in out, out[-3000:]
     assert "failed (exitcode: -9)" in out, out[-3000:]     # an agent saw the SIGKILL
     result = torch.load(course / "logs" / f"restart-{job}.pt", weights_only=True)
+    assert len(result["restarts"]) == 4, result["restarts"]
     # The failed node's agent counted its restart; the other may have restarted its workers
     # without counting (it joined the round the failed one opened).
     assert max(result["restarts"]) == 1, result["restarts"]
-    resumed_from = (crash_step - 1) // save_every * save_every
     assert result["resumed_from"] == resumed_from, result["resumed_from"]
     assert not (course / "logs" / f"restart-{job}").exists()    # checkpoints removed
-    reference = distlab.run(train_resumable, len(result["restarts"]), str(tmp_path), steps,
-                            save_every, timeout=300)[0]
     assert sorted(result["losses"]) == list(range(resumed_from + 1, steps + 1))
     for step, loss in result["losses"].items():
         assert loss == reference["losses"][step], (step, loss, reference["losses"][step])

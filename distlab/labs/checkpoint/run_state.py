@@ -53,6 +53,7 @@ class RunSpec:
     noise: float = 0.05
     lr: float = 1e-2
     dtype: torch.dtype = torch.float64
+    device: str = "cpu"   # "cuda": each rank on its current GPU, NCCL (tests/test_gpu.py)
 
     def model(self) -> nn.Sequential:
         """The same initial weights in every process (the global RNG left untouched)."""
@@ -109,8 +110,10 @@ class Trainer:
         from torch.distributed.fsdp import fully_shard
         self.rank, self.world_size, self.spec = rank, world_size, spec
         torch.set_num_threads(1)   # the same kernels whichever launcher started the rank
-        self.model = spec.model()
-        mesh = init_device_mesh("cpu", (world_size,))
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if spec.device == "cuda" else torch.device("cpu"))
+        self.model = spec.model().to(self.device)
+        mesh = init_device_mesh(self.device.type, (world_size,))
         for block in self.model:
             fully_shard(block, mesh=mesh)
         fully_shard(self.model, mesh=mesh)
@@ -119,13 +122,14 @@ class Trainer:
         random.seed(spec.seed)                              # the shuffle: same on every rank
         self.noise = torch.Generator().manual_seed(spec.seed + 100 + rank)   # per rank
         self.data = DataPosition(spec.samples)
-        self.x, self.y = spec.dataset()
+        self.x, self.y = (t.to(self.device) for t in spec.dataset())
         self.steps_done = 0
 
     def step(self) -> float:
         rows = self.data.next_rows(self.spec.batch * self.world_size, self.rank, self.spec.batch)
-        x = self.x[rows] + self.spec.noise * torch.randn(
-            len(rows), self.spec.d, generator=self.noise, dtype=self.spec.dtype)   # (batch, d)
+        noise = torch.randn(len(rows), self.spec.d, generator=self.noise,   # on the CPU: the
+                            dtype=self.spec.dtype).to(self.device)          # same on any device
+        x = self.x[rows] + self.spec.noise * noise                          # (batch, d)
         self.optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(self.model(x), self.y[rows])
         loss.backward()          # FSDP2 averages the gradients over the ranks
@@ -155,7 +159,14 @@ def training_state(trainer: Trainer) -> dict:
             "progress": {"step": trainer.steps_done, "data": trainer.data.state_dict()},
             "rng": {rank_key(trainer.rank): {"torch": torch.get_rng_state(),
                                               "noise": trainer.noise.get_state(),
-                                              "python": random.getstate()}}}
+                                              "python": random.getstate(),
+                                              **_gpu_rng(trainer)}}}
+
+
+def _gpu_rng(trainer: Trainer) -> dict:
+    """On a GPU the dropout masks come from the device's own generator: it is state too."""
+    return {"cuda": torch.cuda.get_rng_state(trainer.device)} if trainer.device.type == "cuda" \
+        else {}
 
 
 def restore_state(trainer: Trainer, state: dict) -> None:
@@ -169,3 +180,5 @@ def restore_state(trainer: Trainer, state: dict) -> None:
     torch.set_rng_state(mine["torch"])
     trainer.noise.set_state(mine["noise"])
     random.setstate(mine["python"])
+    if "cuda" in mine:
+        torch.cuda.set_rng_state(mine["cuda"], trainer.device)
