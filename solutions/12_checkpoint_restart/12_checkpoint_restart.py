@@ -913,8 +913,11 @@ print(plan_on_measured(plan_checkpoints, measured_problem(costs, mtbf=10.0)))
 # * **Asynchronous saves** (Section 3): `dcp.async_save` stops training only to copy the state
 #   to CPU memory; a thread writes it, on a gloo group of its own, while the next steps run.
 #   Wait for a save before the next and before the end. The stall measured beside a blocking
-#   save: the write moves from the stall into the overlapped steps, nearly free where the CPUs
-#   are idle (a GPU run), not on a busy laptop.
+#   save: the write moves from the stall into the overlapped steps, but only where the steps
+#   between saves outlast the write. On one H200 (`bench/reports/gpu-2026-11-28-0140-lab12-vm.md`:
+#   806 MB a save, every four 30 ms steps) each asynchronous save waited for the write before it
+#   and stalled 1.36 s against the blocking save's 1.11 s; on 16 CPU cores, with 2.2 s steps,
+#   0.17 s against 0.63 s.
 # * **Restart** (Section 4): a loop that resumes from the newest *complete* checkpoint (with
 #   `.metadata`) lands bit for bit on the run that never died; the steps since that checkpoint
 #   are trained twice. A rank killed from outside (SIGKILL) is a death the launcher reports as
