@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   distlab:
-#     summary: "The whole training state for a bit-identical resume; torch.distributed.checkpoint with every rank its own shards, resharded across world sizes; asynchronous saves; a rank killed and the run restarted, under torchrun too; the checkpoint interval by Young, Daly and simulation."
+#     summary: "The whole training state for a bit-identical resume; DCP with every rank its own shards, resharded; asynchronous saves; a killed rank restarted; the checkpoint interval designed."
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -457,9 +457,12 @@ print(stall_table(save_checkpoint, async_save_checkpoint, under=RESTART_WORK))
 # cores (compare the median steps), and into the wait at the end, where the last save must be
 # finished before the run may stop. On a laptop's two shared cores the thread can cost the steps
 # nearly what it saves the stall; on a GPU node, whose training runs on the GPU while the CPUs
-# mostly wait, the write is close to free, which is why large runs save asynchronously
-# (torchtitan's `checkpoint.async_mode`, Megatron-LM's `--async-save`). Staging itself is not
-# free either: it needs CPU memory for a whole copy of the rank's state.
+# mostly wait, the thread costs the steps little, which is why large runs save asynchronously
+# (torchtitan's `checkpoint.async_mode`, Megatron-LM's `--async-save`), provided the steps
+# between two saves outlast a write: on one H200, a save of 806 MB every four 30 ms steps waited
+# for the write before it and stalled longer than a blocking save
+# (`bench/reports/gpu-2026-11-28-0140-lab12-vm.md`; Section 6 asks how often to save). Staging
+# itself is not free either: it needs CPU memory for a whole copy of the rank's state.
 
 # %% [markdown]
 # ## 4. Restart
