@@ -295,7 +295,10 @@ def test_both_backends_are_gloo_and_nccl_where_every_rank_has_a_gpu(monkeypatch)
 def test_doctor_names_the_gpus(capsys):
     from distlab.course import doctor
 
-    assert doctor.main([]) == 0
+    # On a torch older than the pin (the lent GPU machines hold 2.11: bench/reports/) the doctor
+    # must fail and name the pin; the GPU lines below hold either way.
+    lacking = [name for name in doctor.NEEDED if not hasattr(dist, name)]
+    assert doctor.main([]) == (1 if lacking else 0)
     text = capsys.readouterr().out
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(GPUS))
     assert f"{'GPUs':<22} {GPUS} ({names})" in text
@@ -303,7 +306,10 @@ def test_doctor_names_the_gpus(capsys):
     # NCCL is smoke-tested on as many ranks as there are GPUs, up to 2: with one GPU, "auto" runs
     # every 1-rank call on NCCL, so the doctor checks that much.
     assert re.search(rf"{min(GPUS, 2)}-rank NCCL collectives\s+ok", text), text
-    assert "OK: ready for the labs." in text
+    if lacking:
+        assert "torch==2.13.0" in text and all(name in text for name in lacking), text
+    else:
+        assert "OK: ready for the labs." in text
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick look on a GPU machine

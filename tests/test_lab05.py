@@ -414,6 +414,19 @@ def test_the_design_exercise_and_the_prediction_pass_with_the_solution(sol):
     assert lab05_design._budget(4, 8, 4) == pytest.approx(theoretical_bubble(4, 8))
 
 
+def test_the_design_tests_grade_one_run(monkeypatch):
+    """The bar's test grades the first test's run (issue 45: one launch, not two), hidden
+    problems too; a rerun of the first test runs again."""
+    f = solution_functions(lab05.LAB, ("budget_step",))["budget_step"]
+    launches, run = [], lab05._run
+    monkeypatch.setattr(lab05, "_run", lambda *a: launches.append(a[1]) or run(*a))
+    for seed in (None, None):   # the first test, the bar's; then both again
+        lab05.check_memory_budget(f, world_size=2, num_microbatches=4, max_in_flight=1, seed=seed)
+        assert "within the bar" in lab05.check_bubble_bar(f, world_size=2, num_microbatches=4,
+                                                          max_in_flight=1, seed=seed)
+    assert launches == ["budget_step", "budget_step"]
+
+
 def test_planted_uncapped_1f1b_loses_only_the_design_test():
     # A plain 1F1B handed in as budget_step: a correct Exercise 4, over the memory budget.
     uncapped = _budget_with_warmups("min(world_size - rank - 1, m)")

@@ -20,6 +20,7 @@ import torch
 import distlab
 from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close, recording
+from distlab.checks.common import DesignRuns
 from distlab.checks.crossed import assert_crossed_as_recorded
 from distlab.checks.lab05_messages import assert_equal_split, course_value, deadlock_advice
 from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, partition_layers,
@@ -27,8 +28,7 @@ from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, par
 from distlab.runtime.per_rank import reference
 
 LAB = "05_pipeline_parallel"
-# What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
-# symbolic_shapes (with sympy, 0.3 s): about half of the ranks import it.
+# What the ranks import beyond torch.distributed (distlab/checks/__init__.py): about half, 0.3 s.
 RANK_IMPORTS = ("torch.fx.experimental.symbolic_shapes",)
 VISIBLE = PipeSpec(num_layers=6, hidden=32, batch=8, seed=505)
 # Hidden tests' width: a stage's activations are then KiBs, so that moving them outside the
@@ -51,6 +51,7 @@ def make_references() -> dict:
     """The visible case: input, target, loss and every parameter's gradient of the whole model;
     the layer ranges of the visible partitions and stage cuts; and the library's runs of the lab's
     measured section (``stored_library_runs``)."""
+    from distlab.checks.lab05_design import design_set   # the prediction's and design's values
     x, target = VISIBLE.data()
     loss, grads = reference_step(VISIBLE)
     return {"visible": {"seed": VISIBLE.seed, "x": x, "target": target,
@@ -60,13 +61,7 @@ def make_references() -> dict:
                           **{_cut_key(n, p): torch.tensor(partition_layers(n, p))
                              for n, p in PARTITION_CASES + VISIBLE_CUTS}},
             "library": _library_set(),
-            "design": _design_reference_set()}
-
-
-def _design_reference_set() -> dict:
-    """The prediction's and the design exercise's expected values (``lab05_design``)."""
-    from distlab.checks.lab05_design import design_set
-    return design_set()
+            "design": design_set()}
 
 
 def _cut_key(num_layers: int, num_stages: int) -> str:
@@ -334,13 +329,21 @@ def check_predicted_traffic(predict_sent_bytes, *, seed: int | None = None) -> s
     return grade_traffic(predict_sent_bytes, seed)
 
 
+_RUNS = DesignRuns()   # the two design tests grade one run (one hidden problem, not two)
+
+
 def _design_run(fn, world_size, num_microbatches, max_in_flight, seed, num_layers, batch, level):
     import functools
     from distlab.checks.lab05_design import grade_schedule_properties
-    spec, m = _spec(seed, num_layers, batch), num_microbatches
-    assert_equal_split(spec.batch, m)
-    step = functools.partial(fn, max_in_flight=max_in_flight)
-    run = _run(step, "budget_step", world_size, spec, m)
+    m = num_microbatches
+
+    def measure():
+        spec = _spec(seed, num_layers, batch)
+        assert_equal_split(spec.batch, m)
+        step = functools.partial(fn, max_in_flight=max_in_flight)
+        return spec, _run(step, "budget_step", world_size, spec, m)
+    spec, run = _RUNS.run(fn, (world_size, m, max_in_flight, seed, num_layers, batch), measure,
+                          first=level == "hinted")
     _check_grads(run, spec, m)
     _check_microbatches(run, m, spec.batch)
     return grade_schedule_properties(run, world_size=world_size, num_microbatches=m,
@@ -355,8 +358,7 @@ def check_memory_budget(fn, *, world_size: int = 4, num_microbatches: int = 8,
     num_microbatches, max_in_flight)``, a schedule of the student's own. Graded by its properties
     on real ranks: single-process gradients, at most ``max_in_flight`` microbatches alive on every
     stage, the boundary's bytes and no more, and a bubble (its recorded order replayed on paper)
-    within the budget: Hint 3's design's. Returns the line the test cell prints: the
-    student's bubble beside that design's, the bar and the bound."""
+    within Hint 3's design's. Returns the test cell's line: the bubble beside the figures."""
     return _design_run(fn, world_size, num_microbatches, max_in_flight, seed, num_layers, batch,
                        "hinted")
 
@@ -385,16 +387,14 @@ def check_library_matches(runs: dict[str, ScheduleRun], spec: PipeSpec) -> None:
 
 
 # The course code these exercises may not use (see distlab.checks.course_code).
-from distlab.checks.course_code import LAB5_SHIPPED, CourseCode  # noqa: E402
-from distlab.checks.course_code import names  # noqa: E402
+from distlab.checks.course_code import LAB5_SHIPPED, CourseCode, names  # noqa: E402
 # The prediction's formula and the design budget's schedule are answers too.
 DESIGN = names("distlab.checks.lab05_design", "_boundary_bytes", "_capped_order")
 COURSE_CODE = dict.fromkeys([
     "check_partition", "check_naive", "check_gpipe", "check_1f1b", "check_predicted_traffic",
     "check_memory_budget", "check_bubble_bar"],
     CourseCode(forbidden=LAB5_SHIPPED + DESIGN))
-# Graded on values handed in (the runs of torch's own pipelining library, made by the lab, not an answer): no course code runs on the judge's ranks for
-# these, so there is nothing for a guard to notice.
+# Graded on values handed in (runs of torch's pipelining, made by the lab): nothing to guard.
 GRADED_ON_VALUES = ("check_library_matches",)
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())
