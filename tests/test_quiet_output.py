@@ -1,9 +1,10 @@
 """What the course's commands print is what a user can act on (issue 40): no pytest-xdist
 "bringing up nodes..." in `make test`, a handout's `make lab` without the formgrader's "No
 nbgrader_config.py file found", and `distlab release` naming the files it wrote rather than
-counting them ("(1 files)"). `distlab site`'s output is tests/test_site.py's
-(test_one_lab_site_shows_the_configured_author_and_url_and_prints_no_noise), the checkout's
-`make lab` tests/test_readme.py's (test_setup_commands)."""
+counting them ("(1 files)"). `distlab site`'s output is checked by tests/test_site.py's
+assert_one_lab_site_shows_the_settings_and_prints_no_noise on README's one-lab site
+(tests/test_readme.py's test_site_commands), the checkout's `make lab` by test_readme.py's
+test_setup_commands."""
 from __future__ import annotations
 
 import os

@@ -29,6 +29,7 @@ import pytest
 
 import slurm_cluster
 import submissions
+import test_site
 from course_copy import MAKE_SITE, environ, sh
 from conftest import SITE_TIMEOUT
 
@@ -270,9 +271,19 @@ def test_site_commands(course, course_site):
     finally:
         server.stop()
     sh(student_site, course, timeout=900)
-    sh(one_lab, course, timeout=900)
+    # The one-lab site as an instructor who set the course's author and URL in grader/course.cfg
+    # (as README says) builds it: test_site.py's checks of what it shows and prints.
+    settings = course / "grader" / "course.cfg"
+    shipped = settings.read_text()
+    settings.write_text(test_site.configured(shipped, test_site.AUTHOR, test_site.URL))
+    try:
+        done = sh(one_lab, course, timeout=900)
+    finally:
+        settings.write_text(shipped)
     index = (course / "build" / "site" / "index.html").read_text()
     assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
+    test_site.assert_one_lab_site_shows_the_settings_and_prints_no_noise(
+        course / "build" / "site", done.stdout + done.stderr)
 
 
 def test_release_command(course):

@@ -271,20 +271,20 @@ def test_an_empty_setting_leaves_its_line_out_rather_than_a_placeholder():
         assert f"clone the course's repository, [{URL}]({URL}), then, in its folder:" in text.lower()
 
 
-@pytest.mark.slow
-def test_one_lab_site_shows_the_configured_author_and_url_and_prints_no_noise(
-        tmp_path, monkeypatch, capfd):
-    """`distlab site 01_collectives` (the cheapest lab) with the course's settings file naming an
-    author and a URL: every page shows both, none a placeholder, and what the command printed (the
-    kernels' output included: they write to the same terminal) has no line a reader cannot act on."""
-    if not site_assets.can_vendor():
-        pytest.skip("the site fetches its scripts with npm, which is not installed")
-    path = _settings_file(tmp_path, AUTHOR, URL)
-    monkeypatch.setattr(site_settings, "settings_file", lambda: path)
-    out = tmp_path / "site"
-    assert site.main(["01_collectives", "--out", str(out)]) == 0
-    printed = capfd.readouterr()
-    lines = (printed.out + printed.err).splitlines()
+def configured(text: str, author: str, repository: str) -> str:
+    """The course's settings file ``text`` with ``author`` and ``repository`` set, as the
+    instructor sets them (README.md: `author = ...`, `repository = https://...`)."""
+    text = re.sub(r"^author *=.*$", f"author = {author}", text, count=1, flags=re.M)
+    return re.sub(r"^repository *=.*$", f"repository = {repository}", text, count=1, flags=re.M)
+
+
+def assert_one_lab_site_shows_the_settings_and_prints_no_noise(out, printed: str) -> None:
+    """`distlab site 01_collectives` (the cheapest lab), with the course's settings file naming
+    AUTHOR and URL, made ``out`` and printed ``printed`` (the kernels' output included: they
+    write to the same terminal): every page shows both, none a placeholder, and nothing printed
+    is a line a reader cannot act on. tests/test_readme.py's test_site_commands runs it, the
+    README's own command (one run of the lab for both)."""
+    lines = printed.splitlines()
     assert [line for line in lines if any(n in line for n in NOISE)] == []
     assert any(line.startswith("01_collectives: ran in") for line in lines)   # it did print
     lab, index = ((out / name).read_text() for name in ("01_collectives.html", "index.html"))
@@ -295,6 +295,14 @@ def test_one_lab_site_shows_the_configured_author_and_url_and_prints_no_noise(
         assert f'<a class="reference external" href="{URL}">{URL}</a>' in html   # Clone <URL>
     box = re.search(r'<div class="distlab-run[^"]*">(.*?)</div>', lab, re.S).group(1)
     assert f'href="{URL}"' in box
+
+
+def test_the_course_s_settings_file_takes_an_author_and_a_url_in_place(tmp_path):
+    shipped = (notebooks.REPO / "grader" / "course.cfg").read_text()
+    path = tmp_path / "course.cfg"
+    path.write_text(configured(shipped, AUTHOR, URL))
+    assert site_settings.read_settings(path) == site_settings.SiteSettings(AUTHOR, URL)
+    assert path.read_text().splitlines()[:3] == shipped.splitlines()[:3]   # its comments kept
 
 
 def test_lab_mentions_become_links_to_other_labs_on_the_site():

@@ -14,6 +14,7 @@ the lab or a later one, and the lab runs with it alone.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import sys
@@ -140,19 +141,36 @@ def shapes(tree: ast.AST, nested: bool = True) -> dict[str, str]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def source_shapes(source: str) -> dict[str, str]:
+    """``shapes`` of a module's text, made once per text: the student packages of the labs are
+    the same files but for the stubbed ones (about 2 CPU-s a package otherwise). Not to be
+    changed by the caller."""
+    return shapes(ast.parse(source))
+
+
+@functools.lru_cache(maxsize=None)
+def solution_shapes(lab: str) -> dict[str, str]:
+    """The shapes of ``lab``'s solution cells, made once per lab (every earlier lab's test reads
+    them too). Not to be changed by the caller."""
+    found = {}
+    for cell in notebooks.reader_notebook(lab).cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError:   # IPython magics: not an answer's code
+                continue
+            found.update({k: f"{lab} cell {cell.metadata.nbgrader['grade_id']}: {v}"
+                          for k, v in shapes(tree, nested=False).items()})
+    return found
+
+
 def answer_shapes(lab: str) -> dict[str, str]:
     """The shapes of the answers a student package of ``lab`` must not hold: the solution cells
     of it and every later lab, and the instructor's implementations it withholds."""
     found = {}
     for later in (x for x in LABS if x >= lab):
-        for cell in notebooks.reader_notebook(later).cells:
-            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
-                try:
-                    tree = ast.parse(cell.source)
-                except SyntaxError:   # IPython magics: not an answer's code
-                    continue
-                found.update({k: f"{later} cell {cell.metadata.nbgrader['grade_id']}: {v}"
-                              for k, v in shapes(tree, nested=False).items()})
+        found.update(solution_shapes(later))
     for module, names in student_package.withheld([lab]).items():
         path = student_package._module_file(paths.PACKAGE, module)
         for qualname, node in student_package._definitions(ast.parse(path.read_text())):
@@ -173,7 +191,7 @@ def test_no_answer_in_the_student_package(packages, lab):
     assert answers, f"{lab} declares no answers and has no solution cells"
     leaks = []
     for path in sorted((packages[lab] / "distlab").rglob("*.py")):
-        for shape, where in shapes(ast.parse(path.read_text())).items():
+        for shape, where in source_shapes(path.read_text()).items():
             if shape in answers:
                 leaks.append(f"{path.relative_to(packages[lab])}: {where} equals {answers[shape]}")
     assert not leaks, "the student package holds answers:\n  " + "\n  ".join(leaks)
