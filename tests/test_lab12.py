@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.course.notebooks import source_notebook
+import lab_mistakes
 
 LAB = "12_checkpoint_restart"
 
@@ -26,32 +26,15 @@ def planted() -> dict:
 
 
 def own_graded_samples() -> dict:
-    import submissions
-    from submissions import packing
-    return {("solution", LAB): submissions.solved(LAB), ("untouched", LAB): submissions.student(LAB),
-            **packing.packed_samples(LAB, planted())}
-
-
-def graded_tests() -> list[str]:
-    return [c.metadata["nbgrader"]["grade_id"] for c in source_notebook(LAB).cells
-            if c.metadata.get("nbgrader", {}).get("grade")]
+    return lab_mistakes.own_graded_samples(LAB, planted())
 
 
 def test_every_section_plants_a_mistake_in_each_graded_test():
     """Each graded test of the lab has a planted mistake that loses it."""
-    from submissions import packing
-    lost = {t for loses, _ in planted().values() for t in packing.tests(loses)}
-    assert lost == set(graded_tests())
+    lab_mistakes.assert_every_test_has_a_mistake(LAB, planted())
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_grader_takes_from_each_mistake_exactly_its_tests(graded_samples):
-    from submissions import packing
-    rows = {student: row for (student, lab), row in graded_samples["rows"].items() if lab == LAB}
-    graded, mistakes = graded_tests(), planted()
-    expected = {"solution": set(), "untouched": set(graded),
-                **{sample: {t for name in group for t in packing.tests(mistakes[name][0])}
-                   for sample, group in packing.grouped(LAB, mistakes).items()}}
-    for student, lost in expected.items():
-        assert {t for t in graded if rows[student][t] != "pass"} == lost, (student, rows[student])
+    lab_mistakes.assert_each_mistake_loses_its_tests(graded_samples, LAB, planted())

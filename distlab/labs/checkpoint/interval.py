@@ -59,11 +59,16 @@ def lost_fraction_first_order(tau: float, delta: float, restart: float, mtbf: fl
 def best_interval(delta: float, restart: float, mtbf: float, grid: int = 2000) -> float:
     """The compute time between saves that minimises the exact ``lost_fraction``: a golden-section
     search (the function is unimodal in tau), from delta/1000 to 10 M."""
-    lo, hi = 1e-3 * max(delta, 1e-12), 10 * mtbf
+    return golden_minimum(lambda tau: lost_fraction(tau, delta, restart, mtbf),
+                          1e-3 * max(delta, 1e-12), 10 * mtbf, grid)
+
+
+def golden_minimum(f, lo: float, hi: float, rounds: int = 200) -> float:
+    """Where ``f``, unimodal on [lo, hi], is least: a golden-section search, to 1e-12 relative."""
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(grid):
+    for _ in range(rounds):
         a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if lost_fraction(a, delta, restart, mtbf) < lost_fraction(b, delta, restart, mtbf):
+        if f(a) < f(b):
             hi = b
         else:
             lo = a

@@ -20,6 +20,8 @@ import math
 import random
 import statistics
 
+from distlab.labs.checkpoint.interval import golden_minimum
+
 MODES = ("blocking", "async")
 
 
@@ -83,19 +85,6 @@ def plan_lost_fraction(tau: float, mode: str, problem: Problem) -> float:
     return 1 - tau / unit
 
 
-def _golden(f, lo: float, hi: float, rounds: int = 200) -> float:
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(rounds):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if f(a) < f(b):
-            hi = b
-        else:
-            lo = a
-        if hi - lo < 1e-12 * hi:
-            break
-    return (lo + hi) / 2
-
-
 def best_plan(problem: Problem, points: int = 400) -> tuple[float, str, float]:
     """(tau, mode, lost fraction) of the plan with the least expected loss, over both modes and
     every interval from a thousandth of the smallest cost to ten MTBFs."""
@@ -112,7 +101,7 @@ def best_plan(problem: Problem, points: int = 400) -> tuple[float, str, float]:
             return plan_lost_fraction(tau, mode, problem)
 
         k = min(range(points), key=lambda i: lost(grid[i]))
-        tau = _golden(lost, grid[max(k - 1, 0)], grid[min(k + 1, points - 1)])
+        tau = golden_minimum(lost, grid[max(k - 1, 0)], grid[min(k + 1, points - 1)])
         if best is None or lost(tau) < best[2]:
             best = (tau, mode, lost(tau))
     return best
