@@ -102,6 +102,15 @@ def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
     __tracebackhide__ = True  # noqa: F841
     return lab12_interval.grade_plan(plan_checkpoints, seed, "bar")
 
+# The lab's own grading budget (CONTRIBUTING.md, "The grading budget"; bench/grading_budget.py):
+# wall seconds for a full answer at --jobs 1 on an idle 2-core machine, above the course's 6 s.
+# What needs it: resharding loads on two world sizes (2 ranks save, 4 load and save, 2 load: 8
+# rank processes), and each restart case is a run killed by the launcher and a relaunch (4 rank
+# processes, a kill, asynchronous saves); every rank process costs about 0.4 CPU-s to start.
+# Measured 11.2 CPU-s and 16.9 s wall at load 4 to 5 (28 November 2026; 41% the restart's two
+# cases, 28% resharding, 13% the whole state).
+GRADING_BUDGET_S = 9.0
+
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).
 RANK_IMPORTS: tuple[str, ...] = (
     # Sections 1, 2 and 4 (measured for Section 4: a rank with nothing preloaded, after the
