@@ -314,3 +314,89 @@ def test_losses_whose_comparison_lies_never_reach_the_judge(tmp_path):
             judged(lab12.check_whole_state, *answer(LYING, "whole_state", "restore"))
     finally:
         judge.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The judge reads the checkpoints the student's ranks wrote: their .metadata is a pickle
+
+class _Payload:
+    """A .metadata whose unpickling runs code (here: leaves a mark), then gives the real one."""
+
+    def __init__(self, real: bytes, mark: str):
+        self.real, self.mark = real, mark
+
+    def __reduce__(self):
+        code = f"open({self.mark!r}, 'w').close()"
+        return (eval, (f"exec({code!r}, {{}}) or __import__('pickle').loads({self.real!r})",))
+
+
+def test_a_checkpoint_metadata_runs_no_code_where_it_is_read(tmp_path):
+    """``read_metadata`` (the judges' merges call it on what the ranks wrote) builds DCP's
+    records only: a pickle naming anything else is refused, and its code never runs."""
+    import pickle
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from distlab.labs.checkpoint.layout import merge_rank_folders
+    from distlab.labs.checkpoint.refusals import CheckpointRefused, read_metadata
+    folder, mark = tmp_path / "step_000002", tmp_path / "ran"
+    with pytest.warns(UserWarning):     # one process, no group: DCP says so
+        dcp.save({"w": torch.zeros(3, dtype=torch.float64), "step": 2},
+                 checkpoint_id=str(folder), no_dist=True)
+    assert read_metadata(str(folder)).state_dict_metadata.keys() == {"w", "step"}
+    real = (folder / ".metadata").read_bytes()
+    (folder / ".metadata").write_bytes(pickle.dumps(_Payload(real, str(mark))))
+    with pytest.raises(CheckpointRefused, match="builtins.eval is not part of"):
+        read_metadata(str(folder))
+    with pytest.raises(CheckpointRefused):
+        merge_rank_folders([str(folder)], str(tmp_path / "merged"))
+    assert not mark.exists()
+
+
+PICKLED = SAVE + '''
+MARK = os.environ["LAB12_ATTACK_MARK"]
+
+
+class Payload:
+    def __init__(self, real):
+        self.real = real
+
+    def __reduce__(self):
+        code = f"open({MARK!r}, 'w').close()"    # in the judge: anything at all
+        return (eval, (f"exec({code!r}, {{}}) or __import__('pickle').loads({self.real!r})",))
+
+
+def train_resumable(rank, world_size, root, steps, save_every, save, load, spec=RunSpec()):
+    import pickle
+    trainer, future = Trainer(rank, world_size, spec), None
+    while trainer.steps_done < steps:
+        trainer.step()
+        if trainer.steps_done % save_every == 0:
+            if future is not None:
+                future.result()
+                if rank == 0:
+                    path = os.path.join(folder, ".metadata")
+                    real = open(path, "rb").read()
+                    with open(path, "wb") as f:
+                        pickle.dump(Payload(real), f)
+            future, folder = save(trainer, root)
+    future.result()
+    return {"resumed_from": None, "losses": {}, "params": {}}
+
+
+def load_checkpoint(trainer, folder):
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_a_pickle_left_as_metadata_by_the_killed_run_runs_nothing_in_the_judge(tmp_path,
+                                                                              monkeypatch):
+    """The grader showed it: such a .metadata patched the check in the judge (4 points for a
+    loop that trained nothing after the kill). Now it is refused, unread."""
+    mark = tmp_path / "ran-in-the-judge"
+    monkeypatch.setenv("LAB12_ATTACK_MARK", str(mark))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckFailed, match="is no checkpoint the judge can read"):
+        judged(lab12.check_train_resumable, *answer(PICKLED, *RESTART))
+    assert not mark.exists()

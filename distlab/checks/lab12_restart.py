@@ -263,7 +263,11 @@ class _Workspace:
             if not any(os.path.exists(os.path.join(f, ".metadata")) for f in folders):
                 continue
             _plain_files(folders)
-            into = merge_rank_folders(folders, os.path.join(self.mine, tag, name))
+            try:
+                into = merge_rank_folders(folders, os.path.join(self.mine, tag, name))
+            except ValueError as err:    # CheckpointRefused too: its .metadata unreadable
+                raise CheckFailed(f"{name}, a save of the run that was killed, is no checkpoint "
+                                  f"the judge can read: {err}") from None
             for file in sorted(os.listdir(into)):
                 with open(os.path.join(into, file), "rb") as f:
                     files[f"{name}/{file}"] = f.read()
