@@ -19,9 +19,10 @@ owns now, exactly (a load copies bytes).
 Both ways in three launches: 2 ranks save state A; 4 ranks load it (2 -> 4) and, in the same
 launch, save state B; 2 ranks load that (4 -> 2). A is for the lab's model, B for one whose
 widths 4 does not divide (FSDP2's last of 4 ranks then holds fewer rows, or none). There is no
-hidden case: nothing in the check can be known ahead and written in (every value compared went
-through the student's save and load), and a second call would cost three launches more. A seed
-(tests) draws both states and A's widths afresh.
+hidden case: the call without a seed draws both states from a seed of the system's, new at every
+call (said in the verdict), so nothing in the check can be known ahead and written in (with a
+fixed seed, a load could draw the state itself with ``drawn_state`` and ignore the files), and a
+second call would cost three launches more. A seed (tests) draws both states and A's widths.
 """
 from __future__ import annotations
 
@@ -40,17 +41,18 @@ from distlab.labs.checkpoint.shards import (FOLDER_PREFIX, drawn_state, load_fil
                                             state_rows)
 from distlab.runtime.per_rank import PerRank, reference
 
-VISIBLE_SEED = 1200
 MAX_BYTES = 32 << 20      # a checkpoint of this model is tens of kilobytes
 UNEVEN = ((6, 10), (10, 6), (6, 14), (10, 18))   # (d, hidden): widths 4 does not divide
 
 
 def _cases(seed):
     """[(spec, the drawn state's seed, writers, readers)] of the two legs, and where."""
-    base = VISIBLE_SEED if seed is None else seed
+    import random
+    base = random.SystemRandom().randrange(1 << 30) if seed is None else seed
     d, hidden = UNEVEN[0 if seed is None else seed % len(UNEVEN)]
     legs = [(RunSpec(), base, 2, 4), (RunSpec(d=d, hidden=hidden), base + 1, 4, 2)]
-    return legs, ("the check's states" if seed is None else f"fresh states (seed {seed})")
+    return legs, (f"the check's states, drawn now (seed {base})" if seed is None
+                  else f"fresh states (seed {seed})")
 
 
 def _run(fn, world_size, what, *args, hint=""):

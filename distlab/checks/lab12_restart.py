@@ -10,9 +10,11 @@ checkpoint folder of its own (``lab12_restart_ranks``):
    The judge merges the ranks' folders, save by save (``layout.merge_rank_folders``): c is the
    newest save with ``.metadata``.
 2. relaunched: every rank gets the complete saves up to c and, newest of all, an unfinished one
-   (no ``.metadata``: a rank died writing it), which must be skipped. In the same ranks, first,
+   (no ``.metadata``: a rank died writing it), which must be skipped. In a launch of its own,
    the student's own clean restart from step c: a fresh trainer, the student's ``load`` of step
-   c's folder, ``trainer.step()`` to the end (course plumbing: no loop, no search).
+   c's folder, ``trainer.step()`` to the end (course plumbing: no loop, no search). Its own
+   processes: what it computes is the reference, and the loop's ranks (where the student's code
+   could find it in memory, or have ``load`` keep it) never hold it.
 
 Graded: the relaunch trained exactly steps - c steps (its loss ``all_reduce`` calls, from the
 launcher's record) and its losses and parameters equal the clean restart's to the last bit; every
@@ -31,7 +33,7 @@ import tempfile
 
 from distlab.checks.assertions import CheckFailed, verified
 from distlab.checks.course_code import CourseCode, names
-from distlab.checks.lab12_restart_ranks import FOLDER, MARKER, resumable_rank
+from distlab.checks.lab12_restart_ranks import FOLDER, clean_rank, resumable_rank
 
 STEP_PREFIX = "step_"
 WAIT = ("Wait for a save's future (future.result()) before starting the next save, and before "
@@ -76,9 +78,11 @@ def grade_train_resumable(train, save, load, seed: int | None = None, world_size
                 f"0 wrote). Does your loop call save(trainer, root) after every step that is a "
                 f"multiple of save_every, and do its saves finish? " + WAIT)
         planted = f"{STEP_PREFIX}{c + save_every:06d}"
-        relaunch = work.run(train, save, load, world_size, {
-            **files, f"{planted}/__0_0.distcp": b"unfinished: no .metadata"}, steps, save_every,
-            spec, what="the relaunch", restart_from=f"{STEP_PREFIX}{c:06d}")
+        clean = work.launch("your clean restart", clean_rank, world_size, files, load, steps,
+                            spec, f"{STEP_PREFIX}{c:06d}")
+        relaunch = work.launch("the relaunch", resumable_rank, world_size, {
+            **files, f"{planted}/__0_0.distcp": b"unfinished: no .metadata"}, train, save, load,
+            steps, save_every, spec)
         trained = _steps_trained(relaunch.comms)
     finally:
         work.close()
@@ -91,7 +95,7 @@ def grade_train_resumable(train, save, load, seed: int | None = None, world_size
                 f"{steps - c} steps; rank {rank} trained {count} (its loss all_reduce calls). "
                 + ("Does your loop resume from the newest complete checkpoint under root?"
                    if count > steps - c else "Does it train until steps_done reaches steps?"))
-    _same(relaunch, c, victim, kill_at)
+    _same(relaunch, clean, c, victim, kill_at)
     _all_waited(relaunch, "the relaunch")
     verified(f"rank {victim} killed by SIGKILL at step {kill_at}; the relaunch skipped the "
              f"unfinished {planted}, resumed from step {c} and trained {steps - c} steps; its "
@@ -102,23 +106,19 @@ def grade_train_resumable(train, save, load, seed: int | None = None, world_size
 
 
 def _steps_trained(comms: list[list]) -> list[int]:
-    """Per rank, the training steps of the loop the launcher's record shows: after the marker
-    (the clean restart's steps are before it), the Trainer's loss all_reduce, on the default
-    group from the main thread, one per step (an asynchronous save's calls are made from its
-    own thread, on its own group)."""
+    """Per rank, the training steps of the loop the launcher's record shows: the Trainer's loss
+    all_reduce, on the default group from the main thread, one per step (an asynchronous save's
+    calls are made from its own thread, on its own group)."""
     from distlab.runtime.kill import DEFAULT_GROUP
     counts = []
     for rank in comms:
-        marks = [i for i, c in enumerate(rank) if c.op == "broadcast"
-                 and [tuple(s) for s in c.shapes] == [MARKER]]
-        after = rank[marks[0] + 1:] if marks else rank
-        counts.append(sum(1 for c in after if c.op == "all_reduce"
+        counts.append(sum(1 for c in rank if c.op == "all_reduce"
                           and c.group_name == DEFAULT_GROUP and not c.threaded))
     return counts
 
 
-def _same(relaunch, c: int, victim: int, kill_at: int) -> None:
-    got, want = relaunch[0], relaunch[0]["clean"]
+def _same(relaunch, clean, c: int, victim: int, kill_at: int) -> None:
+    got, want = relaunch[0], clean[0]
     if got["losses"] != want["losses"]:
         differ = [s for s in sorted(set(got["losses"]) | set(want["losses"]))
                   if got["losses"].get(s) != want["losses"].get(s)]
@@ -158,6 +158,23 @@ def _overlap_hint(exc) -> str:
             "flight when a rank returns leaves its peers waiting. " + WAIT)
 
 
+def _plain_files(folders: list[str], entries: bool = True) -> None:
+    """The ranks' folders are their own (no links) and, with ``entries``, everything in them a
+    plain file: the judge copies them and hands them to the relaunch, so a link (to a file the
+    ranks may not read) is refused, never followed."""
+    import stat
+    for folder in folders:
+        inside = sorted(os.listdir(folder)) if entries and not os.path.islink(folder) else []
+        for path in [folder] + [os.path.join(folder, name) for name in inside]:
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode) or (path != folder and not stat.S_ISREG(mode)):
+                raise CheckFailed(
+                    f"{os.path.relpath(path, os.path.dirname(folder))!r}, left by a rank of the "
+                    f"run that was killed, is a link or a folder inside a save: a checkpoint is "
+                    f"the plain files dcp.save writes in the rank's own folder, and the judge "
+                    f"follows no link.")
+
+
 class _Workspace:
     """The runs' folders (the ranks' own, and the judge's merged copies), removed at the end."""
 
@@ -185,15 +202,14 @@ class _Workspace:
             roots.append(found[0] if len(found) == 1 else None)
         return roots
 
-    def run(self, train, save, load, world_size, files, steps, save_every, spec, what,
-            restart_from=None):
+    def launch(self, what, body, world_size, files, *args):
+        """``body(rank, world_size, tag, files, *args)`` on ranks of a launch of its own."""
         import distlab
         from distlab.checks.ranks import rank_timeout
         from distlab.runtime.outcome import HangError, RankError
         tag = self._tag()
         try:
-            out = distlab.run(resumable_rank, world_size, tag, files, train, save, load, steps,
-                              save_every, spec, restart_from, backend="gloo",
+            out = distlab.run(body, world_size, tag, files, *args, backend="gloo",
                               timeout=rank_timeout())
         except RankError as exc:
             raise CheckFailed(f"{what} failed: {exc}") from None
@@ -238,6 +254,7 @@ class _Workspace:
         None, "files": {"step_NNNNNN/name": bytes}}."""
         from distlab.labs.checkpoint.layout import merge_rank_folders
         roots = [r for r in self.rank_roots(tag, world_size) if r is not None]
+        _plain_files(roots, entries=False)
         steps = sorted({n for root in roots for n in os.listdir(root)
                         if n.startswith(STEP_PREFIX) and n[len(STEP_PREFIX):].isdigit()})
         files, newest = {}, None
@@ -245,7 +262,12 @@ class _Workspace:
             folders = [os.path.join(r, name) for r in roots if os.path.isdir(os.path.join(r, name))]
             if not any(os.path.exists(os.path.join(f, ".metadata")) for f in folders):
                 continue
-            into = merge_rank_folders(folders, os.path.join(self.mine, tag, name))
+            _plain_files(folders)
+            try:
+                into = merge_rank_folders(folders, os.path.join(self.mine, tag, name))
+            except ValueError as err:    # CheckpointRefused too: its .metadata unreadable
+                raise CheckFailed(f"{name}, a save of the run that was killed, is no checkpoint "
+                                  f"the judge can read: {err}") from None
             for file in sorted(os.listdir(into)):
                 with open(os.path.join(into, file), "rb") as f:
                     files[f"{name}/{file}"] = f.read()

@@ -1,9 +1,8 @@
 """The rank side of Lab 12's restart check: plumbing around the student's loop, no answer.
 
-Before the loop, a rank may first make the student's own clean restart from a given checkpoint:
-a fresh trainer, the student's ``load`` of that folder, the remaining steps (``clean_restart``);
-then a broadcast of ``MARKER`` (a shape nothing else sends) divides the launcher's record, so
-that the judge counts the loop's own training steps after it.
+The student's own clean restart from a given checkpoint (a fresh trainer, the student's ``load``
+of that folder, the remaining steps: ``clean_rank``) runs in a launch of its own: it is the
+reference the loop is compared with, so no process that runs the loop may hold it.
 
 Each rank runs the loop in a checkpoint folder of its own, ``lab12-TAG-rankR`` in its working
 directory (a confined rank's own folder while grading), after writing there the checkpoint
@@ -17,7 +16,6 @@ from __future__ import annotations
 import os
 
 FOLDER = "lab12-{tag}-rank{rank}"
-MARKER = (12, 34)       # the shape of the broadcast between the clean restart and the loop
 
 
 def rank_root(tag: str, rank: int, base: str | None = None) -> str:
@@ -90,24 +88,22 @@ def clean_restart(rank: int, world_size: int, root: str, folder: str, load, step
     return {"losses": losses, "params": trainer.full_params()}
 
 
-def resumable_rank(rank: int, world_size: int, tag: str, files: dict, train, save, load,
-                   steps: int, save_every: int, spec, restart_from: str | None = None) -> dict:
-    """The student's ``train(rank, world_size, root, steps, save_every, save, load, spec)`` in a
-    folder of this rank's own holding ``files``; what it returned, as plain data. With
-    ``restart_from`` (a step folder among ``files``): first ``clean_restart`` from it, in a
-    folder of its own, to ``steps`` (under "clean"), then the marker."""
+def clean_rank(rank: int, world_size: int, tag: str, files: dict, load, steps: int, spec,
+               folder: str) -> dict:
+    """``clean_restart`` from ``folder`` (a step folder among ``files``, written in a folder of
+    this rank's own) to ``steps``."""
     root = rank_root(tag, rank)
-    clean = None
-    if restart_from is not None:
-        os.makedirs(root + "-clean")
-        _write_files(root + "-clean", {k: v for k, v in files.items()
-                                       if k.startswith(restart_from + "/")})
-        first = int(restart_from.rsplit("_", 1)[1])
-        clean = clean_restart(rank, world_size, root + "-clean", restart_from, load,
-                              steps - first, spec)
-        import torch
-        import torch.distributed as dist
-        dist.broadcast(torch.zeros(MARKER, dtype=torch.int32), 0)
+    os.makedirs(root)
+    _write_files(root, {k: v for k, v in files.items() if k.startswith(folder + "/")})
+    first = int(folder.rsplit("_", 1)[1])
+    return clean_restart(rank, world_size, root, folder, load, steps - first, spec)
+
+
+def resumable_rank(rank: int, world_size: int, tag: str, files: dict, train, save, load,
+                   steps: int, save_every: int, spec) -> dict:
+    """The student's ``train(rank, world_size, root, steps, save_every, save, load, spec)`` in a
+    folder of this rank's own holding ``files``; what it returned, as plain data."""
+    root = rank_root(tag, rank)
     os.makedirs(root)
     _write_files(root, files)
     watched = WatchedSaves(save)
@@ -121,4 +117,4 @@ def resumable_rank(rank: int, world_size: int, tag: str, files: dict, train, sav
     return {"resumed_from": None if resumed is None else int(resumed),
             "losses": {int(k): float(v) for k, v in out["losses"].items()},
             "params": {str(k): v.detach().clone() for k, v in out["params"].items()},
-            "unwaited": watched.unwaited, "clean": clean}
+            "unwaited": watched.unwaited}
