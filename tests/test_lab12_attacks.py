@@ -3,14 +3,16 @@ tries to earn a test's points without doing its exercise, run through the check 
 it (the call guard of the check's COURSE_CODE on, the answer compiled under a notebook cell's file
 name, so that the guard counts it as the student's code), and must earn nothing.
 
-Attacks that the checks cannot stop yet are marked xfail(strict=True), the hole said in the
+Attacks that the checks cannot stop yet would be marked xfail(strict=True), the hole said in the
 reason. The restart check's attacks cost three launches of ranks each (one with a rank killed):
 they are marked slow. Each attack that stopped here earned its points in a real grading run
 (``distlab grade`` on a notebook made from the handout) before its fix: the link in a step folder
 (the relaunch's ranks read /proc/self/environ and /etc/passwd through the judge), the clean
 restart read from the loop's own process (by its caller's frame, or kept by the student's load),
 the resharding state drawn by load from the check's fixed seed, and a .metadata pickle that
-patched the restart check in the judge."""
+patched the restart check in the judge. Two attacks on Section 1 earned points until the resume
+was made on a trainer of another seed and hidden runs got seeds of their own: a state of the step
+alone, replayed from step 0, and the handout's stored run played back."""
 from __future__ import annotations
 
 import os
@@ -87,19 +89,11 @@ def restore(trainer, state):
 '''
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="hole: restore may train a fresh Trainer again from step 0 (the run "
-                   "is deterministic and its seeds are in trainer.spec): a state of the step "
-                   "alone resumes bit for bit, on every case")
 def test_a_state_of_the_step_alone_replayed_from_step_0_earns_nothing():
     assert not earns(lab12.check_whole_state, answer(REPLAY, "whole_state", "restore"),
                      seeds=(1,))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="hole: the stored run in the handout's data/ (losses of steps 1 to 7, "
-                   "parameters after 5, 6 and 7) is every case's reference, the hidden ones "
-                   "too, and restore may replace the trainer's step and full_params")
 def test_the_stored_run_played_back_by_a_patched_trainer_earns_nothing():
     assert not earns(lab12.check_whole_state, answer(STORED, "whole_state", "restore"),
                      seeds=(1,))

@@ -4,18 +4,20 @@
 ``whole_state(trainer) -> state`` and ``restore(trainer, state)`` for the FSDP2 ``Trainer`` of
 ``distlab.labs.checkpoint.run_state``. On real gloo ranks (``resume.resume_with``), the ranks
 train ``save_at`` steps, take the student's state, serialize it (``torch.save`` to bytes and
-back: data, never a live object), restore it into a fresh trainer, whose weights, generators and
-data position are those of step 0, and train to ``steps``. The judge compares the losses after
+back: data, never a live object), restore it into a fresh trainer of another seed (other weights
+and generators, the data position of step 0: a restore that replays the run from step 0 does
+not land on it), and train to ``steps``. The judge compares the losses after
 the resume and every parameter gathered whole at the end with the uninterrupted run's, to the
 last bit (float64, ``torch.equal``): a resume that is not bit-identical cannot hide in rounding.
 The step the restored trainer holds must be ``save_at``.
 
-The uninterrupted run is the course's, with no student code in it: stored (``resume`` in
-``data/12_checkpoint_restart``: 7 steps, the parameters after steps 5 to 7), so that a hidden case
-(the run stopped after step 3 or 4, then 2 or 3 steps more, drawn from the seed) costs one launch
-of the student's ranks and no run of the course's; where the stored run differs from what this
-machine computes (another CPU's kernels round other bits: ``distlab.checks.stored``), the course's
-run is made again here, on ranks of its own (``Ranks``' reference launcher), and decides.
+The uninterrupted run is the course's, with no student code in it: stored for the visible case
+(``resume`` in ``data/12_checkpoint_restart``: 7 steps, the parameters after steps 5 to 7); where
+the stored run differs from what this machine computes (another CPU's kernels round other bits:
+``distlab.checks.stored``), the course's run is made again here, on ranks of its own, and
+decides. A hidden case is a run of seeds drawn from the seed (the handout's stored run is not
+its reference), stopped after step 3 or 4 and trained 2 or 3 steps more; its uninterrupted run
+is made here, on ranks of its own.
 """
 from __future__ import annotations
 
@@ -67,17 +69,17 @@ def _uninterrupted(spec: RunSpec, world_size: int, steps: int, save_at: int,
 
 def _case(seed, world_size: int, steps: int, save_at: int):
     """(spec, world size, steps, save_at, where): the visible case, or a hidden one from
-    ``seed``: the same run (its uninterrupted run is stored up to step 7, so that grading needs
-    no run of the course's beside the student's) stopped after step 3 or 4 (on 2 ranks an epoch
-    is 2 steps, so Python's random has shuffled once more than a fresh trainer's by then), then
-    trained 2 or 3 steps more (so that a new epoch starts after the resume and its shuffle reads
-    that state)."""
+    ``seed``: a run of seeds drawn from it (no stored run is its reference) stopped after step 3
+    or 4 (on 2 ranks an epoch is 2 steps, so Python's random has shuffled once more than a fresh
+    trainer's by then), then trained 2 or 3 steps more (so that a new epoch starts after the
+    resume and its shuffle reads that state)."""
     if seed is None:
         return RunSpec(), world_size, steps, save_at, "the stored run"
     save_at = 3 + seed % 2
     steps = save_at + 2 + (seed // 2) % 2
-    return (RunSpec(), world_size, steps, save_at,
-            f"the stored run stopped after step {save_at} (seed {seed})")
+    spec = RunSpec(seed=1000 + seed % 10**6, data_seed=2 * 10**6 + seed % 10**6)
+    return (spec, world_size, steps, save_at,
+            f"a fresh run of seed {spec.seed} stopped after step {save_at} (seed {seed})")
 
 
 def _resumed(whole_state, restore, spec, world_size, steps, save_at, what):
@@ -98,8 +100,9 @@ SERIALIZE_HINT = ("torch.save could not write your state: a checkpoint holds dat
 FIRST_STEP = ("The first step after the resume already differs. What does a step read and draw? "
               "Its rows (the data position), the noise added to them (the trainer's own "
               "generator, trainer.noise), the dropout masks (torch's global generator), the "
-              "weights and AdamW's moments. A fresh Trainer re-seeds every generator and starts "
-              "the data at step 0: whatever your state leaves out comes back as it was then.")
+              "weights and AdamW's moments. The check resumes on a fresh Trainer of another "
+              "seed, its data at step 0: whatever your state leaves out stays as that trainer "
+              "has it.")
 RESHUFFLE = ("Step {k} starts a new epoch: its rows are shuffled again with Python's random "
              "(DataPosition.next_rows), whose state is part of the run's too.")
 LATER = ("What does that step read that the ones before did not? AdamW's moments and its step "
@@ -150,6 +153,9 @@ def grade_whole_state(whole_state, restore, seed=None, world_size=VISIBLE["world
                           f"ranks; call the check as the test cell does")
     out = _resumed(whole_state, restore, spec, world_size, steps, save_at,
                    f"whole_state and restore on {world_size} ranks ({where})")
+    if seed is not None:       # a hidden run: its reference made here, with no student code
+        return _compare(out, _uninterrupted(spec, world_size, steps, save_at), spec, world_size,
+                        steps, save_at, where)
     try:
         return _compare(out, _stored(steps, save_at), spec, world_size, steps, save_at, where)
     except CheckFailed:

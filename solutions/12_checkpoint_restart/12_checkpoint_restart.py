@@ -83,8 +83,9 @@
 # The model's and optimizer's shards are state dicts keyed
 # by parameter name whose values are `DTensor`s (each rank's rows, with the tensor's global
 # shape), so that another world size can read them. Every rank later calls `restore` on a
-# **fresh** `Trainer` of the same run and world size (weights, generators and data as at step 0)
-# with the state it took, saved and loaded; from then on the fresh trainer's steps give the
+# **fresh** `Trainer` of the same data and world size but another seed (`spec.restarted()`: its
+# weights and generators are not the run's, its data position is step 0's) with the state it
+# took, saved and loaded; from then on the fresh trainer's steps give the
 # same losses and parameters as the uninterrupted run's, to the last bit, and
 # `trainer.steps_done` is the step the state was taken after.
 #
@@ -93,8 +94,8 @@
 # it into a fresh trainer and train steps 4 to 6. In the grader, beside the course's
 # uninterrupted run of 6 steps (stored; made again on the grader's machine if this machine
 # rounds otherwise), the three losses and every parameter gathered at the end must be equal
-# with `torch.equal`: not close, equal. Hidden: the same run stopped after step 3 or 4, then
-# two or three steps more (a new epoch always starts after the resume).
+# with `torch.equal`: not close, equal. Hidden: a run of other seeds stopped after step 3 or 4,
+# then two or three steps more (a new epoch always starts after the resume).
 #
 # **Why it matters.** A resume that is almost right is a silent fork: the run you get is
 # statistically like the one you lost, but a bug hunt, an ablation or a bisection of a loss

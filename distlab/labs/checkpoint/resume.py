@@ -3,8 +3,10 @@ took, and the uninterrupted run it must equal.
 
 ``resume_with`` trains ``save_at`` steps, takes the state, and serializes it (``torch.save`` to
 bytes and back, as a checkpoint on disk would: what comes back is data, never the live objects
-the trainer holds); then a fresh ``Trainer`` (weights, generators and data as at step 0) gets
-that state through ``restore`` and trains to ``steps``. ``uninterrupted`` trains the same run to
+the trainer holds); then a fresh ``Trainer`` of another seed (``RunSpec.restarted``: the same
+data, other weights and generators, the data position at step 0) gets that state through
+``restore`` and trains to ``steps``: only the state can make it the run again, so that a restore
+that trains from step 0 anew does not land on the run. ``uninterrupted`` trains the same run to
 ``steps`` without stopping: the course's run, with no student code in it.
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ def resume_with(rank: int, world_size: int, whole_state, restore, spec: RunSpec,
         first.step()
     state, size = serialized(whole_state(first))
     del first
-    second = Trainer(rank, world_size, spec)
+    second = Trainer(rank, world_size, spec.restarted())
     restore(second, state)
     restored_step = second.steps_done
     losses = [second.step() for _ in range(steps - save_at)]

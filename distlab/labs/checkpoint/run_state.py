@@ -54,6 +54,16 @@ class RunSpec:
     lr: float = 1e-2
     dtype: torch.dtype = torch.float64
     device: str = "cpu"   # "cuda": each rank on its current GPU, NCCL (tests/test_gpu.py)
+    # the dataset's own seed (None: seed + 1), so that a run can restart on a trainer of another
+    # seed (other weights and generators) that reads the same data (Section 1's check)
+    data_seed: int | None = None
+
+    def restarted(self, offset: int = 7919) -> "RunSpec":
+        """The same run's data, another seed for everything else: a fresh trainer whose weights,
+        generators and data position are not the run's until a state makes them so."""
+        return dataclasses.replace(self, seed=self.seed + offset,
+                                   data_seed=self.seed + 1 if self.data_seed is None
+                                   else self.data_seed)
 
     def model(self) -> nn.Sequential:
         """The same initial weights in every process (the global RNG left untouched)."""
@@ -64,7 +74,8 @@ class RunSpec:
 
     def dataset(self) -> tuple[torch.Tensor, torch.Tensor]:
         """x (samples, d) and y = a fixed smooth function of x plus noise (samples, d)."""
-        g = torch.Generator().manual_seed(self.seed + 1)
+        g = torch.Generator().manual_seed(self.seed + 1 if self.data_seed is None
+                                          else self.data_seed)
         x = torch.randn(self.samples, self.d, generator=g, dtype=self.dtype)
         return x, torch.sin(x) + 0.1 * torch.randn(x.shape, generator=g, dtype=self.dtype)
 
