@@ -22,8 +22,10 @@ def _count_up(rank, world_size, root, calls):
     t = torch.zeros(1)
     for i in range(1, calls + 1):
         dist.all_reduce(t)
-        with open(os.path.join(root, f"rank{rank}"), "w") as f:
+        path = os.path.join(root, f"rank{rank}")
+        with open(path + ".tmp", "w") as f:
             f.write(str(i))
+        os.replace(path + ".tmp", path)   # whole or the last one: a kill mid-write leaves no ''
     return calls
 
 
