@@ -47,7 +47,8 @@ DESIGN_TESTS = {"05_pipeline_parallel": ("test_budget_step", "test_budget_step_b
                 "08_sharded_data_parallel": ("test_design", "test_design_bar"),
                 "09_expert_parallel": ("test_padded_moe", "test_padded_moe_bar"),
                 "10_context_parallel": ("test_causal_layout", "test_causal_layout_better"),
-                "11_pipeline_schedules": ("test_capped_schedule", "test_capped_schedule_bar")}
+                "11_pipeline_schedules": ("test_capped_schedule", "test_capped_schedule_bar"),
+                "12_checkpoint_restart": ("test_checkpoint_plan", "test_checkpoint_plan_bar")}
 # A figure measured on ranks, not on paper, as it may differ between two runs: Lab 8's peak (a
 # run in eight measures about 1 KB more, by when the ranks' buffers are freed).
 MEASURED = {"08_sharded_data_parallel": r"(?<=peak )[\d,]+(?= bytes per rank)"}
