@@ -111,7 +111,7 @@ def table(costs: dict, starts: dict, labs: list[str]) -> None:
         points = f"{full['score']:g}/{full['max']:g}" if full["max"] is not None else "?"
         budget = lab_budget(lab)
         within = (("yes" if full["seconds"] <= budget else f"NO (+{full['seconds'] - budget:.1f} s)")
-                  + ("" if budget == BUDGET_S else f" of its own {budget:g} s"))
+                  + ("" if budget == BUDGET_S else f" (its own {budget:g} s)"))
         print(f"| {lab} | {full['seconds']:.1f} | {full['cpu_seconds']:.1f} | {points} | "
               f"{blank['seconds']:.1f} | {blank['cpu_seconds']:.1f} | {within} | {shares(full)} |")
         for key, value in zip(totals, (full["seconds"], full["cpu_seconds"], blank["seconds"],

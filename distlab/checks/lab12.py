@@ -107,8 +107,8 @@ def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
 # What needs it: resharding loads on two world sizes (2 ranks save, 4 load and save, 2 load: 8
 # rank processes), and each restart case is a run killed by the launcher and a relaunch (4 rank
 # processes, a kill, asynchronous saves); every rank process costs about 0.4 CPU-s to start.
-# Measured 11.2 CPU-s and 16.9 s wall at load 4 to 5 (28 November 2026; 41% the restart's two
-# cases, 28% resharding, 13% the whole state).
+# Measured 8.3 s wall and 12.6 CPU-s at load 1.3 (bench/grading_budget.py, 28 November 2026,
+# 2-core AMD EPYC; 42% the restart's two cases, 27% resharding, 19% the whole state).
 GRADING_BUDGET_S = 9.0
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).
