@@ -95,6 +95,7 @@ def test_the_scale_on_every_graded_problem(seed):
     assert kinds[0] == MODES.index("async") and kinds[1] == MODES.index("blocking")
 
 
+@pytest.mark.stored_data
 def test_stored_figures_are_the_codes():
     from distlab.checks.stored import load
     stored = load(LAB, lab12_interval.DESIGN_SET)

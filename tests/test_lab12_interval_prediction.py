@@ -51,6 +51,7 @@ def test_the_tolerance_admits_both_models_and_refuses_each_mistake(seed):
             assert abs(_wrong(case, name) - exact) > 2 * tol, (case, name)
 
 
+@pytest.mark.stored_data
 def test_the_visible_cases_are_stored_as_the_model_computes_them():
     from distlab.checks.stored import load
     stored = load(LAB, lab12_interval.PREDICTION_SET)
