@@ -291,8 +291,8 @@ PLANS = "distlab.labs.checkpoint.plans"
 MODELS = (names(INTERVAL, "lost_fraction", "lost_fraction_first_order", "best_interval")
           + names(PLANS, "plan_lost_fraction", "best_plan", "hinted_plan")
           + names(__name__, "_exact", "plan_scale"))
-SIMULATIONS = (names(INTERVAL, "simulate_lost_fraction", "_segment_time")
-               + names(PLANS, "simulate_plan", "_failure_free", "_restart"))
+SIMULATIONS = (names(INTERVAL, "simulate_lost_fraction", "failure_free_time", "restart_time")
+               + names(PLANS, "simulate_plan"))
 COURSE_CODE = {
     "check_lost_prediction": CourseCode(forbidden=MODELS, watched=SIMULATIONS),
     "check_checkpoint_plan": CourseCode(forbidden=MODELS, watched=SIMULATIONS),

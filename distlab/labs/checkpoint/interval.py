@@ -83,7 +83,7 @@ def _check(tau, delta, restart, mtbf) -> None:
                          f"delta={delta}, R={restart}, M={mtbf}")
 
 
-def _segment_time(rng: random.Random, length: float, restart: float, mtbf: float) -> float:
+def failure_free_time(rng: random.Random, length: float, restart: float, mtbf: float) -> float:
     """Wall-clock time to get ``length`` of failure-free time, each failure costing what ran
     since the segment began plus a restart (which a failure may interrupt too)."""
     spent = 0.0
@@ -91,13 +91,17 @@ def _segment_time(rng: random.Random, length: float, restart: float, mtbf: float
         failure = rng.expovariate(1 / mtbf)
         if failure >= length:
             return spent + length
+        spent += failure + restart_time(rng, restart, mtbf)
+
+
+def restart_time(rng: random.Random, restart: float, mtbf: float) -> float:
+    """Wall-clock time of a restart that failures interrupt, each starting it again."""
+    spent = 0.0
+    while True:
+        failure = rng.expovariate(1 / mtbf)
+        if failure >= restart:
+            return spent + restart
         spent += failure
-        while True:                      # the restart, itself interrupted by failures
-            failure = rng.expovariate(1 / mtbf)
-            if failure >= restart:
-                spent += restart
-                break
-            spent += failure
 
 
 def simulate_lost_fraction(tau: float, delta: float, restart: float, mtbf: float,
@@ -107,7 +111,7 @@ def simulate_lost_fraction(tau: float, delta: float, restart: float, mtbf: float
     independent, and lost = 1 - tau / mean)."""
     _check(tau, delta, restart, mtbf)
     rng = random.Random(seed)
-    times = [_segment_time(rng, tau + delta, restart, mtbf) for _ in range(segments)]
+    times = [failure_free_time(rng, tau + delta, restart, mtbf) for _ in range(segments)]
     mean = statistics.fmean(times)
     error = statistics.stdev(times) / math.sqrt(segments)
     return 1 - tau / mean, tau / mean ** 2 * error

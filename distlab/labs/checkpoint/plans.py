@@ -20,7 +20,7 @@ import math
 import random
 import statistics
 
-from distlab.labs.checkpoint.interval import golden_minimum
+from distlab.labs.checkpoint.interval import failure_free_time, golden_minimum, restart_time
 
 MODES = ("blocking", "async")
 
@@ -118,26 +118,6 @@ def hinted_plan(problem: Problem) -> tuple[float, str]:
 # ---------------------------------------------------------------------------------------------
 # The failures drawn: the measurement that checks the model
 
-def _failure_free(rng: random.Random, length: float, restart: float, mtbf: float) -> float:
-    """Wall-clock time to get ``length`` failure-free, starting afresh after each failure with a
-    restart (which failures interrupt too)."""
-    spent = 0.0
-    while True:
-        failure = rng.expovariate(1 / mtbf)
-        if failure >= length:
-            return spent + length
-        spent += failure + _restart(rng, restart, mtbf)
-
-
-def _restart(rng: random.Random, restart: float, mtbf: float) -> float:
-    spent = 0.0
-    while True:
-        failure = rng.expovariate(1 / mtbf)
-        if failure >= restart:
-            return spent + restart
-        spent += failure
-
-
 def simulate_plan(tau: float, mode: str, problem: Problem, checkpoints: int = 20000,
                   seed: int = 0) -> tuple[float, float]:
     """Monte Carlo of the run: failures drawn from an exponential distribution (``seed``) until
@@ -155,7 +135,8 @@ def simulate_plan(tau: float, mode: str, problem: Problem, checkpoints: int = 20
         if failure >= period:          # the next checkpoint durable a period later
             times.append(period)
         else:                          # back to this checkpoint, then afresh: a period and a write
-            times.append(failure + _restart(rng, r, m) + _failure_free(rng, period + write, r, m))
+            times.append(failure + restart_time(rng, r, m)
+                         + failure_free_time(rng, period + write, r, m))
     mean = statistics.fmean(times)
     error = statistics.stdev(times) / math.sqrt(checkpoints)
     return 1 - tau / mean, tau / mean ** 2 * error
