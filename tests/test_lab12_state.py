@@ -70,8 +70,8 @@ def test_the_solution_passes_the_stored_run_and_fresh_ones():
         line = lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=seed)
         _, _, steps, save_at, _ = lab12_state._case(seed, 2, 6, 3)
         assert f"resumed after step {save_at} of {steps}" in line and f"seed {seed}" in line
-        # compared with the stored run: no run of the course's was needed on this machine
-        assert "made again" not in line, line
+        # a run of seeds of its own, its uninterrupted run made here: not the stored run
+        assert "a fresh run of seed" in line and "stored" not in line, line
 
 
 def test_hidden_cases_vary_where_the_run_stops_and_how_long_it_goes_on():
@@ -85,8 +85,10 @@ def test_hidden_cases_vary_where_the_run_stops_and_how_long_it_goes_on():
     for spec, ws, steps, save_at, _ in cases:
         starts = epoch_starts(spec, ws, steps)
         assert any(k <= save_at for k in starts) and any(k > save_at for k in starts)
-    # every case ends within the stored run: no run of the course's beside the student's
-    assert max(steps for _, _, steps, _, _ in cases) <= lab12_state.STORED_STEPS
+    # a run of seeds of its own: the handout's stored run is no hidden case's reference
+    stored = lab12_state._case(None, 2, 6, 3)[0]
+    assert all(spec.seed != stored.seed and spec.dataset()[0].ne(stored.dataset()[0]).any()
+               for spec, *_ in cases)
 
 
 @pytest.mark.parametrize("name,edits,says", MISTAKES, ids=[m[0] for m in MISTAKES])
@@ -138,17 +140,29 @@ def test_what_each_part_of_the_state_is_for():
     assert "none: bit-identical" in forgetting_table(runs, 3)
 
 
+@pytest.mark.stored_data
 def test_the_stored_run_is_the_uninterrupted_run_made_now():
-    """The visible case's stored run (``distlab references``) is what the course's run gives on
-    this machine, to the last bit."""
+    """The visible case's stored run (``distlab references``) is what the course's run gives: its
+    losses to float64's rounding on any CPU, its parameters to the last bit where the kernels
+    are the writer's. Elsewhere AdamW's normalised first steps carry another CPU's last bits
+    into the parameters' sixth digit (ATEN_CPU_CAPABILITY=default: 1.9e-6 relative), and the
+    check must make the run again on this machine and grade against that."""
     import torch
     from distlab.labs.checkpoint.run_state import RunSpec
-    for steps, save_at in ((6, 3), (7, 4), (5, 3)):
-        stored = lab12_state._stored(steps, save_at)
+    steps = lab12_state.VISIBLE["steps"]
+    exact = True
+    for save_at in (3, 4):
+        stored = lab12_state._stored(save_at)
         now = lab12_state._uninterrupted(RunSpec(), 2, steps, save_at)
-        assert list(stored["losses"]) == list(now["losses"]) and len(now["losses"]) == steps - save_at
+        assert len(now["losses"]) == steps - save_at
+        torch.testing.assert_close(torch.tensor(list(stored["losses"])),
+                                   torch.tensor(now["losses"]), rtol=1e-12, atol=0)
         assert stored["params"].keys() == now["params"].keys()
-        assert all(torch.equal(stored["params"][k], now["params"][k]) for k in now["params"])
+        exact &= all(torch.equal(stored["params"][k], now["params"][k]) for k in now["params"])
+    if not exact:
+        ns = namespace()
+        line = lab12.check_whole_state(ns["whole_state"], ns["restore"])
+        assert "the stored run, made again on this machine" in line, line
 
 
 def test_a_machine_that_rounds_otherwise_makes_the_run_again(monkeypatch):
@@ -157,8 +171,8 @@ def test_a_machine_that_rounds_otherwise_makes_the_run_again(monkeypatch):
     import torch
     real = lab12_state._stored
 
-    def other_cpu(steps, save_at):
-        stored = real(steps, save_at)
+    def other_cpu(save_at):
+        stored = real(save_at)
         stored["params"] = {k: v + torch.finfo(torch.float64).eps * v.abs()
                             for k, v in stored["params"].items()}
         return stored

@@ -47,17 +47,12 @@ def resume_with(rank: int, world_size: int, whole_state, restore, spec: RunSpec,
             "bytes": size}
 
 
-def uninterrupted(rank: int, world_size: int, spec: RunSpec, steps: int, save_at: int,
-                  keep: tuple[int, ...] = ()) -> dict:
+def uninterrupted(rank: int, world_size: int, spec: RunSpec, steps: int, save_at: int) -> dict:
     """The same run trained to ``steps`` without stopping: the losses of steps ``save_at + 1``
-    on, every parameter gathered whole at the end, and after each step in ``keep`` too."""
+    on, and every parameter gathered whole at the end."""
     trainer = Trainer(rank, world_size, spec)
-    losses, kept = [], {}
-    for _ in range(steps):
-        losses.append(trainer.step())
-        if trainer.steps_done in keep:
-            kept[trainer.steps_done] = trainer.full_params()
-    return {"losses": losses[save_at:], "params": trainer.full_params(), "kept": kept}
+    losses = [trainer.step() for _ in range(steps)]
+    return {"losses": losses[save_at:], "params": trainer.full_params()}
 
 
 def epoch_starts(spec: RunSpec, world_size: int, steps: int) -> list[int]:
