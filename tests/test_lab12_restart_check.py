@@ -84,9 +84,9 @@ def test_the_solution_passes_the_visible_case_and_a_fresh_one(tmp_path, monkeypa
 def test_the_kill_step_leaves_a_save_before_it_and_two_steps_after():
     from distlab.checks.lab12_restart import kill_case
     drawn = {kill_case(seed, 2, 10, 2)[:2] for seed in range(200)}
-    assert drawn == {(v, s) for v in (0, 1) for s in range(5, 9)}
-    with pytest.raises(ValueError, match="steps >= 2 \\* save_every \\+ 3"):
-        kill_case(1, 2, 6, 2)
+    assert drawn == {(v, s) for v in (0, 1) for s in range(6, 9)}
+    with pytest.raises(ValueError, match="steps >= 2 \\* save_every \\+ 4"):
+        kill_case(1, 2, 7, 2)
 
 
 @pytest.mark.parametrize("name,edits,says", MISTAKES, ids=[m[0] for m in MISTAKES])

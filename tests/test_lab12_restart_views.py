@@ -37,9 +37,12 @@ def test_a_rank_killed_and_relaunched_lands_on_the_uninterrupted_run(functions, 
     matplotlib.use("Agg")
     run = kill_and_relaunch(*functions, str(tmp_path), steps=8, save_every=2, kill_at=6)
     assert "rank 1 died: its process was killed by SIGKILL" in run["message"]
+    # the newest complete save: step 4's may still be in flight when the kill lands (under
+    # load it was, in CI), and then the relaunch goes back to step 2
+    complete = [int(r["folder"][5:]) for r in run["left"] if r["complete"] == "yes"]
     resumed = run["relaunched"]["resumed_from"]
-    assert resumed in (4, 6) and run["trained"] == [8 - resumed] * 2
-    assert {"folder": f"step_{resumed:06d}", "complete": "yes"} in run["left"]
+    assert resumed == max(complete) and resumed in (2, 4, 6)
+    assert run["trained"] == [8 - resumed] * 2
     assert same_to_the_bit(run)
     ax = plot_restart(run)
     assert [len(line.get_xdata()) for line in ax.lines[:2]] == [8, 8 - resumed]
@@ -52,8 +55,10 @@ def test_under_torchrun_the_agent_restarts_the_students_loop(functions, tmp_path
                              crash_at=(1, 6))
     assert any("exitcode: -9" in line for line in under["agent"]), under["agent"]
     result = under["result"]
-    # killed as it was about to save step 6: step 4's save is the newest complete one
-    assert result["restart"] == 1 and result["resumed_from"] == 4
-    assert result["losses"] == {s: clean["losses"][s] for s in range(5, 9)}
+    # killed as it was about to save step 6, after its own wait for step 4's save: step 4 is
+    # the newest complete one unless the agent stopped rank 0 before it wrote .metadata
+    resumed = result["resumed_from"]
+    assert result["restart"] == 1 and resumed in (2, 4)
+    assert result["losses"] == {s: clean["losses"][s] for s in range(resumed + 1, 9)}
     for name, value in clean["params"].items():
         assert torch.equal(result["params"][name], value), name

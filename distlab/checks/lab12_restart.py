@@ -44,17 +44,18 @@ COURSE_CODE = {"check_train_resumable": CourseCode(forbidden=names(
 
 
 def kill_case(seed: int | None, world_size: int, steps: int, save_every: int) -> tuple:
-    """(victim, step, run seed): the visible case, or drawn from ``seed``: a step after the
-    second save, so that at least one save has surely finished (a loop waits for a save before
-    it starts the next), and two before the end, so that the signal, sent as the launcher reads
-    that the step began, lands before the run is over."""
+    """(victim, step, run seed): the visible case, or drawn from ``seed``: two or more steps
+    after the second save, so that the first has surely finished on every rank (a loop waits
+    for a save before it starts the next, rank 0's wait covers its ``.metadata``, and the loss
+    all_reduce of the step between needs rank 0 past that wait), and two before the end, so that
+    the signal, sent as the launcher reads that the step began, lands before the run is over."""
     if seed is None:
         return VISIBLE["victim"], VISIBLE["kill_at"], 0
-    if steps - 2 < 2 * save_every + 1:
-        raise ValueError(f"steps={steps}, save_every={save_every}: a kill after the second "
-                         f"save and two steps before the end needs steps >= 2 * save_every + 3")
+    if steps - 2 < 2 * save_every + 2:
+        raise ValueError(f"steps={steps}, save_every={save_every}: a kill two steps after the "
+                         f"second save and two before the end needs steps >= 2 * save_every + 4")
     rng = random.Random(seed)
-    return (rng.randrange(world_size), rng.randint(2 * save_every + 1, steps - 2),
+    return (rng.randrange(world_size), rng.randint(2 * save_every + 2, steps - 2),
             rng.randrange(1000))
 
 
