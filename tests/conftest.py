@@ -95,8 +95,8 @@ def _digest(path: Path) -> str:
 # - "special": the special cases of tests/submissions (``special_samples``);
 # - "attacks": Lab 1's attacks beside the honest ``bystander`` (tests/submissions/attacks.py);
 #   the bystander is Lab 1's ``solution`` too (the same notebook, graded once);
-# - "delegation": every delegable lab answered with the course's own code, by each route
-#   (tests/submissions/delegation.py).
+# - "delegation": every delegable lab answered with the course's own code, each by two routes or
+#   more, each route on three labs or more (tests/submissions/delegation.py's design()).
 # A module may add samples of its own: its ``own_graded_samples()`` returns {(student, lab):
 # notebook} (a lab's planted mistakes), graded in the same run.
 SAMPLE_KINDS = ("labs", "special", "attacks", "delegation")
@@ -115,7 +115,7 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
     labs = notebooks.labs()
     for lab, files in notebooks.build_student_notebooks(labs).items():
         notebooks.write_student_notebooks(lab, files, out=released)
-    samples, expected, mixed = {}, {}, []
+    samples, expected, mixed, delegations = {}, {}, [], []
     with submissions.released_from(released):
         if "labs" in kinds:
             for lab in labs:
@@ -131,6 +131,7 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
         if "delegation" in kinds:
             for key, (nb, zeroed) in delegation.delegation_samples().items():
                 samples[key], expected[key] = nb, zeroed
+                delegations.append(key)
         kind_of = {key: _kind(key, set(expected) - set(mixed)) for key in samples}
         for make in own:
             for key, nb in make().items():
@@ -146,9 +147,12 @@ def write_samples(root: Path, kinds=SAMPLE_KINDS, own=()) -> dict:
     # worker start, one judge), and the run starts the students with the most labs first. The
     # special cases and the labs' planted mistakes (each one lab with one thing wrong) share
     # folders, no lab twice in one: a student with a hang in Lab 1 and a mistake in Lab 8 is
-    # graded as two students would be, for a worker start less (the attacks keep one each).
+    # graded as two students would be, for a worker start less (the attacks keep one each). The
+    # delegation samples (a student per route, each on a few labs) share folders of their own the
+    # same way: as many folders as a lab has routes (two), not one per route (eight).
     folders = {key: key[0] for key in samples}
     folders.update(_mixed_folders(mixed))
+    folders.update(_mixed_folders(delegations, "delegates"))
     for key, nb in samples.items():
         submissions.write(nb, subs, folders[key], key[1])
     if ("bystander", attacks.LAB) in folders:
@@ -187,8 +191,9 @@ def costs_by_kind(work: Path, folders: dict, kind_of: dict) -> str:
         sorted(spent.items(), key=lambda kv: -kv[1][2]))
 
 
-def _mixed_folders(keys: list) -> dict:
-    """{(student, lab): "mixedN"}: ``keys`` in as few folders as hold each lab once."""
+def _mixed_folders(keys: list, name: str = "mixed") -> dict:
+    """{(student, lab): "mixedN"} (``name`` then N): ``keys`` in as few folders as hold each lab
+    once."""
     labs_in: list[set] = []
     folders = {}
     for student, lab in keys:
@@ -196,7 +201,7 @@ def _mixed_folders(keys: list) -> dict:
         if n == len(labs_in):
             labs_in.append(set())
         labs_in[n].add(lab)
-        folders[(student, lab)] = f"mixed{n + 1}"
+        folders[(student, lab)] = f"{name}{n + 1}"
     return folders
 
 

@@ -72,3 +72,20 @@ def test_the_slurm_skip_says_what_to_install_and_where_it_is_explained(monkeypat
     why = slurm_cluster.missing()
     assert "sudo apt-get install slurm-wlm munge" in why and INSTALL_HELP in why
 
+
+
+def test_the_delegation_sample_counts_are_the_designs():
+    """The README's count of the grading run's delegation samples, before the covering design and
+    with it, is tests/submissions/delegation.py's."""
+    from submissions import delegation
+    found = re.search(r"delegation samples have since gone from (\d+) notebooks \(every route on\s+"
+                      r"every lab\)\s+to (\d+) \(each lab by (\w+) routes, each route on (\w+) labs",
+                      README)
+    assert found, "the README's sentence on the delegation samples changed: update this test"
+    design = delegation.design()
+    words = {"two": 2, "three": 3, "four": 4}
+    assert int(found[1]) == len(delegation.ROUTES) * len(delegation.DELEGATED)
+    assert int(found[2]) == sum(len(routes) for routes in design.values())
+    assert {len(routes) for routes in design.values()} == {words[found[3]]}
+    assert {sum(r in routes for routes in design.values()) for r in delegation.ROUTES} == \
+        {words[found[4]]}

@@ -1,7 +1,12 @@
 """Submissions that hand in the course's own implementations as their answers.
 
 For every lab, every graded exercise that the package ships an implementation of (or whose check
-has a reference function) is answered by that implementation, by one route per sample:
+has a reference function) is answered by that implementation, by one route per sample. A lab is
+sampled by a few of the routes, not all (``design()``, chosen by ``covering_design``): every lab by
+two different routes or more, every route on three labs or more, and every route that makes a
+class otherwise than a function on a lab with a class answer and on one with a function answer.
+So every route, every lab and every delegated object is graded, in a fraction of the notebooks
+that every route on every lab would take (24 of 96 with 8 routes and 12 labs). The routes:
 
 - ``alias``: ``from distlab... import Thing as answer``;
 - ``importlib``: a function whose body finds the course's function with ``importlib`` and
@@ -27,6 +32,9 @@ schedules, Lab 8's three ZeRO classes, and Lab 12's save/load on a model and opt
 checkpoint plan have no shipped implementation of their signature to delegate to.
 """
 from __future__ import annotations
+
+from collections import Counter
+from functools import cache
 
 import nbformat
 
@@ -202,7 +210,7 @@ def _is_class(target: str) -> bool:
     return isinstance(resolve(target), type)
 
 
-def _run_time_copy(name: str, target: str, route: str) -> str:
+def _run_time_copy(name: str, target: str, route: str, as_class: bool) -> str:
     """Code that rebuilds ``target`` as ``name`` at run time: from its source text (asked of
     ``inspect`` or read from the instructor's file), its code object, or an eval."""
     from distlab import paths
@@ -214,10 +222,10 @@ def _run_time_copy(name: str, target: str, route: str) -> str:
                   f"open({str(paths.PACKAGE.joinpath(*module.split('.')[1:]))!r} + '.py').read()")
         return head + namespace + f"exec({source}, _ns_{name})\n{name} = _ns_{name}[{qualname!r}]"
     if route == "eval":
-        made = f"type({name!r}, (_course_{name},), {{}})" if _is_class(target) else \
+        made = f"type({name!r}, (_course_{name},), {{}})" if as_class else \
             f"lambda *a, **k: _course_{name}(*a, **k)"
         return head + f"{name} = eval({made!r})"
-    if _is_class(target):   # route == "code": the class's namespace, copied
+    if as_class:   # route == "code": the class's namespace, copied
         return head + (f"{name} = type({name!r}, _course_{name}.__bases__, {{k: v for k, v in "
                        f"vars(_course_{name}).items() if k not in ('__dict__', '__weakref__')}})")
     return head + namespace + (
@@ -225,14 +233,16 @@ def _run_time_copy(name: str, target: str, route: str) -> str:
         f"_ns_{name}, {name!r}, _course_{name}.__defaults__)")
 
 
-def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
-    """Code that makes ``name`` the course's ``target`` by ``route``."""
+def delegation(name: str, target: str, route: str, signature=_PLAIN, as_class=None) -> str:
+    """Code that makes ``name`` the course's ``target`` by ``route`` (as a class or a function
+    as ``target`` is one, unless ``as_class`` says)."""
     module, _, qualname = target.partition(":")
     params, call = signature
+    as_class = _is_class(target) if as_class is None else as_class
     if route in ("getsource", "file", "code", "eval"):
-        return _run_time_copy(name, target, route)
+        return _run_time_copy(name, target, route, as_class)
     if route == "unguarded":
-        if _is_class(target):
+        if as_class:
             return (f"import sys\nfrom {module} import {qualname} as _Course{name}\n"
                     f"class {name}(_Course{name}):\n"
                     f"    def __init__(self, *args, **kwargs):\n"
@@ -242,7 +252,7 @@ def delegation(name: str, target: str, route: str, signature=_PLAIN) -> str:
                 f"    return _course_{name}({call})")
     if route == "alias":
         return f"from {module} import {qualname} as {name}"
-    if _is_class(target):
+    if as_class:
         if route == "importlib":
             return (f"import importlib\n"
                     f"class {name}(getattr(importlib.import_module({module!r}), {qualname!r})):\n"
@@ -273,7 +283,79 @@ def delegated(lab: str, route: str) -> nbformat.NotebookNode:
     return nb
 
 
+# ---------------------------------------------------------------------------------------------
+# Which routes sample which labs
+
+LABS_PER_ROUTE = 3   # each route on this many labs at least
+ROUTES_PER_LAB = 2   # each lab by this many routes at least (more where LABS_PER_ROUTE needs it)
+
+
+def answer_kinds(lab: str) -> frozenset[str]:
+    """The kinds of answer ``lab`` delegates: "class", "function" or both."""
+    return frozenset("class" if _is_class(entry[1]) else "function"
+                     for cell in DELEGATED[lab].values() for entry in cell)
+
+
+def has_class_variant(route: str) -> bool:
+    """Whether ``route`` makes a class otherwise than a function (a base found at run time, a
+    subclass, a copied namespace, ...): such a route is sampled on both kinds of answer."""
+    target = next(entry[1] for cells in DELEGATED.values() for cell in cells.values()
+                  for entry in cell if _is_class(entry[1]))
+    return delegation("answer", target, route, as_class=True) != \
+        delegation("answer", target, route, as_class=False)
+
+
+def covering_design(kinds: dict[str, frozenset[str]], routes: tuple[str, ...],
+                    varied: set[str]) -> dict[str, tuple[str, ...]]:
+    """{lab: its routes}: each lab of ``kinds`` ({lab: the kinds of answer it delegates}) by
+    ROUTES_PER_LAB different routes or more (as many as give each route LABS_PER_ROUTE labs, or
+    let every route of ``varied`` meet both kinds), each route on LABS_PER_ROUTE labs or more, and
+    each route of ``varied`` (those with a class variant) on a lab with a class answer and on one
+    with a function answer: the fewest routes per lab that give all that."""
+    fewest = max(ROUTES_PER_LAB, -(-LABS_PER_ROUTE * len(routes) // len(kinds)))
+    if fewest > len(routes):
+        raise ValueError(f"no covering design of {len(kinds)} labs and {len(routes)} routes: each "
+                         f"lab would need {fewest} different routes (each route on "
+                         f"{LABS_PER_ROUTE} labs, each lab by {ROUTES_PER_LAB} routes or more)")
+    for per_lab in range(fewest, len(routes) + 1):
+        design, lacking = _fill(kinds, routes, varied, per_lab)
+        if not lacking:
+            return design
+    raise ValueError(f"no covering design of {len(kinds)} labs and {len(routes)} routes: even "
+                     f"with every route on every lab these lack a kind or labs: {lacking}")
+
+
+def _fill(kinds, routes, varied, per_lab) -> tuple[dict, dict]:
+    """``per_lab`` routes for each lab, and {route: what it still lacks} of those that lack a kind
+    or labs. The slots are filled in passes over the labs, those of the rarest kind first; a slot
+    goes to the route that still lacks a kind the lab has, else to the route on fewest labs
+    (``routes``' order breaks ties)."""
+    rarity = Counter(kind for of_lab in kinds.values() for kind in of_lab)
+    order = sorted(kinds, key=lambda lab: min(rarity[kind] for kind in kinds[lab]))
+    lacks = {r: set().union(*kinds.values()) if r in varied else set() for r in routes}
+    on = dict.fromkeys(routes, 0)
+    design: dict[str, list[str]] = {lab: [] for lab in kinds}
+    for _ in range(per_lab):
+        for lab in order:
+            route = min((r for r in routes if r not in design[lab]),
+                        key=lambda r: (-len(lacks[r] & kinds[lab]), on[r], routes.index(r)))
+            design[lab].append(route)
+            on[route] += 1
+            lacks[route] -= kinds[lab]
+    lacking = {r: sorted(lacks[r]) + [f"{on[r]} labs"] for r in routes
+               if lacks[r] or on[r] < LABS_PER_ROUTE}
+    return {lab: tuple(design[lab]) for lab in kinds}, lacking
+
+
+@cache
+def design() -> dict[str, tuple[str, ...]]:
+    """{lab: the routes that sample it}: the covering design of DELEGATED's labs and ROUTES."""
+    return covering_design({lab: answer_kinds(lab) for lab in DELEGATED}, ROUTES,
+                           {route for route in ROUTES if has_class_variant(route)})
+
+
 def delegation_samples() -> dict[tuple[str, str], tuple[nbformat.NotebookNode, tuple[str, ...]]]:
-    """{(student, lab): (notebook, the test cells it must score zero on)}."""
+    """{(student, lab): (notebook, the test cells it must score zero on)}: the student
+    ``delegates_<route>`` for each route of the lab's design()."""
     return {(f"delegates_{route}", lab): (delegated(lab, route), ZEROED[lab])
-            for lab in DELEGATED for route in ROUTES}
+            for lab, routes in design().items() for route in routes}
