@@ -81,7 +81,10 @@ GRADE_LIMITS = ["--backend", "gloo", "--rank-timeout", "10", "--timeout", "120",
 # load 20 (146 notebooks, 1,100 CPU-seconds by the workers' records: the labs' planted mistakes
 # 430, Lab 8's eight 230 of them; the delegations 250, the solutions 165, the attacks 145, the
 # special cases 70, the untouched labs 35). The planted mistakes of Labs 7-10 now share notebooks
-# (tests/submissions/packing.py): 26 notebooks became 13, Lab 8's eight 3.
+# (tests/submissions/packing.py): 26 notebooks became 13, Lab 8's eight 3. The delegations are a
+# covering design now (tests/submissions/delegation.py): 24 notebooks in 2 folders where every
+# route on every lab was 96 in 8, 95 CPU-seconds with their worker starts where those took 386
+# (both graded alone at a load of 18-36).
 GRADED_SAMPLES_TIMEOUT = 5400
 
 
