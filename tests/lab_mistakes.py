@@ -35,8 +35,9 @@ def assert_each_mistake_loses_its_tests(graded_samples: dict, lab: str, planted:
     from submissions import packing
     rows = {student: row for (student, at), row in graded_samples["rows"].items() if at == lab}
     graded = graded_tests(lab)
+    samples = packing.grouped(lab, planted, against_own=against_own)
     expected = {"solution": set(), "untouched": set(graded),
                 **{sample: {t for name in group for t in packing.tests(planted[name][0])}
-                   for sample, group in packing.grouped(lab, planted, against_own=against_own).items()}}
+                   for sample, group in samples.items()}}
     for student, lost in expected.items():
         assert {t for t in graded if rows[student][t] != "pass"} == lost, (student, rows[student])

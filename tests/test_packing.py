@@ -101,8 +101,8 @@ def test_an_undeclared_dependency_still_separates(monkeypatch):
     # mistake in formula (which helper calls) still keeps apart from plan's
     declared = {"test_plan": {"helper"}}
     assert packing.graded_reach("lab", "test_plan", declared) == {"test_plan", "plan", "formula"}
-    mistakes = {"formula_wrong": ("test_formula", {"formula"}), "plan_wrong": ("test_plan", {"plan"}),
-                "helper_wrong": ("test_helper", {"helper"})}
+    mistakes = {"formula_wrong": ("test_formula", {"formula"}),
+                "plan_wrong": ("test_plan", {"plan"}), "helper_wrong": ("test_helper", {"helper"})}
     assert not packing.independent("lab", mistakes["formula_wrong"], mistakes["plan_wrong"],
                                    declared)
     assert packing.independent("lab", mistakes["helper_wrong"], mistakes["plan_wrong"], declared)
