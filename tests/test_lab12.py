@@ -9,6 +9,14 @@ import pytest
 import lab_mistakes
 
 LAB = "12_checkpoint_restart"
+# {test: cells whose mistakes its check grades against the student's own code}: they leave the
+# test's reach (tests/submissions/packing.py), so their mistakes share its mistakes' notebooks.
+AGAINST_OWN = {
+    # Section 4's check compares the relaunch with the student's own clean restart, which loads
+    # with the same load_checkpoint (whole_state and restore): a generator or the data position
+    # left out of the state changes both runs alike (distlab/checks/lab12_restart.py).
+    "test_train_resumable": {"whole_state"},
+}
 
 
 def planted() -> dict:
@@ -26,7 +34,7 @@ def planted() -> dict:
 
 
 def own_graded_samples() -> dict:
-    return lab_mistakes.own_graded_samples(LAB, planted())
+    return lab_mistakes.own_graded_samples(LAB, planted(), AGAINST_OWN)
 
 
 def test_every_section_plants_a_mistake_in_each_graded_test():
@@ -37,4 +45,4 @@ def test_every_section_plants_a_mistake_in_each_graded_test():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_grader_takes_from_each_mistake_exactly_its_tests(graded_samples):
-    lab_mistakes.assert_each_mistake_loses_its_tests(graded_samples, LAB, planted())
+    lab_mistakes.assert_each_mistake_loses_its_tests(graded_samples, LAB, planted(), AGAINST_OWN)

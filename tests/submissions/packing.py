@@ -7,36 +7,45 @@ notebook here only when nothing in it can make one mistake's test see another's 
 - their tests differ, and so do the cells they edit;
 - no test of one can reach another's edited cells: a test reaches the cells that define the
   names its cell uses (hidden tests included: the instructor's source is read), then those that
-  define the names those cells use, and so on (``reach``). A class built on another exercise's
-  class, or a design that calls an earlier answer, keeps its mistake apart. A cell that does not
-  parse may define anything, so every test that uses a name before it reaches it.
+  define the names those cells use, and so on (``reach``; a function's parameters and locals
+  are its own, not a cell's globals). A class built on another exercise's class, or a design
+  that calls an earlier answer, keeps its mistake apart. A cell that does not parse may define
+  anything, so every test that uses a name before it reaches it;
+- except the cells a lab's test module declares, for a test, graded against the student's own
+  code (``against_own``, with the reason in a comment: a check that compares the student's
+  loop with a run made of the student's own earlier functions, which a mistake there changes
+  alike). Verified, not trusted: the first mistake in each declared cell is graded in a
+  notebook without the test's own mistakes (``witnesses``), which must keep that test.
 
 So in a shared notebook each mistake's test fails because of that mistake alone, and every other
 test passes though the notebook holds the other mistakes too: each still loses exactly its test.
 """
 from __future__ import annotations
 
-import ast
 import functools
+import symtable
 
 
 def _names(source: str) -> tuple[set[str], set[str]]:
-    """(names the cell's top level defines, every name it uses) of a code cell's source; a
-    cell that does not parse (IPython magics) may define and use anything: "*"."""
+    """(names the cell defines at top level, the global names it uses) of a code cell's source.
+    Python's own scopes decide (``symtable``): a function's parameters and locals (a ``restart``
+    argument) are not the global a later cell defines under that name. A cell that does not
+    parse (IPython magics) may define and use anything: "*"."""
     try:
-        tree = ast.parse(source)
+        top = symtable.symtable(source, "<cell>", "exec")
     except SyntaxError:
         return {"*"}, {"*"}
-    defined = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    defined = {s.get_name() for s in top.get_symbols()
+               if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used, todo = set(), [top]
+    while todo:
+        table = todo.pop()
+        todo.extend(table.get_children())
+        for s in table.get_symbols():
+            if s.is_global() and s.is_referenced():
+                used.add(s.get_name())
+            if table is not top and s.is_declared_global() and s.is_assigned():
+                defined.add(s.get_name())     # `global x; x = ...` in a function
     return defined, used
 
 
@@ -72,14 +81,45 @@ def reach(lab: str, test: str) -> set[str]:
     return {cells[i][0] for i in reached}
 
 
-def independent(lab: str, a: tuple[str, set[str]], b: tuple[str, set[str]]) -> bool:
+def independent(lab: str, a: tuple[str, set[str]], b: tuple[str, set[str]],
+                against_own=None) -> bool:
     """Whether mistakes ``a`` and ``b`` ((the test it loses, the cells it edits)) may share a
-    notebook: other tests, other cells, and neither test reaches what the other's cells define."""
+    notebook: other tests, other cells, and neither test reaches what the other's cells define
+    (``graded_reach``: less the cells ``against_own`` declares for it)."""
     (tests_a, cells_a), (tests_b, cells_b) = (tests(a[0]), a[1]), (tests(b[0]), b[1])
     if tests_a & tests_b or cells_a & cells_b:
         return False
-    return not (any(reach(lab, t) & cells_b for t in tests_a)
-                or any(reach(lab, t) & cells_a for t in tests_b))
+    return not (any(graded_reach(lab, t, against_own) & cells_b for t in tests_a)
+                or any(graded_reach(lab, t, against_own) & cells_a for t in tests_b))
+
+
+def graded_reach(lab: str, test: str, against_own=None) -> set[str]:
+    """``reach``, less the cells whose mistakes ``test``'s check is declared to grade against
+    the student's own code (``against_own``: {test: cells}; a check that compares the student's
+    loop with a run of the student's own earlier functions: a mistake there changes both alike).
+    The search still goes through those cells: what they use, if edited, counts. A declared
+    cell the test does not reach is an error (a declaration left behind by a change)."""
+    declared = set((against_own or {}).get(test, ()))
+    reached = reach(lab, test)
+    if declared - reached:
+        raise ValueError(f"{lab}: {test} is declared graded against the student's own "
+                         f"{sorted(declared - reached)}, which it does not reach: remove them")
+    return reached - declared
+
+
+def witnesses(mistakes: dict[str, tuple[str, set[str]]], against_own=None) -> dict[str, set]:
+    """{mistake: the declared tests it must be graded without}: for each cell a test is
+    declared graded against (``against_own``), the first mistake that edits it shares no
+    notebook with a mistake of that test. That notebook must keep the test (the grading
+    assertion says so), which a wrong declaration loses: the declaration is verified, not
+    trusted."""
+    found: dict[str, set] = {}
+    for test, cells in (against_own or {}).items():
+        for cell in sorted(cells):
+            first = next((name for name, (_, edits) in mistakes.items() if cell in edits), None)
+            if first is not None:
+                found.setdefault(first, set()).add(test)
+    return found
 
 
 def tests(loses) -> set[str]:
@@ -88,15 +128,25 @@ def tests(loses) -> set[str]:
     return {loses} if isinstance(loses, str) else set(loses)
 
 
-def pack(lab: str, mistakes: dict[str, tuple[str, set[str]]], alone=()) -> list[list[str]]:
+def pack(lab: str, mistakes: dict[str, tuple[str, set[str]]], alone=(),
+         against_own=None) -> list[list[str]]:
     """``mistakes`` ({name: (the test it loses, the cells it edits)}) in as few notebooks as
     hold only independent ones (first fit, in the given order); ``alone``: mistakes graded in a
-    notebook of their own whatever this finds (those only the grader tells apart)."""
+    notebook of their own whatever this finds (those only the grader tells apart);
+    ``against_own``: {test: cells its check grades against the student's own code}, each
+    verified by a ``witnesses`` notebook."""
     groups: list[list[str]] = []
-    for name, mistake in mistakes.items():
+    witness = witnesses(mistakes, against_own)
+
+    def fits(a: str, b: str) -> bool:
+        return (independent(lab, mistakes[a], mistakes[b], against_own)
+                and not witness.get(a, set()) & tests(mistakes[b][0])
+                and not witness.get(b, set()) & tests(mistakes[a][0]))
+
+    for name in mistakes:
         home = None if name in alone else next(
             (g for g in groups if g[0] not in alone
-             and all(independent(lab, mistakes[other], mistake) for other in g)), None)
+             and all(fits(other, name) for other in g)), None)
         if home is None:
             groups.append([name])
         else:
@@ -104,20 +154,22 @@ def pack(lab: str, mistakes: dict[str, tuple[str, set[str]]], alone=()) -> list[
     return groups
 
 
-def grouped(lab: str, mistakes: dict[str, tuple[str, list]], alone=()) -> dict[str, list[str]]:
+def grouped(lab: str, mistakes: dict[str, tuple[str, list]], alone=(),
+            against_own=None) -> dict[str, list[str]]:
     """{sample: its mistakes' names} for ``mistakes`` ({name: (the test it loses, its edits
     [(grade id, old, new)])}) packed as ``pack`` does: a sample is named after its mistakes,
     joined by "+"."""
     groups = pack(lab, {name: (test, {cell for cell, _, _ in edits})
-                        for name, (test, edits) in mistakes.items()}, alone)
+                        for name, (test, edits) in mistakes.items()}, alone, against_own)
     return {"+".join(group): group for group in groups}
 
 
-def packed_samples(lab: str, mistakes: dict[str, tuple[str, list]], alone=()) -> dict:
+def packed_samples(lab: str, mistakes: dict[str, tuple[str, list]], alone=(),
+                   against_own=None) -> dict:
     """{(sample, lab): notebook}: each sample of ``grouped`` with all its mistakes' edits."""
     from . import edited_cells
     return {(sample, lab): edited_cells(lab, [e for name in group for e in mistakes[name][1]])
-            for sample, group in grouped(lab, mistakes, alone).items()}
+            for sample, group in grouped(lab, mistakes, alone, against_own).items()}
 
 
 def lost(samples: dict[str, list[str]], mistakes: dict[str, tuple[str, list]],
