@@ -104,11 +104,20 @@ def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
 
 # The lab's own grading budget (CONTRIBUTING.md, "The grading budget"; bench/grading_budget.py):
 # wall seconds for a full answer at --jobs 1 on an idle 2-core machine, above the course's 6 s.
-# What needs it: resharding loads on two world sizes (2 ranks save, 4 load and save, 2 load: 8
-# rank processes), and each restart case is a run killed by the launcher and a relaunch (4 rank
-# processes, a kill, asynchronous saves); every rank process costs about 0.4 CPU-s to start.
-# Measured 8.3 s wall and 12.6 CPU-s at load 1.3 (bench/grading_budget.py, 28 November 2026,
-# 2-core AMD EPYC; 42% the restart's two cases, 27% resharding, 19% the whole state).
+# What needs it: 12 launches, 26 rank processes, one after the other, none shareable. Resharding
+# loads on two world sizes (2 ranks save, 4 load and save, 2 load); the whole state's hidden case
+# is the student's resume beside the course's uninterrupted run, on ranks of its own; each
+# restart case (visible, hidden) is a run killed by the launcher, the student's clean restart and
+# the relaunch, the clean restart on ranks of its own (a loop's ranks that held it could copy it:
+# tests/test_lab12_attacks.py). The steps are few already (the kill two steps after the second
+# save and two before the end: 8 steps, a save every 2, ``lab12_restart.kill_case``): a rank's
+# cost is its start, its FSDP2 trainer's first step (halved by the fused AdamW,
+# ``run_state.Trainer``) and its first save.
+# Measured 10.1 s wall and 15.9 CPU-s at load 0.5 before the fused AdamW (main a23a509, 28
+# November 2026, 2-core AMD EPYC: 48% the restart's two cases, 23% resharding, 15% the whole
+# state); with it, side by side under load 14 to 32 (no idle machine to be had that day),
+# 17.5 and 17.7 CPU-s against 20.9 and 20.5 (-15%): about 13.5 CPU-s and 8.6 s wall at idle
+# by the same ratios, within this budget (to be measured again on an idle machine).
 GRADING_BUDGET_S = 9.0
 
 # What the checks' ranks import of PyTorch beyond torch.distributed (distlab/checks/__init__.py).

@@ -576,9 +576,9 @@ check_train_resumable(train_resumable, async_save_checkpoint, load_checkpoint, s
 # %% [markdown]
 # ### A run that loses a rank
 #
-# Your loop, three times, on 2 ranks, 10 steps, a save every 2: uninterrupted; then from scratch
+# Your loop, three times, on 2 ranks, 8 steps, a save every 2: uninterrupted; then from scratch
 # in another folder with rank 1 killed by the launcher (SIGKILL, by process id) as it starts step
-# 7; then relaunched on that folder. Printed: what the launcher reported, the step folders the
+# 6; then relaunched on that folder. Printed: what the launcher reported, the step folders the
 # kill left, and how many steps the relaunch trained on each rank (from the launcher's record).
 
 # %% nbgrader={"grade": false, "grade_id": "restart_curve", "locked": true, "schema_version": 3, "solution": false, "task": false} tags=["teaching"]

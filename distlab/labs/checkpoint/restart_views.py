@@ -22,13 +22,16 @@ def step_folders(root: str) -> list[dict]:
     return rows
 
 
-def kill_and_relaunch(train, save, load, root: str, world_size: int = 2, steps: int = 10,
-                      save_every: int = 2, victim: int = 1, kill_at: int = 7,
+def kill_and_relaunch(train, save, load, root: str, world_size: int = 2, steps: int = 8,
+                      save_every: int = 2, victim: int = 1, kill_at: int = 6,
                       timeout: float = 120) -> dict:
     """``train(rank, world_size, folder, steps, save_every, save, load)`` three times under
     ``root``: uninterrupted (``root/uninterrupted``); killed from outside by SIGKILL as rank
     ``victim`` starts training step ``kill_at`` (``root/killed``); relaunched on that folder.
-    Returns both runs' results, the launcher's message and the folders the kill left."""
+    Returns both runs' results, the launcher's message and the folders the kill left. The
+    defaults are the check's visible case (``distlab.checks.lab12_restart``): the kill two steps
+    after the second save, so that a complete save is surely left (step 2's, or step 4's where
+    its write finished before the signal) and the relaunch has steps to train."""
     import distlab
     from distlab.runtime.kill import DEFAULT_GROUP, KillPlan, killing
     from distlab.runtime.outcome import RankCrashed
