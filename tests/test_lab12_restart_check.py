@@ -73,8 +73,9 @@ def test_the_solution_passes_the_visible_case_and_a_fresh_one(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)     # the check's folders go in the launcher's folder: here
     functions = _functions()
     line = _verdict(functions)
-    # step 6's save may finish before the signal lands, or not: the judge reads which
-    assert re.fullmatch(r"killed at step 6 \(rank 1\), resumed from step (4: 4|6: 2) steps, "
+    # step 6's save may finish before the signal lands, or not, and step 4's may still be in
+    # flight (under load it was): the judge reads which
+    assert re.fullmatch(r"killed at step 6 \(rank 1\), resumed from step (2: 6|4: 4|6: 2) steps, "
                         r"bit-identical to a clean restart", line), line
     line = _verdict(functions, seed=20261128)
     assert not line.startswith("FAILED") and "bit-identical to a clean restart" in line, line

@@ -511,9 +511,9 @@ from distlab.labs.checkpoint.run_state import RunSpec, Trainer
 # `.metadata`, and compares in the grader: the relaunch trained exactly 8 − c steps (counted
 # in the launcher's record, one loss `all_reduce` per step), and its losses and parameters equal,
 # bit for bit, your own clean restart from step c's checkpoint (a fresh `Trainer`, your `load`,
-# `trainer.step()` to the end); and every save was waited for. Hidden: a fresh seed chooses
-# the victim, the step (two or more after the second save, two before the end) and the run's
-# data and initial weights.
+# `trainer.step()` to the end); and every save was waited for. Hidden: 10 steps; a fresh seed
+# chooses the victim, the step (two or more after the second save, two before the end) and the
+# run's data and initial weights.
 #
 # **Why it matters.** Llama 3's 466 interruptions in 54 days (§3.3.4) each cost the work since
 # the last complete checkpoint plus the restart; a loop that restarts from step 0, or from a
