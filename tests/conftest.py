@@ -70,6 +70,16 @@ def course_site(course, tmp_path_factory, request):
     return out, pages, seconds
 
 
+@pytest.fixture(scope="session")
+def course_release(course) -> tuple[Path, str]:
+    """The handout README.md's `make release` writes in the course copy, made once (about 12
+    CPU-s) for tests/test_readme.py, which runs the command, and tests/test_release.py, which
+    reads and uses what it holds: (its folder, what the command printed)."""
+    from course_copy import MAKE_RELEASE, sh
+    done = sh(MAKE_RELEASE, course, timeout=600)
+    return course / "build" / "release", done.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # The sample submissions, graded once
 

@@ -15,7 +15,9 @@ import sysconfig
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKOUT_VENV = REPO / ".venv"
+# Resolved: a checkout whose .venv links to another checkout's (a git worktree beside the
+# main one) has console scripts whose #! line names the real path, which _copy_scripts matches.
+CHECKOUT_VENV = (REPO / ".venv").resolve()
 
 
 def site_packages(venv: Path) -> Path:

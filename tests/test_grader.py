@@ -9,7 +9,6 @@ bound is the grader's own limits (rank, cell and notebook timeouts there) and py
 """
 from __future__ import annotations
 
-import csv
 import html
 import json
 import re
@@ -20,7 +19,7 @@ import pytest
 
 import submissions  # tests/submissions: the sample submissions, made by code
 from distlab.checks import ranks
-from distlab.grading import grade, intake, nbgrader_plugins
+from distlab.grading import intake, nbgrader_plugins
 from distlab.grading import progress as grading_progress
 from distlab.course.notebooks import BEGIN_HIDDEN, END_HIDDEN, _regions, labs, source_notebook
 
@@ -231,29 +230,6 @@ def test_backends_setting(monkeypatch):
     assert ranks.backends(2)[0] == "gloo"
     monkeypatch.setenv(ranks.ENV_BACKEND, "gloo")
     assert ranks.backends(4) == ["gloo"]
-
-
-@pytest.mark.timeout(600)
-def test_readme_command_without_out_or_workdir(tmp_path, monkeypatch):
-    # README.md: `distlab grade submitted --jobs 2`, with the defaults for --out and --workdir
-    # (./scores.csv, ./grading) in the folder it runs from. One untouched Lab 1: its rows, not
-    # a grader error, must reach scores.csv.
-    submissions.write(submissions.student(LAB1), tmp_path / "submitted", "ann", LAB1)
-    monkeypatch.chdir(tmp_path)
-    assert grade.main(["submitted", "--jobs", "2", "--backend", "gloo"]) == 0
-    with open(tmp_path / "scores.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("ann", LAB1, "0")]
-    assert (tmp_path / "grading" / "results" / "ann.json").is_file()
-    # The record keeps what the notebook cost, each test cell's share (bench/grading_budget.py
-    # reads them) and the worker's start, which is inside the first lab's cost.
-    entry = json.loads((tmp_path / "grading" / "results" / "ann.json").read_text())["labs"][LAB1]
-    assert set(entry["test_costs"]) == {t for t in rows[0] if t.startswith("test_")}
-    spent = [c["cpu_seconds"] for c in [*entry["test_costs"].values(), entry["worker_start"]]]
-    # each figure rounded to 0.01 s: half of that per figure apart at most
-    assert all(c >= 0 for c in spent)
-    assert sum(spent) <= entry["cpu_seconds"] + 0.005 * (len(spent) + 1)
-    assert 0 <= entry["worker_start"]["seconds"] <= entry["seconds"]
 
 
 def test_labs_not_selected_are_counted_once(tmp_path):

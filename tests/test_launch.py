@@ -422,13 +422,26 @@ SCRIPT = """
 """
 
 
-def test_script_without_main_guard(tmp_path):
+@pytest.fixture(scope="module")
+def two_scripts(tmp_path_factory) -> list[tuple[int, str, str]]:
+    """SCRIPT, its run made five times, as two notebooks run at once with plain python:
+    (exit status, stdout, stderr) of each. Top-level code without a __main__ guard, as
+    `jupyter nbconvert --to script` makes of a lab: the two tests below read the same runs (one
+    python, torch and zygote start each, not three)."""
+    tmp_path = tmp_path_factory.mktemp("scripts")
+    path = _script(tmp_path, SCRIPT.replace("distlab.run(fn, 2)}",
+                                            "[distlab.run(fn, 2) for _ in range(5)][-1]}"))
+    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
+    outputs = [proc.communicate(timeout=180) for proc in procs]
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+
+
+def test_script_without_main_guard(two_scripts):
     """What `jupyter nbconvert --to script` makes of a lab: top-level code, no __main__ guard."""
-    path = _script(tmp_path, SCRIPT)
-    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "RESULT [3.0, 3.0]" in done.stdout
+    for returncode, out, err in two_scripts:
+        assert returncode == 0, err
+        assert "RESULT [3.0, 3.0]" in out
 
 
 def test_torchrun_uses_the_existing_processes(tmp_path):
@@ -465,15 +478,11 @@ def test_torchrun_with_the_wrong_world_size_is_explained(tmp_path):
     assert "--nproc-per-node=4" in done.stderr
 
 
-def test_two_launchers_at_once(tmp_path):
+def test_two_launchers_at_once(two_scripts):
     """Two notebooks on one machine: each has its own zygote and store port."""
-    path = _script(tmp_path, SCRIPT.replace("distlab.run(fn, 2)}",
-                                            "[distlab.run(fn, 2) for _ in range(5)][-1]}"))
-    procs = [subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for _ in range(2)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
+    assert len(two_scripts) == 2
+    for returncode, out, err in two_scripts:
+        assert returncode == 0, err
         assert "RESULT [3.0, 3.0]" in out
 
 

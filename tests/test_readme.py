@@ -8,12 +8,14 @@ the one exception: it runs this suite, and CI runs it (`.ci/run`).
 They run in one copy of the course for the whole session (tests/conftest.py's ``course``, made by
 tests/course_copy.py), so that what they write never touches the checkout. `make site` is run
 by the ``course_site`` fixture, whose site tests/test_site.py and tests/test_browser.py also
-read. The Slurm scenario starts a real one-node cluster (tests/slurm_cluster.py); the cluster
-scenario ("On a cluster") a real two-node one on this host, two slurmd daemons.
+read; `make release` by ``course_release``, whose handout tests/test_release.py also reads.
+The Slurm scenario starts a real one-node cluster (tests/slurm_cluster.py); the cluster scenario
+("On a cluster") a real two-node one on this host, two slurmd daemons.
 """
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -30,7 +32,7 @@ import pytest
 import slurm_cluster
 import submissions
 import test_site
-from course_copy import MAKE_SITE, environ, sh
+from course_copy import MAKE_RELEASE, MAKE_SITE, environ, sh
 from conftest import SITE_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +65,7 @@ def readme_python_example() -> str:
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = [MAKE_SITE, "python3 -m http.server -d build/site",
         'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
-RELEASE = ["make release", ".venv/bin/distlab release build/week03 --lab 03_tensor_parallel_mlp"]
+RELEASE = [MAKE_RELEASE, ".venv/bin/distlab release build/week03 --lab 03_tensor_parallel_mlp"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
          "jid=$(sbatch --parsable --array=0-7 --export=ALL,SUBMISSIONS=$PWD/submitted "
@@ -286,14 +288,16 @@ def test_site_commands(course, course_site):
         course / "build" / "site", done.stdout + done.stderr)
 
 
-def test_release_command(course):
-    release, weekly = RELEASE
+def test_release_command(course, course_release):
+    _, weekly = RELEASE
     out = sh(weekly, course, timeout=600).stdout
     week = course / "build" / "week03"
     assert [p.name for p in (week / "notebooks").iterdir()] == ["03_tensor_parallel_mlp"], out
     assert "yours to write in Lab 3" in (week / "distlab/labs/tensor_parallel/ops.py").read_text()
-    out = sh(release, course, timeout=600).stdout
-    handout = course / "build" / "release"
+    # `make release` (RELEASE[0]) ran once for this test and tests/test_release.py's, which use
+    # the handout it wrote (conftest.py's ``course_release``).
+    handout, out = course_release
+    assert handout == course / "build" / "release"
     assert "hand out this folder" in out, out[-2000:]
     assert (handout / "notebooks" / LAB1 / f"{LAB1}.ipynb").is_file()
     assert (handout / "data" / LAB1 / "manifest.json").is_file()
@@ -330,6 +334,8 @@ def test_grading_commands(course):
     assert rows["alice"]["score"] == rows["alice"]["max_score"] != "0"
     assert float(rows["bob"]["score"]) > 0 and rows["walter"]["score"] == "0"
     assert (course / "grading" / "feedback" / "alice" / LAB1 / f"{LAB1}.html").exists()
+    for student, row in rows.items():
+        _assert_costs_recorded(course / "grading" / "results" / f"{student}.json", row)
     # The similarity report: written beside the grading folders; alice and bob hand in the
     # course's own solution (the samples are made from it), which is all it flags.
     with open(course / "grading" / "similarity.csv", newline="") as f:
@@ -371,6 +377,19 @@ def test_grading_commands(course):
         assert re.search(r"walter\s+skipped: graded before", again), again
     run(merge_again)
     assert _scores(course / "scores.csv") == single
+
+
+def _assert_costs_recorded(record: Path, row: dict) -> None:
+    """A student's record in the README's default work directory (./grading) keeps what the
+    notebook cost, each test cell's share (bench/grading_budget.py reads them) and the worker's
+    start, which is inside the first lab's cost."""
+    entry = json.loads(record.read_text())["labs"][LAB1]
+    assert set(entry["test_costs"]) == {t for t in row if t.startswith("test_")}, entry
+    spent = [c["cpu_seconds"] for c in [*entry["test_costs"].values(), entry["worker_start"]]]
+    # each figure rounded to 0.01 s: half of that per figure apart at most
+    assert all(c >= 0 for c in spent), entry
+    assert sum(spent) <= entry["cpu_seconds"] + 0.005 * (len(spent) + 1), entry
+    assert 0 <= entry["worker_start"]["seconds"] <= entry["seconds"], entry
 
 
 def _logs(course: Path, pattern: str = "*") -> str:

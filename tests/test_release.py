@@ -47,12 +47,12 @@ def secret_lines(source: Path) -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def handout(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("release") / "handout"
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "distlab"), "release", str(out)],
-                          cwd=out.parent, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "hand out this folder" in done.stdout
+def handout(course_release) -> Path:
+    """The handout README.md's `make release` (`distlab release build/release`) wrote in the
+    session's copy of the course (conftest.py's ``course_release``: made once, for
+    tests/test_readme.py too)."""
+    out, printed = course_release
+    assert "hand out this folder" in printed, printed[-2000:]
     return out
 
 
