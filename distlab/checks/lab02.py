@@ -44,6 +44,12 @@ LAB = "02_data_parallel"
 # What this lab's checks' ranks import of PyTorch beyond torch.distributed (measured; distlab/checks/__init__.py)
 # torch._dynamo (with DTensor and FSDP): an optimizer's constructor imports it, 0.4-0.8 s a rank.
 RANK_IMPORTS = ("torch._dynamo",)
+# The lab's own grading budget (CONTRIBUTING.md, "The grading budget"; bench/grading_budget.py),
+# above the course's 6 s: 16 runs on real ranks, 48 rank processes (each exercise graded on 2
+# and 4 ranks visible, 4 and 2 hidden with fresh seeds and other widths): 0.4 CPU-s a 2-rank run,
+# 0.7 a 4-rank one, of which a run that does nothing costs 0.12 and 0.18 (measured at load 20).
+# Measured on main: 7.4 s wall, 9.9 CPU-s at load 0.5 (2-core machine, 28 November 2026).
+GRADING_BUDGET_S = 8.0
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
 PARAM_TOL = dict(atol=1e-9, rtol=1e-9)
@@ -60,6 +66,7 @@ def make_references() -> dict:
     """The visible tests' reference: 3 AdamW steps of the lab's MLP (seed 0) on the full batch,
     and AdamW's state bytes; and the numbers of the lab's gradient-average table (a handout has
     neither ``reference_training`` nor ``gradient_average``)."""
+    from distlab.checks.lab02_prediction import state_bytes_set
     setup = Setup(seed=0)
     ref = reference_training(setup, STEPS)
     case = GRADIENT_AVERAGE_CASE
@@ -71,12 +78,7 @@ def make_references() -> dict:
             "gradient_average": {"seed": case["setup"].seed,
                                  **gradient_average(case["world_size"], case["setup"])},
             "a100_overlap": {"seed": 0, **a100_overlap_set()},
-            "prediction": _prediction_set()}
-
-
-def _prediction_set() -> dict:
-    from distlab.checks.lab02_prediction import state_bytes_set
-    return state_bytes_set()
+            "prediction": state_bytes_set()}
 
 
 def _unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

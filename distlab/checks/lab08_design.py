@@ -148,7 +148,7 @@ def _comparison(peak: int, fig: dict[str, int]) -> str:
 
 def grade_design(design, run, world_size: int = 2, seed: int | None = None,
                  level: str = "hinted") -> str:
-    """``run(fn, world_size, what, *args)`` runs the rank bodies (``lab08._run``). Every rank's
+    """``run(fn, world_size, what, *args)`` runs the rank bodies (``lab08_ranks.run_ranks``). Every rank's
     peak against ``level``: "hinted" (Hint 3's design's peak) or "bar"; returns the line the test
     cell prints."""
     out, peaks, case, losses, tol = _design_run(design, run, world_size, seed, level == "hinted")
