@@ -31,6 +31,7 @@ from distlab.checks.ranks import call_each
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
+from distlab.labs.threads import one_thread
 from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
@@ -39,6 +40,9 @@ LAB = "06_timelines"
 RANK_IMPORTS = ("torch._dynamo",)
 WORLD_SIZE = 2
 STEPS = 3
+# Hidden runs record 2 steps: still more than one window a rank (each step's share and exposure,
+# sums over steps for the overlap) at two thirds of the recording, parsing and comparing.
+FRESH_STEPS = 2
 STORED = {"dp_naive": "DP naive", "dp_overlapped": "DP overlapped", "tp": "TP", "pp": "PP"}
 LABELS = ["DP", "TP", "PP"]
 REL = 1e-9  # the same arithmetic on the same spans: only summation order differs
@@ -194,20 +198,21 @@ def fresh_timelines(seed: int) -> tuple[int, dict[str, tuple[list[bytes], Timeli
     call's recording serves every later one in this process (all hidden tests of a grading run):
     returns (the seed it was recorded with, {name: (traces, timeline)})."""
     if not _FRESH:
-        profiles = profile_all(WORLD_SIZE, fresh_spec(seed), steps=STEPS, backend="gloo")
+        profiles = profile_all(WORLD_SIZE, fresh_spec(seed), steps=FRESH_STEPS, backend="gloo")
         _FRESH[seed] = {name: (profiles[run].traces, profiles[run].timeline)
                         for name, run in STORED.items()}
     return next(iter(_FRESH.items()))
 
 
-def _cases(seed: int | None):
+def _cases(seed: int | None, merged: bool = True):
     """(what, traces, timeline, stored) for every run: stored (with its stored reference set) or
-    fresh (``stored`` None: the references are computed, in the judge)."""
+    fresh (``stored`` None: the references are computed, in the judge). ``merged=False``: the
+    stored runs' timelines are left unmerged (None), for a check that reads the raw traces only."""
     from distlab.checks.stored import load
     if seed is None:
         for name in STORED:
-            yield (f"the stored {STORED[name]} trace", stored_traces(name), stored_timeline(name),
-                   load(LAB, name))
+            yield (f"the stored {STORED[name]} trace", stored_traces(name),
+                   stored_timeline(name) if merged else None, load(LAB, name))
     else:
         recorded_with, runs = fresh_timelines(seed)
         for name, (traces, timeline) in runs.items():
@@ -225,14 +230,16 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Checks
 
+@one_thread()
 def check_collective_events(fn, seed: int | None = None) -> str:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
     from distlab.labs.timelines.trace import load_trace
-    cases = [(what, rank, blob, stored) for what, traces, _, stored in _cases(seed)
+    # Each trace parsed once: the rank gets a copy of it (call_each), the reference reads it.
+    cases = [(what, rank, load_trace(blob), stored) for what, traces, _, stored in _cases(seed, merged=False)
              for rank, blob in enumerate(traces)]
-    answers = call_each(fn, [(load_trace(blob),) for _, _, blob, _ in cases])   # one launch
-    for (what, rank, blob, stored), got in zip(cases, answers):
-        expected = reference(reference_collectives(blob) if stored is None
+    answers = call_each(fn, [(trace,) for _, _, trace, _ in cases])   # one launch
+    for (what, rank, trace, stored), got in zip(cases, answers):
+        expected = reference(reference_collectives(trace) if stored is None
                              else _stored_collectives(stored, rank))
         where = f"collective_events on {what}, rank {rank}"
         try:
@@ -261,6 +268,7 @@ def check_collective_events(fn, seed: int | None = None) -> str:
             f"trace, each op and bytes as recorded, start and duration within 1e-12 and 1e-09 relative")
 
 
+@one_thread()
 def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
     """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
     cases = [(what, timeline, stored, rank, i, window) for what, _, timeline, stored in _cases(seed)
@@ -293,6 +301,7 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
             f"{max(ms):.3g} ms, each off the reference by at most {worst:.2g} relative (allowed {REL:g})")
 
 
+@one_thread()
 def check_classify(fn, seed: int | None = None) -> str:
     """``fn(timeline)`` must name the parallelism of every unlabelled timeline."""
     cases = list(_cases(seed))
@@ -309,6 +318,7 @@ def check_classify(fn, seed: int | None = None) -> str:
     return f"classify on {len(cases)} unlabelled timelines: your {made}: each the parallelism that made it"
 
 
+@one_thread()
 def check_overlap_fraction(fn, seed: int | None = None) -> str:
     """``fn(timeline, rank)`` on the data-parallel runs, naive and overlapped, every rank."""
     cases = [(what, timeline, stored, rank) for what, _, timeline, stored in _cases(seed)
@@ -342,6 +352,7 @@ def reference_gpu_answers() -> dict:
     return gpu_answers(reference_overlap_fraction, reference_comm_share, reference_exposed_comm)
 
 
+@one_thread()
 def check_gpu_traces(answers) -> str:
     """``answers``: the A100 trace's overlap fraction and NCCL share (rank 0, over its GPU window)
     and the nsys export's exposed communication per rank (seconds, over each rank's GPU window)."""
@@ -350,6 +361,7 @@ def check_gpu_traces(answers) -> str:
     return grade_gpu_answers(answers, stored, REL, _close)
 
 
+@one_thread()
 def check_predicted_messages(predict_messages, seed: int | None = None) -> str:
     """``predict_messages(run, spec, world_size, rank)``: the (op, bytes) messages the rank sends
     per step, by the formulas of Labs 2, 3 and 5 (``lab06_prediction``)."""
@@ -357,12 +369,14 @@ def check_predicted_messages(predict_messages, seed: int | None = None) -> str:
     return grade_messages(predict_messages, seed)
 
 
+@one_thread()
 def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:
     """The open design exercise, first cell: ``plan_buckets(sizes, ready, alpha, bandwidth)``'s
     wait (on paper) within the hinted designs', and its run on real ranks (``lab06_design``)."""
     return _said(grade_bucket_plan(plan_buckets, seed, "hinted"))
 
 
+@one_thread()
 def check_bucket_plan_bar(plan_buckets, seed: int | None = None) -> str:
     """The design's second cell: its wait within the bar, between the hinted designs' and the bound."""
     return _said(grade_bucket_plan(plan_buckets, seed, "bar"))
