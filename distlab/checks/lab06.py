@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
+import json
 import math
 import os
 import random
@@ -28,7 +30,8 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
 from distlab.checks.ranks import call_each
-from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
+from distlab.labs.timelines.trace import (Span, Timeline, collective_events as reference_collectives,
+                                          merge_traces)
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
 from distlab.labs.threads import one_thread
@@ -129,6 +132,7 @@ def make_references() -> dict[str, dict]:
             "overlap_fraction": torch.tensor([reference_overlap_fraction(timeline, r) for r in ranks],
                                              dtype=torch.float64),
             "label": torch.tensor(LABELS.index(KIND[run])),
+            "timeline": _timeline_tensor(timeline),
         }
     gpu = reference_gpu_answers()
     refs["gpu"] = {"seed": 0, **{key: torch.tensor(gpu[key], dtype=torch.float64) for key in GPU_KEYS}}
@@ -172,9 +176,23 @@ def stored_trace(name: str, rank: int) -> dict:
     return load_trace(stored_traces(name)[rank])
 
 
+def _timeline_tensor(timeline: Timeline) -> torch.Tensor:
+    """A merged timeline as gzipped JSON (uint8): stored beside its traces, so that a judge reads
+    it instead of merging the traces again for every student (8 traces parsed and read into
+    spans, about a CPU-second). JSON writes floats exactly (repr), so it reads back equal."""
+    data = {"world_size": timeline.world_size, "source": timeline.source, "label": timeline.label,
+            "spans": [dataclasses.astuple(s) for s in timeline.spans]}
+    return torch.frombuffer(bytearray(gzip.compress(json.dumps(data).encode(), mtime=0)),
+                            dtype=torch.uint8)
+
+
 @functools.lru_cache(maxsize=None)
 def _stored_merged(name: str) -> Timeline:
-    return merge_traces(stored_traces(name), label=STORED[name])
+    """The stored run's merged timeline, as ``make_references`` merged its stored traces."""
+    from distlab.checks.stored import load
+    data = json.loads(gzip.decompress(load(LAB, name)["timeline"].numpy().tobytes()))
+    return Timeline([Span(*s) for s in data["spans"]], data["world_size"], data["source"],
+                    data["label"])
 
 
 def stored_timeline(name: str, labelled: bool = True) -> Timeline:
