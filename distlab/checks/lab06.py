@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
-import json
 import math
 import os
 import random
@@ -30,8 +28,10 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
 from distlab.checks.ranks import call_each
-from distlab.labs.timelines.trace import (Span, Timeline, collective_events as reference_collectives,
-                                          merge_traces)
+from distlab.checks.lab06_stored import (collectives_tensors as _collectives_tensors,
+                                         stored_collectives as _stored_collectives,
+                                         timeline_from, timeline_tensor)
+from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
 from distlab.labs.threads import one_thread
@@ -132,7 +132,7 @@ def make_references() -> dict[str, dict]:
             "overlap_fraction": torch.tensor([reference_overlap_fraction(timeline, r) for r in ranks],
                                              dtype=torch.float64),
             "label": torch.tensor(LABELS.index(KIND[run])),
-            "timeline": _timeline_tensor(timeline),
+            "timeline": timeline_tensor(timeline),   # read by _stored_merged
         }
     gpu = reference_gpu_answers()
     refs["gpu"] = {"seed": 0, **{key: torch.tensor(gpu[key], dtype=torch.float64) for key in GPU_KEYS}}
@@ -145,21 +145,6 @@ def make_references() -> dict[str, dict]:
 
 # Visible tests compare with these stored values: a student's handout has none of the
 # references above (they are the exercises' answers); hidden tests compute them in the judge.
-
-def _collectives_tensors(events: list, rank: int) -> dict[str, torch.Tensor]:
-    """``collective_events``' list of one rank as tensors: the ops (newline-joined, utf-8) and
-    (bytes, start, duration) per collective."""
-    return {f"collective_ops.rank{rank}": torch.tensor(list("\n".join(e[0] for e in events).encode()),
-                                                       dtype=torch.uint8),
-            f"collectives.rank{rank}": torch.tensor([e[1:] for e in events],
-                                                    dtype=torch.float64).reshape(-1, 3)}
-
-
-def _stored_collectives(stored: dict, rank: int) -> list[tuple[str, int, float, float]]:
-    ops = bytes(stored[f"collective_ops.rank{rank}"].tolist()).decode().split("\n")
-    values = stored[f"collectives.rank{rank}"].tolist()
-    return [(op, int(b), s, d) for op, (b, s, d) in zip(ops, values)] if values else []
-
 
 def stored_traces(name: str) -> list[bytes]:
     """The stored Kineto traces (gzip bytes, one per rank) of run ``name`` ("dp_naive", ...)."""
@@ -176,23 +161,11 @@ def stored_trace(name: str, rank: int) -> dict:
     return load_trace(stored_traces(name)[rank])
 
 
-def _timeline_tensor(timeline: Timeline) -> torch.Tensor:
-    """A merged timeline as gzipped JSON (uint8): stored beside its traces, so that a judge reads
-    it instead of merging the traces again for every student (8 traces parsed and read into
-    spans, about a CPU-second). JSON writes floats exactly (repr), so it reads back equal."""
-    data = {"world_size": timeline.world_size, "source": timeline.source, "label": timeline.label,
-            "spans": [dataclasses.astuple(s) for s in timeline.spans]}
-    return torch.frombuffer(bytearray(gzip.compress(json.dumps(data).encode(), mtime=0)),
-                            dtype=torch.uint8)
-
-
 @functools.lru_cache(maxsize=None)
 def _stored_merged(name: str) -> Timeline:
     """The stored run's merged timeline, as ``make_references`` merged its stored traces."""
     from distlab.checks.stored import load
-    data = json.loads(gzip.decompress(load(LAB, name)["timeline"].numpy().tobytes()))
-    return Timeline([Span(*s) for s in data["spans"]], data["world_size"], data["source"],
-                    data["label"])
+    return timeline_from(load(LAB, name)["timeline"])
 
 
 def stored_timeline(name: str, labelled: bool = True) -> Timeline:
@@ -248,7 +221,6 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Checks
 
-@one_thread()
 def check_collective_events(fn, seed: int | None = None) -> str:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
     from distlab.labs.timelines.trace import load_trace
@@ -286,7 +258,6 @@ def check_collective_events(fn, seed: int | None = None) -> str:
             f"trace, each op and bytes as recorded, start and duration within 1e-12 and 1e-09 relative")
 
 
-@one_thread()
 def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
     """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
     cases = [(what, timeline, stored, rank, i, window) for what, _, timeline, stored in _cases(seed)
@@ -319,7 +290,6 @@ def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
             f"{max(ms):.3g} ms, each off the reference by at most {worst:.2g} relative (allowed {REL:g})")
 
 
-@one_thread()
 def check_classify(fn, seed: int | None = None) -> str:
     """``fn(timeline)`` must name the parallelism of every unlabelled timeline."""
     cases = list(_cases(seed))
@@ -336,7 +306,6 @@ def check_classify(fn, seed: int | None = None) -> str:
     return f"classify on {len(cases)} unlabelled timelines: your {made}: each the parallelism that made it"
 
 
-@one_thread()
 def check_overlap_fraction(fn, seed: int | None = None) -> str:
     """``fn(timeline, rank)`` on the data-parallel runs, naive and overlapped, every rank."""
     cases = [(what, timeline, stored, rank) for what, _, timeline, stored in _cases(seed)
@@ -370,7 +339,6 @@ def reference_gpu_answers() -> dict:
     return gpu_answers(reference_overlap_fraction, reference_comm_share, reference_exposed_comm)
 
 
-@one_thread()
 def check_gpu_traces(answers) -> str:
     """``answers``: the A100 trace's overlap fraction and NCCL share (rank 0, over its GPU window)
     and the nsys export's exposed communication per rank (seconds, over each rank's GPU window)."""
@@ -379,7 +347,6 @@ def check_gpu_traces(answers) -> str:
     return grade_gpu_answers(answers, stored, REL, _close)
 
 
-@one_thread()
 def check_predicted_messages(predict_messages, seed: int | None = None) -> str:
     """``predict_messages(run, spec, world_size, rank)``: the (op, bytes) messages the rank sends
     per step, by the formulas of Labs 2, 3 and 5 (``lab06_prediction``)."""
@@ -387,14 +354,12 @@ def check_predicted_messages(predict_messages, seed: int | None = None) -> str:
     return grade_messages(predict_messages, seed)
 
 
-@one_thread()
 def check_bucket_plan(plan_buckets, seed: int | None = None) -> str:
     """The open design exercise, first cell: ``plan_buckets(sizes, ready, alpha, bandwidth)``'s
     wait (on paper) within the hinted designs', and its run on real ranks (``lab06_design``)."""
     return _said(grade_bucket_plan(plan_buckets, seed, "hinted"))
 
 
-@one_thread()
 def check_bucket_plan_bar(plan_buckets, seed: int | None = None) -> str:
     """The design's second cell: its wait within the bar, between the hinted designs' and the bound."""
     return _said(grade_bucket_plan(plan_buckets, seed, "bar"))
@@ -421,5 +386,8 @@ COURSE_CODE = dict.fromkeys([
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.
 GRADED_ON_VALUES = ("check_gpu_traces",)
+# The checks' own torch work in the judge (comparisons, a reference model's step) on one intra-op
+# thread: on 2 shared cores more only spin (Lab 6's bucket-plan comparisons: 1.5 CPU-s, then 0.1).
+globals().update({n: one_thread()(f) for n, f in list(globals().items()) if n.startswith("check_")})
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())
