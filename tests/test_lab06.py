@@ -427,3 +427,13 @@ def test_visible_prediction_and_design_need_no_answer_of_the_course(monkeypatch)
     lab06.check_bucket_plan_bar(f["plan_buckets"])
     with pytest.raises(NotImplementedError):
         lab06.check_bucket_plan(f["plan_buckets"], seed=3)
+
+
+def test_stored_timelines_are_the_stored_traces_merged():
+    """The judge reads each stored run's merged timeline from its set (merging the traces again
+    for every student cost about a CPU-second): it must be exactly what merging them gives."""
+    from distlab.labs.timelines.trace import merge_traces
+    for name, run in lab06.STORED.items():
+        stored, merged = lab06.stored_timeline(name), merge_traces(lab06.stored_traces(name), label=run)
+        assert stored.spans == merged.spans and stored.world_size == merged.world_size
+        assert (stored.source, stored.label) == (merged.source, merged.label) == (stored.source, run)

@@ -28,9 +28,13 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
 from distlab.checks.ranks import call_each
+from distlab.checks.lab06_stored import (collectives_tensors as _collectives_tensors,
+                                         stored_collectives as _stored_collectives,
+                                         timeline_from, timeline_tensor)
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
+from distlab.labs.threads import one_thread
 from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
@@ -39,6 +43,9 @@ LAB = "06_timelines"
 RANK_IMPORTS = ("torch._dynamo",)
 WORLD_SIZE = 2
 STEPS = 3
+# Hidden runs record 2 steps: still more than one window a rank (each step's share and exposure,
+# sums over steps for the overlap) at two thirds of the recording, parsing and comparing.
+FRESH_STEPS = 2
 STORED = {"dp_naive": "DP naive", "dp_overlapped": "DP overlapped", "tp": "TP", "pp": "PP"}
 LABELS = ["DP", "TP", "PP"]
 REL = 1e-9  # the same arithmetic on the same spans: only summation order differs
@@ -125,6 +132,7 @@ def make_references() -> dict[str, dict]:
             "overlap_fraction": torch.tensor([reference_overlap_fraction(timeline, r) for r in ranks],
                                              dtype=torch.float64),
             "label": torch.tensor(LABELS.index(KIND[run])),
+            "timeline": timeline_tensor(timeline),   # read by _stored_merged
         }
     gpu = reference_gpu_answers()
     refs["gpu"] = {"seed": 0, **{key: torch.tensor(gpu[key], dtype=torch.float64) for key in GPU_KEYS}}
@@ -137,21 +145,6 @@ def make_references() -> dict[str, dict]:
 
 # Visible tests compare with these stored values: a student's handout has none of the
 # references above (they are the exercises' answers); hidden tests compute them in the judge.
-
-def _collectives_tensors(events: list, rank: int) -> dict[str, torch.Tensor]:
-    """``collective_events``' list of one rank as tensors: the ops (newline-joined, utf-8) and
-    (bytes, start, duration) per collective."""
-    return {f"collective_ops.rank{rank}": torch.tensor(list("\n".join(e[0] for e in events).encode()),
-                                                       dtype=torch.uint8),
-            f"collectives.rank{rank}": torch.tensor([e[1:] for e in events],
-                                                    dtype=torch.float64).reshape(-1, 3)}
-
-
-def _stored_collectives(stored: dict, rank: int) -> list[tuple[str, int, float, float]]:
-    ops = bytes(stored[f"collective_ops.rank{rank}"].tolist()).decode().split("\n")
-    values = stored[f"collectives.rank{rank}"].tolist()
-    return [(op, int(b), s, d) for op, (b, s, d) in zip(ops, values)] if values else []
-
 
 def stored_traces(name: str) -> list[bytes]:
     """The stored Kineto traces (gzip bytes, one per rank) of run ``name`` ("dp_naive", ...)."""
@@ -170,7 +163,9 @@ def stored_trace(name: str, rank: int) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _stored_merged(name: str) -> Timeline:
-    return merge_traces(stored_traces(name), label=STORED[name])
+    """The stored run's merged timeline, as ``make_references`` merged its stored traces."""
+    from distlab.checks.stored import load
+    return timeline_from(load(LAB, name)["timeline"])
 
 
 def stored_timeline(name: str, labelled: bool = True) -> Timeline:
@@ -194,20 +189,21 @@ def fresh_timelines(seed: int) -> tuple[int, dict[str, tuple[list[bytes], Timeli
     call's recording serves every later one in this process (all hidden tests of a grading run):
     returns (the seed it was recorded with, {name: (traces, timeline)})."""
     if not _FRESH:
-        profiles = profile_all(WORLD_SIZE, fresh_spec(seed), steps=STEPS, backend="gloo")
+        profiles = profile_all(WORLD_SIZE, fresh_spec(seed), steps=FRESH_STEPS, backend="gloo")
         _FRESH[seed] = {name: (profiles[run].traces, profiles[run].timeline)
                         for name, run in STORED.items()}
     return next(iter(_FRESH.items()))
 
 
-def _cases(seed: int | None):
+def _cases(seed: int | None, merged: bool = True):
     """(what, traces, timeline, stored) for every run: stored (with its stored reference set) or
-    fresh (``stored`` None: the references are computed, in the judge)."""
+    fresh (``stored`` None: the references are computed, in the judge). ``merged=False``: the
+    stored runs' timelines are left unmerged (None), for a check that reads the raw traces only."""
     from distlab.checks.stored import load
     if seed is None:
         for name in STORED:
-            yield (f"the stored {STORED[name]} trace", stored_traces(name), stored_timeline(name),
-                   load(LAB, name))
+            yield (f"the stored {STORED[name]} trace", stored_traces(name),
+                   stored_timeline(name) if merged else None, load(LAB, name))
     else:
         recorded_with, runs = fresh_timelines(seed)
         for name, (traces, timeline) in runs.items():
@@ -228,11 +224,12 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 def check_collective_events(fn, seed: int | None = None) -> str:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
     from distlab.labs.timelines.trace import load_trace
-    cases = [(what, rank, blob, stored) for what, traces, _, stored in _cases(seed)
+    # Each trace parsed once: the rank gets a copy of it (call_each), the reference reads it.
+    cases = [(what, rank, load_trace(blob), stored) for what, traces, _, stored in _cases(seed, merged=False)
              for rank, blob in enumerate(traces)]
-    answers = call_each(fn, [(load_trace(blob),) for _, _, blob, _ in cases])   # one launch
-    for (what, rank, blob, stored), got in zip(cases, answers):
-        expected = reference(reference_collectives(blob) if stored is None
+    answers = call_each(fn, [(trace,) for _, _, trace, _ in cases])   # one launch
+    for (what, rank, trace, stored), got in zip(cases, answers):
+        expected = reference(reference_collectives(trace) if stored is None
                              else _stored_collectives(stored, rank))
         where = f"collective_events on {what}, rank {rank}"
         try:
@@ -389,5 +386,8 @@ COURSE_CODE = dict.fromkeys([
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.
 GRADED_ON_VALUES = ("check_gpu_traces",)
+# The checks' own torch work in the judge (comparisons, a reference model's step) on one intra-op
+# thread: on 2 shared cores more only spin (Lab 6's bucket-plan comparisons: 1.5 CPU-s, then 0.1).
+globals().update({n: one_thread()(f) for n, f in list(globals().items()) if n.startswith("check_")})
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

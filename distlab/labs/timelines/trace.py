@@ -231,6 +231,7 @@ def merge_traces(traces: list, *, align: str = "clock", label: str = "", source:
     barrier), for traces from machines whose clocks disagree.
     Times are then shifted so that the earliest event of any rank is at 0.
     """
+    traces = [load_trace(t) for t in traces]   # each parsed once (the backend is read below too)
     per_rank = [read_kineto(t, r) for r, t in enumerate(traces)]
     if align == "barrier":
         ends = []
@@ -245,7 +246,7 @@ def merge_traces(traces: list, *, align: str = "clock", label: str = "", source:
         raise ValueError(f"align must be 'clock' or 'barrier', not {align!r}")
     spans = [s for spans in per_rank for s in spans]
     t0 = min((s.start for s in spans), default=0.0)
-    backend = next((load_trace(t).get("distributedInfo", {}).get("backend") for t in traces), "")
+    backend = next((t.get("distributedInfo", {}).get("backend") for t in traces), "")
     return Timeline([_shifted(s, -t0) for s in spans], len(traces),
                     source or f"torch.profiler ({backend or 'unknown backend'})", label)
 
