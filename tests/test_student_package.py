@@ -185,6 +185,26 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     return {lab: student_package.view(base, lab) for lab in LABS}
 
 
+def test_a_view_is_copied_from_the_build_folders_with_its_modules_compiled(packages, tmp_path):
+    """Writing a view imports every checks module (torch with them): it is made once per version
+    of the package in the build folder and copied into each grading run's workdir, its modules
+    compiled there (the zygote and the kernel that import them may not write beside them)."""
+    import importlib.util
+    lab = LABS[0]
+    again, made = student_package.view(tmp_path, lab), student_package.built_view(lab)
+
+    def files(root: Path) -> list[str]:
+        return sorted(p.relative_to(root).as_posix() for p in (root / "distlab").rglob("*")
+                      if p.is_file())
+    assert files(again) == files(packages[lab]) == files(made)
+    assert (again / "data").resolve() == paths.data().resolve()
+    for module in sorted((again / "distlab").rglob("*.py")):
+        # what a timestamped .pyc records of its source: its mtime, which the copy kept
+        header = Path(importlib.util.cache_from_source(str(module))).read_bytes()[:16]
+        assert int.from_bytes(header[4:8], "little") == 0, module   # checked by timestamp
+        assert int.from_bytes(header[8:12], "little") == int(module.stat().st_mtime), module
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_no_answer_in_the_student_package(packages, lab):
     answers = answer_shapes(lab)

@@ -54,6 +54,9 @@ assert sandbox.become_subreaper()
 from traitlets.config import Config
 config = Config()
 config.WarmKernelManager.kernels = WarmKernels({**os.environ, **env}, cwd=str(root / "jupyter"))
+# What the worker asks its server to import for the judge's zygotes (rank_torch_modules): PyTorch's
+# modules only; a course module in the list (the checks hold answers) is not imported.
+config.WarmKernelManager.kernels.preload(["torch.utils.bundled_inputs", "distlab.checks.lab01"])
 
 class Judge:   # what a kernel manager asks of the judge: a channel for each kernel it starts
     def __init__(self):
@@ -78,6 +81,8 @@ judge = config.WarmKernelManager.judge = Judge()
 PROBE = '''
 import errno, json, os, sys
 warm = "torch" in sys.modules and "matplotlib.pyplot" in sys.modules
+imported = {name: name in sys.modules for name in ("torch.utils.bundled_inputs",
+            "distlab.checks.lab01", "torch.distributed.tensor", "torch.distributed.fsdp")}
 import numpy
 channel = int(os.environ["DISTLAB_JUDGE"])
 inheritable = os.get_inheritable(channel)
@@ -90,7 +95,7 @@ def attempt(fn):
         return "ok"
     except OSError as exc:
         return errno.errorcode[exc.errno]
-print(json.dumps({"warm": warm, "cwd": os.getcwd(), "path0": sys.path[0],
+print(json.dumps({"warm": warm, "imported": imported, "cwd": os.getcwd(), "path0": sys.path[0],
     "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
     "random": numpy.random.rand(), "write outside": attempt(lambda: open(%r, "w")),
     "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w")),
@@ -165,6 +170,15 @@ def test_a_forked_kernel_starts_with_torch_imported_in_its_labs_folder(kernels):
     assert probe["ppid"] == results["worker"]   # reparented to the worker, which reaps it
     assert probe["session leader"] and probe["env"] == "from the spec"
     assert probe["write lab"] == "ok"
+
+
+def test_the_server_imports_the_torch_modules_it_is_told_and_no_course_code(kernels):
+    """The server imports PyTorch's parallel APIs only where the worker's labs' ranks use them
+    (``WarmKernels.preload``): most labs use none, and they cost a second of CPU per student.
+    A course module in the list is not imported: kernels are forked from the server."""
+    imported = kernels[0]["first"]["probe"]["imported"]
+    assert imported == {"torch.utils.bundled_inputs": True, "distlab.checks.lab01": False,
+                        "torch.distributed.tensor": False, "torch.distributed.fsdp": False}
 
 
 @pytest.mark.skipif(landlock.landlock_abi() == 0, reason="this kernel has no Landlock")

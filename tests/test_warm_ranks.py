@@ -8,7 +8,7 @@ import sys
 import types
 
 import distlab.checks
-from distlab.grading.settings import GradingSettings, rank_modules
+from distlab.grading.settings import GradingSettings, rank_modules, rank_torch_modules
 from distlab.runtime.launch import Launcher, LaunchSettings
 from distlab.runtime.zygote import TORCH_EXTRAS
 
@@ -45,9 +45,13 @@ def test_the_judge_preloads_the_torch_modules_its_labs_name_and_all_for_one_that
     assert torch_part((lab1,)) == []
     assert torch_part((lab1, lab7)) == list(distlab.checks.checks_module(lab7).RANK_IMPORTS)
     assert GradingSettings().launch_settings("/tmp", False, (lab1,)).preload == rank_modules((lab1,))
+    # what the worker asks its kernels' server to import for the zygotes: the same torch part
+    assert rank_torch_modules((lab1,)) == ()
+    assert list(rank_torch_modules((lab1, lab7))) == torch_part((lab1, lab7))
     undeclared = types.SimpleNamespace()   # a new lab's checks module that names nothing
     monkeypatch.setattr(distlab.checks, "checks_module", lambda lab: undeclared)
     assert torch_part(("10_new_lab",)) == list(TORCH_EXTRAS)
+    assert rank_torch_modules(("10_new_lab",)) == TORCH_EXTRAS
 
 
 def test_a_zygote_told_what_to_preload_imports_no_other_torch_extras():

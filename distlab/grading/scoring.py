@@ -8,7 +8,6 @@ import io
 import json
 from pathlib import Path
 
-from distlab.grading.judge import review
 from distlab.grading.statuses import status_of_cell
 
 
@@ -21,6 +20,9 @@ def score_tests(root: Path, student: str, lab: str, cells: dict, judge, row: dic
     from nbgrader.api import Gradebook
     from distlab.grading.cases import cases_output, cell_cases
     from distlab.grading.gradebook import autograded_tests
+    # Here, not at the top: the grading command writes scores too and never needs the judge's
+    # imports (torch, a second and a half of CPU for every grading run).
+    from distlab.grading.judge import review
     overrides = {}
     row.setdefault("cases", {})
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "distlab") as gb:

@@ -130,15 +130,23 @@ def python_installation() -> tuple[str, ...]:
 def rank_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The course modules every rank of a check imports (the judge's call wrapper, the checks
     with their references and helpers), and the PyTorch modules the ``labs``' checks name in
-    ``RANK_IMPORTS`` (all of ``TORCH_EXTRAS`` for a lab that names none): the judge's zygote
-    imports them once, so that each of a check's ranks, forked from it, does not import them
-    again (tens of runs per notebook). A lab whose ranks use none of PyTorch's parallel APIs
-    saves its grading the second they take to import."""
+    ``RANK_IMPORTS`` (``rank_torch_modules``): the judge's zygote imports them once, so that each
+    of a check's ranks, forked from it, does not import them again (tens of runs per notebook)."""
     import pkgutil
     import distlab.checks
-    from distlab.runtime.zygote import TORCH_EXTRAS
-    torch_modules = dict.fromkeys(name for lab in labs for name in getattr(
-        distlab.checks.checks_module(lab), "RANK_IMPORTS", TORCH_EXTRAS))
     return ("distlab.grading.judge", *(f"distlab.checks.{m.name}"
                                        for m in pkgutil.iter_modules(distlab.checks.__path__)),
-            *torch_modules)
+            *rank_torch_modules(labs))
+
+
+def rank_torch_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The PyTorch modules the ``labs``' checks name in ``RANK_IMPORTS`` (all of ``TORCH_EXTRAS``
+    for a lab that names none). A lab whose ranks use none of PyTorch's parallel APIs saves its
+    grading the second they take to import: in the judge's zygote, and in the kernels' server
+    that forks it (``distlab.grading.warm_kernels``), which imports these for the zygotes. (It
+    imports the checks modules, answers included: never call it in a process that is to fork
+    one that runs a student's code.)"""
+    import distlab.checks
+    from distlab.runtime.zygote import TORCH_EXTRAS
+    return tuple(dict.fromkeys(name for lab in labs for name in getattr(
+        distlab.checks.checks_module(lab), "RANK_IMPORTS", TORCH_EXTRAS)))

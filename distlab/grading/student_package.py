@@ -151,21 +151,67 @@ def _stub_body(node, lines: list[str], message: str) -> tuple[int, int, list[str
 # Views for grading: one per lab, made once and reused while the course does not change
 
 def view(workdir: Path, lab: str) -> Path:
-    """A folder holding the student package for grading ``lab`` (``distlab/``), the course's data
-    (``data/``, linked) and an empty ``notebooks/``: a student handout's course root, which the
-    package finds by itself. Rebuilt when the course's package changes."""
+    """A folder holding the student package for grading ``lab`` (``distlab/``, its modules
+    compiled), the course's data (``data/``, linked) and an empty ``notebooks/``: a student
+    handout's course root, which the package finds by itself. Rebuilt when the course's package
+    changes; copied from the course's build folder, where it is made once per version of the
+    package (``built_view``), not once per grading run."""
     folder = Path(workdir) / "views" / lab
     stamp = folder / ".fingerprint"
     fingerprint = _package_fingerprint()
     if stamp.exists() and stamp.read_text() == fingerprint:
         return folder
+    made = built_view(lab, fingerprint)
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # copy2 keeps the modules' times, with which their compiled files were stamped
+    shutil.copytree(made, folder, symlinks=True)
+    return folder
+
+
+def built_view(lab: str, fingerprint: str | None = None) -> Path:
+    """The view of ``lab`` in ``build/grading-views``, made there if it is not: writing it costs
+    seconds (the checks modules imported, torch with them, to know what to withhold), and its
+    modules are compiled there once, since the processes that import them (the judge's zygote,
+    the graded kernel) may write nowhere beside them. Read it, or copy it: never write into it.
+    Views of other versions of the package are removed."""
+    import tempfile
+    fingerprint = fingerprint or _package_fingerprint()
+    cache = paths.build() / "grading-views"
+    made = cache / f"{lab}-{fingerprint[:16]}"
+    if _stamp(made) == fingerprint:
+        return made
+    cache.mkdir(parents=True, exist_ok=True)
+    # Made beside it and moved in whole: two grading runs at once each make one, the first kept.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{lab}-", dir=cache))
+    try:
+        _write_view(tmp, lab, fingerprint)
+        os.rename(tmp, made)
+    except OSError:
+        if _stamp(made) != fingerprint:
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in cache.iterdir():
+        if not old.name.startswith(".") and not old.name.endswith(fingerprint[:16]):
+            shutil.rmtree(old, ignore_errors=True)
+    return made
+
+
+def _write_view(folder: Path, lab: str, fingerprint: str) -> None:
+    import compileall
     write_package(folder, [lab])
+    compileall.compile_dir(str(folder / "distlab"), quiet=2)
     (folder / "notebooks").mkdir()
     os.symlink(paths.data().resolve(), folder / "data")
-    stamp.write_text(fingerprint)
-    return folder
+    (folder / ".fingerprint").write_text(fingerprint)   # last: a view without it is incomplete
+
+
+def _stamp(folder: Path) -> str | None:
+    try:
+        return (folder / ".fingerprint").read_text()
+    except OSError:
+        return None
 
 
 def _package_fingerprint() -> str:

@@ -72,6 +72,7 @@ class WarmKernels:
         mine.settimeout(REPLY_TIMEOUT)
         self.socket, self.replies = mine, mine.makefile("rb")
         self.lock = threading.Lock()
+        self.unread = 0   # replies to ``preload`` not read yet
 
     def __deepcopy__(self, memo):
         return self   # traitlets deep-copies config values: one server, shared
@@ -94,6 +95,20 @@ class WarmKernels:
         self.close()
         return None
 
+    def preload(self, names) -> None:
+        """Have the server import ``names`` (PyTorch modules: ``rank_torch_modules`` of the labs
+        graded) before it forks the judge's zygotes, which import them otherwise, one per lab.
+        Its reply is read before the next request's is: the worker goes on meanwhile, and one
+        request at a time is in flight (a request's descriptors are never read with another)."""
+        if self.socket is None or not names:
+            return
+        with self.lock:
+            try:
+                self.socket.sendall(json.dumps({"preload": list(names)}).encode() + b"\n")
+                self.unread += 1
+            except OSError:   # a dead server: the next request says so
+                pass
+
     def spawn_zygote(self, env: dict[str, str], sock_fd: int, log_fd: int) -> int | None:
         """A zygote forked from the server with ``env``, talking on ``sock_fd`` and writing to
         ``log_fd``: its pid, or None (start it as a fresh interpreter). ``LaunchSettings.spawn``
@@ -112,6 +127,9 @@ class WarmKernels:
         """One request and its reply (the judge's thread and nbgrader's may both ask)."""
         with self.lock:
             try:
+                while self.unread:   # the server imported what ``preload`` named (or it failed)
+                    self.replies.readline()
+                    self.unread -= 1
                 message = json.dumps(request).encode() + b"\n"
                 socket.send_fds(self.socket, [message], list(fds)) if fds else \
                     self.socket.sendall(message)
@@ -206,20 +224,20 @@ def serve_kernels(fd: int, cwd: str) -> int:
     sys.path[0] = cwd
     for name in PRELOAD:
         importlib.import_module(name)
-    # The judge's zygotes for the student's ranks fork from here too, one per lab: what they
-    # would each import of PyTorch (its parallel APIs, a second of CPU) is imported once.
-    from distlab.runtime.zygote import RANK_BASE, TORCH_EXTRAS
-    for name in (*RANK_BASE, *TORCH_EXTRAS):
-        try:
-            importlib.import_module(name)
-        except Exception:   # noqa: BLE001 - an optional extra: a rank imports it if it needs it
-            pass
+    # The judge's zygotes for the student's ranks fork from here too, one per lab: what every
+    # rank imports is imported once; what the graded labs' ranks import of PyTorch's parallel
+    # APIs (a second of CPU, and most labs use none) comes with the worker's ``preload``.
+    from distlab.runtime.zygote import RANK_BASE
+    _import_extras(RANK_BASE)
     with socket.socket(fileno=fd) as sock:
         for request, fds in _requests(sock):
             try:
-                pid = _fork_zygote(request, fds) if request.get("zygote") else \
-                    _fork_kernel(request, fds)
-                reply = {"pid": pid}
+                if "preload" in request:
+                    _import_extras(request["preload"])
+                    reply = {"imported": True}
+                else:
+                    reply = {"pid": _fork_zygote(request, fds) if request.get("zygote")
+                             else _fork_kernel(request, fds)}
             except Exception as exc:   # noqa: BLE001 - the worker starts that one cold
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             finally:
@@ -227,6 +245,18 @@ def serve_kernels(fd: int, cwd: str) -> int:
                     os.close(passed)
             sock.sendall(json.dumps(reply).encode() + b"\n")
     return 0
+
+
+def _import_extras(names) -> None:
+    """Import ``names``, PyTorch's modules only (this process holds no course code that a kernel
+    forked from here could reach); one that fails to import is left to the rank that needs it."""
+    for name in names:
+        if str(name).split(".")[0] not in ("torch", "cloudpickle"):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:   # noqa: BLE001 - an optional extra: a rank imports it if it needs it
+            pass
 
 
 def _requests(sock: socket.socket):

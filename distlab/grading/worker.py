@@ -26,13 +26,13 @@ def main(argv: list[str]) -> int:
     root, student, settings_json, rows_fd, *labs = argv
     from distlab.grading.imports import skip_slow_imports
     skip_slow_imports()
-    from distlab.grading import disk, sandbox
-    from distlab.grading.course_dir import nbgrader_api
-    from distlab.grading.execution import Guards
-    from distlab.grading.judge import Judge
-    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
+    from distlab.grading import sandbox
+    # What the kernels' server shares with this process, imported before it is forked: torch
+    # (with the rank launcher) and jupyter_client. nbgrader's stack, which the server never
+    # uses, comes after the fork, while the server imports the kernels' own modules.
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
+    from distlab.runtime.launch import Launcher  # noqa: F401 - torch, before the fork
 
     settings = GradingSettings.from_json(settings_json)
     root = Path(root)
@@ -45,6 +45,14 @@ def main(argv: list[str]) -> int:
     # answer (the checks' references): the kernels run the student's code.
     kernels = WarmKernels({**os.environ, **_kernel_env(folders)},
                           cwd=str(folders["jupyter"])) if reaper else None
+    if kernels is not None:   # after the fork: these import the checks modules, answers too
+        from distlab.grading.settings import rank_torch_modules
+        kernels.preload(rank_torch_modules(tuple(labs)))
+    from distlab.grading import disk
+    from distlab.grading.course_dir import nbgrader_api
+    from distlab.grading.execution import Guards
+    from distlab.grading.judge import Judge
+    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
     confine = landlock.landlock_abi() > 0
     scratch = str(folders["judge_scratch"])
     # The ranks of references a check computes on ranks (forked from here, with the instructor's
