@@ -295,9 +295,13 @@ def check_405b_answer(answer) -> str:
 
 def check_tp_plan(plan_fn, *, shape: MeshShape = VISIBLE_MESH, seed: int | None = None) -> None:
     """Train the small transformer on ``shape`` with ``plan_fn()`` applied to every block; every
-    block linear must be sharded over TP and each step's loss must equal single-process training."""
-    cfg = TinyConfig()
-    expected = load_stored(LAB, "mesh")["losses"] if seed is None else None
+    block linear must be sharded over TP and each step's loss must equal single-process training.
+    Two steps, as the design exercise's run (``lab07_design.CHECK_CFG``): the second is the first
+    after set-up and its loss shows the first update; the visible run makes the stored run's first
+    two steps (the same batches' first rows)."""
+    from distlab.checks.lab07_design import CHECK_CFG
+    cfg = CHECK_CFG
+    expected = load_stored(LAB, "mesh")["losses"][:cfg.steps] if seed is None else None
     seed = SEED if seed is None else seed
     if expected is None:
         expected = reference_losses(cfg, seed)

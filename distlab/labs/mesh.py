@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distlab.labs.shard_adamw import ShardAdamW, local as _local
 from distlab.labs.tables import largest_residue
 from distlab.labs.threads import one_thread
 from distlab.runtime.devices import device as rank_device
@@ -215,7 +216,7 @@ def _placements(stage: Stage) -> dict[str, str]:
 
 
 def _local_elements(stage: Stage) -> int:
-    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in stage.parameters())
+    return sum(_local(p).numel() for p in stage.parameters())
 
 
 @dataclass
@@ -281,7 +282,7 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
         parallelize_module(block, mesh["tp"], plan)
     placements = _placements(stage)
     fully_shard(stage, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(stage.parameters(), lr=cfg.lr, foreach=False)
+    opt = ShardAdamW(stage.parameters(), cfg.lr)
 
     run_step = _pipeline_step(stage, shape, pp_i, mesh, device) if shape.pp > 1 \
         else _plain_step(stage)
