@@ -76,10 +76,10 @@ HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
 # on PP=2 x DP=2 x TP=2 (hidden: 8 ranks, the fewest with every axis larger than 1, so that the
 # plan is tried under all three), exercise 6 on the lab's 8-rank mesh on nodes of 4 (visible: the
 # one problem where TP across nodes and DP across nodes both show, as only the outermost of
-# three axes crosses) and on 4 ranks (hidden). Measured 34.6 CPU-s and 19.3 s wall idle before
-# the runs were made cheaper (28 November 2026, main a23a509), 22.2 and 24.3 CPU-s after at load
-# 17-30 (bench/grading_budget.py, 2-core machine): about 12.5-13.5 s idle by the same ratio of
-# wall to CPU time; place_mesh 43-48%, tp_plan 36-39%.
+# three axes crosses) and on 4 ranks (hidden). Graded beside main as it was before these runs
+# were made cheaper (a23a509), alternated, 28 November 2026, 2-core machine, load 3-6
+# (bench/grading_budget.py): 21.1 s and 35.4 CPU-s before, 13.2 s and 19.9 CPU-s after; again
+# 34.0 and 20.4 CPU-s (place_mesh 44-46%, tp_plan 39-40%). On the idle machine before: 19.3 s.
 GRADING_BUDGET_S = 14.0
 # Seconds before the mesh runs count as hung: 8 ranks setting up DTensor, FSDP2 and a pipeline on
 # 2 shared cores take several seconds, more than a hang limit tuned for plain collectives.

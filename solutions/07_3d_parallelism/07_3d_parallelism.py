@@ -915,8 +915,8 @@ print(check_mesh_placement_bar(place_mesh, seed=fresh_seed()))   # another model
 # shards (element by element, the same update as on the DTensors: the same losses, bit for bit),
 # which spares DTensor working out each op's placements on each parameter in the first step, and
 # each pipeline stage is told its micro-batch shapes rather than inferring them on fake tensors.
-# A full answer graded in 34.6 CPU-s and 19.3 s on the idle machine before these three, and in
-# 22–24 CPU-s after (load average 17–30; about 13 s idle by the same ratio of wall to CPU time)
+# Graded beside the version before these three, alternated (load average 3–6): a full answer
+# took 21.1 s and 35.4 CPU-s before, 13.2 s and 19.9 CPU-s after; again 34.0 and 20.4 CPU-s
 # (`python bench/grading_budget.py --labs 07_3d_parallelism`; `bench/grading_phases.py --lab
 # 07_3d_parallelism --cells --runs` gives each run's share).
 # Exercise 6's scale (the second problem in its first test, and its second test) runs no rank:
