@@ -734,17 +734,20 @@ def test_least_crossing_counts_as_the_check_does():
 
 
 def test_check_runs_the_stored_batches_first_steps():
-    """The check's shorter run (CHECK_CFG) trains on the first steps of the batches the stored
-    losses were made from, so those losses' first steps are its reference."""
+    """The checks' shorter runs (CHECK_CFG: the design exercise's and the TP plan's) train on the
+    first steps of the batches the stored losses were made from, so those losses' first steps
+    are their reference."""
     short, full = lab07_design.CHECK_CFG, TinyConfig()
     assert 2 <= short.steps < full.steps
     for a, b in zip(make_batches(short, lab07_design.SEED), make_batches(full, lab07_design.SEED)):
         assert torch.equal(a, b[:short.steps])
     from distlab.checks.stored import load
     from distlab.labs.mesh import LOSS_ATOL, LOSS_RTOL
-    stored = load(lab07.LAB, "placement")["losses"]
     got = reference_losses(short, lab07_design.SEED)
-    assert torch.allclose(got, stored[:short.steps], rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    assert lab07.SEED == lab07_design.SEED
+    for name in ("placement", "mesh"):
+        stored = load(lab07.LAB, name)["losses"]
+        assert torch.allclose(got, stored[:short.steps], rtol=LOSS_RTOL, atol=LOSS_ATOL), name
 
 
 def test_check_traffic_prediction(sol):
