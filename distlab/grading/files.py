@@ -42,6 +42,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def stamp_of(folder: Path, name: str) -> str | None:
+    """The key a folder made by ``made_whole`` was made for (its file ``name``), or None."""
+    try:
+        return (folder / name).read_text()
+    except OSError:
+        return None
+
+
+def made_whole(dest: Path, stamp: str, key: str, make) -> None:
+    """Make ``dest`` with ``make(folder)`` in a folder beside it, write ``key`` to its file
+    ``stamp`` last (a folder without it is incomplete) and move it in whole: two runs at once
+    each make one, and the one that moves first is kept."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        make(tmp)
+        (tmp / stamp).write_text(key)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.rename(tmp, dest)
+    except OSError:
+        if stamp_of(dest, stamp) != key:
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Busy(RuntimeError):
     """Another grading run holds the work directory."""
 

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from distlab import paths
+from distlab.grading.files import made_whole, stamp_of
 
 
 def discover(folder: Path, known: list[str], selected: list[str] | None = None
@@ -91,28 +92,13 @@ def template_key(labs: list[str]) -> str:
 
 
 def _stamp(template: Path) -> str | None:
-    try:
-        return (template / STAMP).read_text()
-    except OSError:
-        return None
+    return stamp_of(template, STAMP)
 
 
 def _generate(dest: Path, labs: list[str], key: str) -> None:
-    """Make the template in a folder beside ``dest`` and move it in whole: two grading runs at
-    once each make one, and the one that moves first is kept."""
+    """Make the template beside ``dest`` and move it in whole (``made_whole``)."""
     from distlab.grading.course_dir import generate
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
-    try:
-        generate(labs, tmp)
-        (tmp / STAMP).write_text(key)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.rename(tmp, dest)
-    except OSError:
-        if _stamp(dest) != key:
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    made_whole(dest, STAMP, key, lambda folder: generate(labs, folder))
 
 
 def _prune(cache: Path, keep: Path) -> None:

@@ -32,6 +32,7 @@ import shutil
 from pathlib import Path
 
 from distlab import paths
+from distlab.grading.files import made_whole, stamp_of
 
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "course_files",
                               "*.egg-info")
@@ -150,6 +151,8 @@ def _stub_body(node, lines: list[str], message: str) -> tuple[int, int, list[str
 # ---------------------------------------------------------------------------------------------
 # Views for grading: one per lab, made once and reused while the course does not change
 
+STAMP = ".fingerprint"   # a view's file holding the package's fingerprint it was made for
+
 def view(workdir: Path, lab: str) -> Path:
     """A folder holding the student package for grading ``lab`` (``distlab/``, its modules
     compiled), the course's data (``data/``, linked) and an empty ``notebooks/``: a student
@@ -157,9 +160,8 @@ def view(workdir: Path, lab: str) -> Path:
     changes; copied from the course's build folder, where it is made once per version of the
     package (``built_view``), not once per grading run."""
     folder = Path(workdir) / "views" / lab
-    stamp = folder / ".fingerprint"
     fingerprint = _package_fingerprint()
-    if stamp.exists() and stamp.read_text() == fingerprint:
+    if stamp_of(folder, STAMP) == fingerprint:
         return folder
     made = built_view(lab, fingerprint)
     shutil.rmtree(folder, ignore_errors=True)
@@ -175,43 +177,25 @@ def built_view(lab: str, fingerprint: str | None = None) -> Path:
     modules are compiled there once, since the processes that import them (the judge's zygote,
     the graded kernel) may write nowhere beside them. Read it, or copy it: never write into it.
     Views of other versions of the package are removed."""
-    import tempfile
     fingerprint = fingerprint or _package_fingerprint()
     cache = paths.build() / "grading-views"
     made = cache / f"{lab}-{fingerprint[:16]}"
-    if _stamp(made) == fingerprint:
+    if stamp_of(made, STAMP) == fingerprint:
         return made
-    cache.mkdir(parents=True, exist_ok=True)
     # Made beside it and moved in whole: two grading runs at once each make one, the first kept.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{lab}-", dir=cache))
-    try:
-        _write_view(tmp, lab, fingerprint)
-        os.rename(tmp, made)
-    except OSError:
-        if _stamp(made) != fingerprint:
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    made_whole(made, STAMP, fingerprint, lambda folder: _write_view(folder, lab))
     for old in cache.iterdir():
         if not old.name.startswith(".") and not old.name.endswith(fingerprint[:16]):
             shutil.rmtree(old, ignore_errors=True)
     return made
 
 
-def _write_view(folder: Path, lab: str, fingerprint: str) -> None:
+def _write_view(folder: Path, lab: str) -> None:
     import compileall
     write_package(folder, [lab])
     compileall.compile_dir(str(folder / "distlab"), quiet=2)
     (folder / "notebooks").mkdir()
     os.symlink(paths.data().resolve(), folder / "data")
-    (folder / ".fingerprint").write_text(fingerprint)   # last: a view without it is incomplete
-
-
-def _stamp(folder: Path) -> str | None:
-    try:
-        return (folder / ".fingerprint").read_text()
-    except OSError:
-        return None
 
 
 def _package_fingerprint() -> str:
