@@ -78,7 +78,7 @@ def test_the_delegation_sample_counts_are_the_designs():
     """The README's count of the grading run's delegation samples, before the covering design and
     with it, is tests/submissions/delegation.py's."""
     from submissions import delegation
-    found = re.search(r"delegation samples have since gone from (\d+) notebooks \(every route on\s+"
+    found = re.search(r"delegation samples went from (\d+) notebooks \(every route on\s+"
                       r"every lab\)\s+to (\d+) \(each lab by (\w+) routes, each route on (\w+) labs",
                       README)
     assert found, "the README's sentence on the delegation samples changed: update this test"
