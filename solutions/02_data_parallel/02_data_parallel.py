@@ -72,14 +72,14 @@ print(gradient_average_demo(world_size=4))
 #   backward, average the gradients, step the optimizer. Return this rank's loss. Leave the averaged
 #   gradients in `p.grad` (the check reads them).
 #
-# The check runs 3 steps of AdamW on 2 and 4 ranks and compares each rank's gradients and
-# parameters with single-process training on the full batch. It trains in **float64**: averaging
+# The check runs 3 steps of AdamW on 4 ranks (graded also on 2) and compares each rank's gradients
+# and parameters with single-process training on the full batch. It trains in **float64**: averaging
 # per-rank means is only equal *up to rounding* to the full-batch mean, and in float32 AdamW
 # amplifies that rounding on gradients near zero (its update is m / (√v + ε)), to about 1e-4 after
-# three steps; in float64 the difference is about 1e-12, so a tolerance of 1e-9 never fails a
-# right answer. The check also looks at the **gradients**, not only the parameters: Adam's update
-# hardly changes when every gradient is scaled by the same factor, so a forgotten division by W
-# would barely show in the parameters.
+# three steps; in float64 the difference is about 1e-12, so a tolerance of 1e-9 never fails a right
+# answer. The check also looks at the **gradients**, not only the parameters: Adam's update hardly
+# changes when every gradient is scaled by the same factor, so a forgotten division by W would
+# barely show in the parameters.
 
 # %% nbgrader={"grade": false, "grade_id": "data_parallel_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def all_reduce_gradients(params: list[torch.Tensor]) -> None:
@@ -108,12 +108,10 @@ def data_parallel_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "test_data_parallel_step", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_data_parallel_step(data_parallel_step, world_size=2)
 check_data_parallel_step(data_parallel_step, world_size=4)
-print("data_parallel_step: equal to single-process AdamW on 2 and 4 ranks, one all-reduce per parameter")
+print("data_parallel_step: equal to single-process AdamW on 4 ranks, one all-reduce per parameter")
 ### BEGIN HIDDEN TESTS
-check_data_parallel_step(data_parallel_step, world_size=4, seed=fresh_seed(), d_hidden=48)
-check_data_parallel_step(data_parallel_step, world_size=2, seed=fresh_seed(), d_hidden=80)
+check_data_parallel_step(data_parallel_step, world_size=2, seed=fresh_seed(), d_hidden=48)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -166,14 +164,12 @@ def bucketed_all_reduce(params: list[torch.Tensor], bucket_bytes: int) -> None:
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "test_bucketed_all_reduce", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_bucketed_all_reduce(bucketed_all_reduce, bucket_bytes=8192, world_size=2)
 check_bucketed_all_reduce(bucketed_all_reduce, bucket_bytes=20000, world_size=4)
 print("bucketed_all_reduce: correct, at most ceil(P / bucket) all-reduces, no bucket too large")
 ### BEGIN HIDDEN TESTS
+# a bucket drawn from 8,000 to 31,992 bytes: several per step or, above the gradients' bytes, one
 check_bucketed_all_reduce(bucketed_all_reduce, bucket_bytes=8 * (1000 + fresh_seed() % 3000),
-                          world_size=4, seed=fresh_seed())
-check_bucketed_all_reduce(bucketed_all_reduce, bucket_bytes=1 << 20, world_size=2,
-                          seed=fresh_seed(), d_hidden=40)
+                          world_size=2, seed=fresh_seed(), d_hidden=40)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -218,12 +214,10 @@ class OverlappedAllReduce:
         ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "test_overlapped_all_reduce", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_overlapped_all_reduce(OverlappedAllReduce, world_size=2)
 check_overlapped_all_reduce(OverlappedAllReduce, world_size=4)
 print("OverlappedAllReduce: correct, all-reduces asynchronous and issued during backward")
 ### BEGIN HIDDEN TESTS
-check_overlapped_all_reduce(OverlappedAllReduce, world_size=4, seed=fresh_seed(), d_hidden=72)
-check_overlapped_all_reduce(OverlappedAllReduce, world_size=2, seed=fresh_seed())
+check_overlapped_all_reduce(OverlappedAllReduce, world_size=2, seed=fresh_seed(), d_hidden=72)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -295,12 +289,10 @@ class ShardedAdamW:
         ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "test_sharded_adamw", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_sharded_adamw(ShardedAdamW, world_size=2)
 check_sharded_adamw(ShardedAdamW, world_size=4)
 print("ShardedAdamW: equal to AdamW, each rank keeps the state of its shard only")
 ### BEGIN HIDDEN TESTS
-check_sharded_adamw(ShardedAdamW, world_size=4, seed=fresh_seed(), d_hidden=50)
-check_sharded_adamw(ShardedAdamW, world_size=2, seed=fresh_seed())
+check_sharded_adamw(ShardedAdamW, world_size=2, seed=fresh_seed(), d_hidden=50)
 ### END HIDDEN TESTS
 
 # %% [markdown]
