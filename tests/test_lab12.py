@@ -46,3 +46,22 @@ def test_every_section_plants_a_mistake_in_each_graded_test():
 @pytest.mark.timeout(900)
 def test_the_grader_takes_from_each_mistake_exactly_its_tests(graded_samples):
     lab_mistakes.assert_each_mistake_loses_its_tests(graded_samples, LAB, planted(), AGAINST_OWN)
+
+
+def test_the_launches_the_budget_counts_are_the_test_cells_calls():
+    """``lab12.LAUNCHES`` is counted by each section's test of the solution over one visible call
+    and one hidden call of its check (tests/test_lab12_state.py, _state_reshard.py,
+    _restart_check.py): that is what each graded cell calls, and every graded cell that makes
+    launches is counted."""
+    import re
+    from distlab.checks import lab12
+    from distlab.course.notebooks import source_notebook
+    cells = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source_notebook(LAB).cells
+             if c.metadata.get("nbgrader", {}).get("grade")}
+    launching = {"check_whole_state", "check_resharding", "check_train_resumable"}
+    calls = {test: re.findall(r"^(check_\w+)\(", source, re.M) for test, source in cells.items()}
+    assert {t for t, names in calls.items() if launching & set(names)} == set(lab12.LAUNCHES)
+    for test in lab12.LAUNCHES:
+        visible, _, hidden = cells[test].partition("### BEGIN HIDDEN TESTS")
+        counts = [len(re.findall(r"^check_\w+\(", part, re.M)) for part in (visible, hidden)]
+        assert counts[0] == 1 and counts[1] <= 1, (test, counts)

@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+import launch_count
 from distlab.checks import lab12
 from distlab.course import solutions
 from distlab.course.notebooks import source_notebook
@@ -72,13 +73,18 @@ def _verdict(functions, **case) -> str:
 def test_the_solution_passes_the_visible_case_and_a_fresh_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)     # the check's folders go in the launcher's folder: here
     functions = _functions()
-    line = _verdict(functions)
+    with launch_count.counted() as visible:
+        line = _verdict(functions)
     # step 6's save may finish before the signal lands, or not, and step 4's may still be in
     # flight (under load it was): the judge reads which
     assert re.fullmatch(r"killed at step 6 \(rank 1\), resumed from step (2: 6|4: 4|6: 2) steps, "
                         r"bit-identical to a clean restart", line), line
-    line = _verdict(functions, seed=20261128)
+    with launch_count.counted() as hidden:
+        line = _verdict(functions, seed=20261128)
     assert not line.startswith("FAILED") and "bit-identical to a clean restart" in line, line
+    # the launches the lab's budget counts (lab12.LAUNCHES): the test cell's two calls
+    assert launch_count.launches_and_ranks(visible, hidden) == \
+        lab12.LAUNCHES["test_train_resumable"], (visible, hidden)
     assert os.listdir(tmp_path) == []       # every folder of the check removed
 
 

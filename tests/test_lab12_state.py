@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import launch_count
 from check_verdicts import verdicts
 from distlab.checks import lab12, lab12_state
 from distlab.course import solutions
@@ -62,12 +63,18 @@ def _all_checks(ns: dict, seed=None) -> dict:
 
 
 def test_the_solution_passes_the_stored_run_and_fresh_ones():
+    """... in the launches the lab's budget counts (``lab12.LAUNCHES``): the test cell's visible
+    call and one hidden call."""
     ns = namespace()
-    line = lab12.check_whole_state(ns["whole_state"], ns["restore"])
+    with launch_count.counted() as visible:
+        line = lab12.check_whole_state(ns["whole_state"], ns["restore"])
     assert "resumed after step 3 of 6 on 2 ranks (the stored run)" in line, line
     assert "3 losses after the resume and all 8 parameters" in line, line
     for seed in SEEDS:
-        line = lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=seed)
+        with launch_count.counted() as hidden:
+            line = lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=seed)
+        assert launch_count.launches_and_ranks(visible, hidden) == \
+            lab12.LAUNCHES["test_whole_state"], (visible, hidden)
         _, _, steps, save_at, _ = lab12_state._case(seed, 2, 6, 3)
         assert f"resumed after step {save_at} of {steps}" in line and f"seed {seed}" in line
         # a run of seeds of its own, its uninterrupted run made here: not the stored run

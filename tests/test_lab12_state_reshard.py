@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 
+import launch_count
 from check_verdicts import verdicts
 from distlab.checks import lab12, lab12_reshard
 from test_lab12_state import _all_checks, namespace as _namespace
@@ -124,7 +125,9 @@ def test_the_solution_passes_both_ways_on_the_checks_states_and_fresh_ones(tmp_p
     watcher.start()
     try:
         ns = namespace()
-        line = lab12.check_resharding(ns["save"], ns["load"])
+        with launch_count.counted() as launched:     # the test cell's one call
+            line = lab12.check_resharding(ns["save"], ns["load"])
+        assert launch_count.launches_and_ranks(launched) == lab12.LAUNCHES["test_resharding"]
         assert "saved on 2 ranks, loaded on 4; saved on 4, loaded on 2 (the check's states" in line
         assert "from 2 writers" in line and "from 4 writers" in line, line
         # 4 readers x 8 parameters x 4 (weights, moments, step), then 2 readers x the same
