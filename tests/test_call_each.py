@@ -2,7 +2,7 @@
 of its arguments, a failure reported on the case that raised (``distlab.checks.ranks``)."""
 import pytest
 
-from distlab.checks.ranks import Answers, SubmittedError, call_each
+from distlab.checks.ranks import Answers, SubmittedError, call_each, call_each_of
 from distlab.grading.statuses import status_of_exception
 
 
@@ -55,6 +55,34 @@ def test_unnamed_cases_show_the_call_and_a_stub_counts_as_not_done():
         list(answers)
     assert "on case 1 of 1, _stub(3):" in str(caught.value)
     assert status_of_exception(caught.value) == "not-done"
+
+
+def _bytes_of(rank: int, world_size: int) -> int:
+    return 10 * rank + world_size
+
+
+def test_a_dict_is_a_call_with_keywords_shown_by_name():
+    # As a test that names the arguments calls: the parameters' names matter, not their order.
+    calls = [dict(world_size=4, rank=1), dict(rank=2, world_size=3)]
+    assert call_each(_bytes_of, calls) == [14, 23]
+    answers = call_each(_inverse, [dict(x=2.0), dict(x=0.0)])
+    with pytest.raises(SubmittedError) as caught:
+        list(answers)
+    assert "on case 2 of 2, _inverse(x=0.0):" in str(caught.value)
+    with pytest.raises(SubmittedError) as caught:   # another name: a TypeError, as a call made
+        list(call_each(_inverse, [dict(value=1.0)]))
+    assert caught.value.exc_type == "TypeError"
+
+
+def test_two_functions_in_one_launch_each_on_its_own_copies():
+    shared = [0]
+    counts, inverses = call_each_of([_append_and_count, _inverse], [(shared, 1), (shared, 2)])
+    assert counts == [len(shared) + 1] * 2          # neither call saw the other's change
+    with pytest.raises(SubmittedError) as caught:   # _inverse's raise is its own, on its case
+        list(inverses)   # 1 / [0]: a TypeError on the first case
+    assert "_inverse raised TypeError on case 1 of 2" in str(caught.value)
+    shares, exposed = call_each_of([_inverse, _inverse], [(2.0,), (4.0,)])
+    assert shares == exposed == [0.5, 0.25]
 
 
 def _sleeps(seconds: float) -> float:

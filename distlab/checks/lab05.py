@@ -22,11 +22,11 @@ from distlab.checks.stored import load as load_stored
 from distlab.checks.assertions import CheckFailed, assert_close, recording
 from distlab.checks.common import DesignRuns
 from distlab.checks.crossed import assert_crossed_as_recorded
+from distlab.checks.ranks import call_each
 from distlab.checks.lab05_messages import assert_equal_split, course_value, deadlock_advice
 from distlab.checks.lab05_order import _check_alternation, _check_microbatches, one_f_one_b_order  # noqa: F401
 from distlab.labs.pipeline import (Event, PipeSpec, ScheduleRun, grad_error, partition_layers,
                                    reference_step, run_schedules)
-from distlab.labs.threads import one_thread
 from distlab.runtime.per_rank import reference
 
 LAB = "05_pipeline_parallel"
@@ -70,11 +70,13 @@ def _cut_key(num_layers: int, num_stages: int) -> str:
     return f"L{num_layers}_p{num_stages}"
 
 
-def _expected_partition(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+def _expected_partition(num_layers: int, num_stages: int,
+                        stored: dict | None = None) -> list[tuple[int, int]]:
     """The course's layer ranges: stored for the visible cases (a student's handout has no
     ``partition_layers``), computed for others (in the judge, which has it). Stored cuts serve
-    hidden cases too: a cut depends on the layers and stages, not on the seed."""
-    stored = load_stored(LAB, "partition")
+    hidden cases too: a cut depends on the layers and stages, not on the seed. ``stored``: the
+    set, when a check reads it for many cases."""
+    stored = load_stored(LAB, "partition") if stored is None else stored
     if _cut_key(num_layers, num_stages) not in stored:
         return course_value(partition_layers, num_layers, num_stages,
                        what=f"{num_layers} layers on {num_stages} stages",
@@ -172,16 +174,18 @@ def check_partition(partition, *, seed: int | None = None) -> str:
         cases = [(p * rng.randint(1, 6) + rng.randint(0, p - 1), p)
                  for p in (rng.randint(2, 8) for _ in range(12))]
     answers = {}
-    for num_layers, p in cases:
+    got_each = call_each(partition, cases)   # every case in one launch, not one a call
+    stored = load_stored(LAB, "partition")
+    for k, (num_layers, p) in enumerate(cases):
         what = f"partition({num_layers}, {p})"
-        got = partition(num_layers, p)
+        got = got_each[k]   # a case that raised raises here, after the cases before it
         try:
             got = [(int(a), int(b)) for a, b in got]
         except (TypeError, ValueError):
             raise CheckFailed(f"{what} returned {got!r}: expected a list of (start, stop) pairs.")
         if len(got) != p:
             raise CheckFailed(f"{what} returned {len(got)} ranges: expected one per stage, {p}.")
-        expected = _expected_partition(num_layers, p)
+        expected = _expected_partition(num_layers, p, stored)
         bounds = [a for a, _ in got] + [got[-1][1]]
         if bounds[0] != 0 or bounds[-1] != num_layers or any(got[s][1] != got[s + 1][0]
                                                              for s in range(p - 1)):
@@ -371,9 +375,5 @@ COURSE_CODE = dict.fromkeys([
     CourseCode(forbidden=LAB5_SHIPPED + DESIGN))
 # Graded on values handed in (runs of torch's pipelining, made by the lab): nothing to guard.
 GRADED_ON_VALUES = ("check_library_matches",)
-# The checks' own torch work in the judge (every stage's gradients compared, hidden references
-# computed) on one intra-op thread: on 2 shared cores more only spin (a hidden GPipe check's
-# comparisons: 3.5 CPU-s at load 25, then 0.3).
-globals().update({n: one_thread()(f) for n, f in list(globals().items()) if n.startswith("check_")})
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

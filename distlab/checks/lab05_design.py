@@ -26,6 +26,7 @@ import torch
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.common import design_scale
 from distlab.checks.lab05_messages import course_value
+from distlab.checks.ranks import call_each
 from distlab.labs.pipeline import measured_bubble, recorded_orders, replay
 from distlab.labs.pipeline_bubble import budget_bound, idle_per_stage
 
@@ -106,10 +107,12 @@ def grade_traffic(predict, seed: int | None = None) -> str:
                                 stored="the ten cases of check_predicted_traffic(predict_sent_bytes)")
                       for case in cases])
     answers = []
-    for case, want in zip(cases, expected):
-        call = "predict_sent_bytes(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")"
+    calls = ["predict_sent_bytes(" + ", ".join(f"{k}={v}" for k, v in case.items()) + ")"
+             for case in cases]
+    got_each = call_each(predict, cases, names=calls)   # every case in one launch
+    for k, (case, want, call) in enumerate(zip(cases, expected, calls)):
+        got = got_each[k]   # a case that raised raises here, after the cases before it
         try:
-            got = predict(**case)
             got = int(got)
         except (TypeError, ValueError) as err:
             raise CheckFailed(f"{call} did not return a whole number of bytes: {err}")

@@ -27,14 +27,13 @@ import torch
 
 from distlab.checks.assertions import CheckFailed
 from distlab.checks.lab06_design import grade_bucket_plan, visible_problem
-from distlab.checks.ranks import call_each
+from distlab.checks.ranks import call_each, call_each_of
 from distlab.checks.lab06_stored import (collectives_tensors as _collectives_tensors,
                                          stored_collectives as _stored_collectives,
                                          timeline_from, timeline_tensor)
 from distlab.labs.timelines.trace import Timeline, collective_events as reference_collectives, merge_traces
 from distlab.labs.timelines.intervals import clip, length, minus, union  # noqa: F401
 from distlab.labs.timelines.runs import KIND, Spec, profile_all
-from distlab.labs.threads import one_thread
 from distlab.runtime.per_rank import reference
 
 LAB = "06_timelines"
@@ -220,13 +219,13 @@ def _close(got, expected: float, rel: float = REL, abs_: float = 1e-12) -> bool:
 
 def check_collective_events(fn, seed: int | None = None) -> str:
     """``fn(trace)`` must list rank r's collectives: (op, bytes, start s, duration s), in start order."""
-    from distlab.labs.timelines.trace import load_trace
-    # Each trace parsed once: the rank gets a copy of it (call_each), the reference reads it.
-    cases = [(what, rank, load_trace(blob), stored) for what, traces, _, stored in _cases(seed, merged=False)
+    cases = [(what, rank, blob, stored) for what, traces, _, stored in _cases(seed, merged=False)
              for rank, blob in enumerate(traces)]
-    answers = call_each(fn, [(trace,) for _, _, trace, _ in cases])   # one launch
-    for (what, rank, trace, stored), got in zip(cases, answers):
-        expected = reference(reference_collectives(trace) if stored is None
+    # The traces go as their gzip bytes, each parsed on the rank for its call: parsed, the
+    # stored ones are 9 MB of dicts, and pickling them there and back cost seconds.
+    answers = call_each(_OnTrace(fn), [(blob,) for _, _, blob, _ in cases])   # one launch
+    for (what, rank, blob, stored), got in zip(cases, answers):
+        expected = reference(reference_collectives(blob) if stored is None
                              else _stored_collectives(stored, rank))
         where = f"collective_events on {what}, rank {rank}"
         try:
@@ -255,13 +254,26 @@ def check_collective_events(fn, seed: int | None = None) -> str:
             f"trace, each op and bytes as recorded, start and duration within 1e-12 and 1e-09 relative")
 
 
+class _OnTrace:
+    """``fn(load_trace(blob))``, on the rank: the trace a student's ``collective_events`` reads,
+    parsed from the recorded bytes for each call (a dict of its own, as a pickled copy was)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "name", None) or getattr(fn, "__name__", "collective_events")
+
+    def __call__(self, blob: bytes):
+        from distlab.labs.timelines.trace import load_trace
+        return self.fn(load_trace(blob))
+
+
 def check_comm_share(share_fn, exposed_fn, seed: int | None = None) -> str:
     """``share_fn(timeline, rank, window)`` and ``exposed_fn(...)`` on every step of every rank."""
     cases = [(what, timeline, stored, rank, i, window) for what, _, timeline, stored in _cases(seed)
              for rank in range(timeline.world_size)
              for i, window in enumerate(timeline.steps(rank))]
     calls = [(timeline, rank, window) for _, timeline, _, rank, _, window in cases]
-    shares, exposures = call_each(share_fn, calls), call_each(exposed_fn, calls)   # two launches
+    shares, exposures = call_each_of([share_fn, exposed_fn], calls)   # one launch, both graded
     worst = 0.0
     for (what, timeline, stored, rank, i, window), got_share, got_exposed in zip(cases, shares, exposures):
         where = f"on {what}, rank {rank}, step {i} (window {window[0]:.6f}..{window[1]:.6f} s)"
@@ -383,8 +395,5 @@ COURSE_CODE = dict.fromkeys([
 # Graded on values handed in (numbers the kernel computed from the shipped traces): no course code runs on the judge's ranks for
 # these, so there is nothing for a guard to notice.
 GRADED_ON_VALUES = ("check_gpu_traces",)
-# The checks' own torch work in the judge (comparisons, a reference model's step) on one intra-op
-# thread: on 2 shared cores more only spin (Lab 6's bucket-plan comparisons: 1.5 CPU-s, then 0.1).
-globals().update({n: one_thread()(f) for n, f in list(globals().items()) if n.startswith("check_")})
 from distlab.checks.messenger import judge_module  # noqa: E402  (while grading, checks run in the judge)
 judge_module(globals())

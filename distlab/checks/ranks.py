@@ -61,29 +61,46 @@ class SubmittedError(Exception):
         self.exc_type = exc_type
 
 
-def call_each(fn, calls: list[tuple], names: list[str] | None = None) -> list:
-    """``[fn(*args) for args in calls]``, run on one rank in one launch. A check that calls a
-    student's function on many cases (every step of every rank of a trace) pays one rank's start
-    instead of one per call (in the judge, each call of a submitted function is a launch). Each
-    call gets its own copy of its arguments, as a launch of its own would: a function that
-    changes what it was given cannot change a later case.
+def call_each(fn, calls: list, names: list[str] | None = None) -> list:
+    """``[fn(*args) for args in calls]``, run on one rank in one launch (a call given as a dict
+    is made with keywords, ``fn(**kwargs)``, as a test that names the arguments calls it). A
+    check that calls a student's function on many cases (every step of every rank of a trace)
+    pays one rank's start instead of one per call (in the judge, each call of a submitted
+    function is a launch). Each call gets its own copy of its arguments, as a launch of its own
+    would: a function that changes what it was given cannot change a later case.
 
     If ``fn`` raises on case k, the calls stop there, as a loop of calls would: the answers
     read on raise a ``SubmittedError`` at k (``Answers``), which names that case (``names[k]``,
     else the call with its arguments) above the traceback. A hang is the launch's:
     ``distlab.run`` stops the rank after ``rank_timeout()`` and says where it was."""
+    return call_each_of([fn], calls, names)[0]
+
+
+def call_each_of(fns: list, calls: list, names: list[str] | None = None) -> list:
+    """``[call_each(fn, calls, names) for fn in fns]`` in one launch: each function on every
+    case in turn, each call on its own copy of its arguments, a raise stopping only its own
+    function's calls. A check that grades two functions on the same cases pays one rank's
+    start, and ships the cases once."""
     import distlab
     from distlab.runtime.outcome import HangError, RankError
-    calls = [tuple(args) for args in calls]
-    name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "your function"
+    calls = [dict(args) if isinstance(args, dict) else tuple(args) for args in calls]
+    shown = [getattr(fn, "name", None) or getattr(fn, "__name__", None) or "your function"
+             for fn in fns]
+    name = " and ".join(shown)
     try:
-        out = distlab.run(_call_each, 1, fn, calls, backend="gloo", timeout=rank_timeout())[0]
+        out = distlab.run(_call_each, 1, list(fns), calls, backend="gloo",
+                          timeout=rank_timeout())[0]
     except HangError as exc:   # still a hang; said of the student's function, not of "the ranks"
         raise HangError(f"{name}, called on {len(calls)} cases one after another on one rank, "
                         f"did not return: {exc}") from None
     except RankError as exc:   # raised outside any one call (loading it, or exiting the process)
         raise SubmittedError(exc.exc_type, f"{name} raised {exc.exc_type}:\n"
                              f"{exc.rank_traceback.rstrip()}") from None
+    return [_answers(done, fn_name, calls, names) for done, fn_name in zip(out, shown)]
+
+
+def _answers(out: tuple, name: str, calls: list, names: list[str] | None) -> list:
+    """One function's answers from its rank's outcome (``_call_each``)."""
     if out[0] != "raised":
         return list(out[1])
     answers, k, exc_type, text = list(out[1]), int(out[2]), str(out[3]), str(out[4])
@@ -110,16 +127,23 @@ class Answers:
         raise self.error
 
 
-def _shown(args: tuple) -> str:
+def _shown(args: tuple | dict) -> str:
     import reprlib
     shown = reprlib.Repr()
     shown.maxstring, shown.maxother, shown.maxlist, shown.maxdict = 80, 200, 8, 8
+    if isinstance(args, dict):
+        return ", ".join(f"{k}={shown.repr(v)}" for k, v in args.items())
     return ", ".join(shown.repr(a) for a in args)
 
 
-def _call_each(rank: int, world_size: int, fn, calls: list[tuple]):
-    """("done", answers), or ("raised", the answers before, k, exception type, traceback) for
-    the first call k that raised: the launcher would only say that rank 0 raised, not where."""
+def _call_each(rank: int, world_size: int, fns: list, calls: list) -> list:
+    """For each function: ("done", answers), or ("raised", the answers before, k, exception
+    type, traceback) for the first call k that raised: the launcher would only say that rank 0
+    raised, not where."""
+    return [_each_call(fn, calls) for fn in fns]
+
+
+def _each_call(fn, calls: list):
     import pickle
     import traceback
     answers = []
@@ -127,7 +151,7 @@ def _call_each(rank: int, world_size: int, fn, calls: list[tuple]):
         # Copied by pickling (faster than deepcopy on a trace's dicts): calls may share a timeline.
         args = pickle.loads(pickle.dumps(args))
         try:
-            answers.append(fn(*args))
+            answers.append(fn(**args) if isinstance(args, dict) else fn(*args))
         except Exception as exc:   # noqa: BLE001 - the judge reports it on its case
             # From the student's frame on, not this loop's.
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
