@@ -187,7 +187,7 @@ def test_the_server_imports_the_torch_modules_it_is_told_and_no_course_code(kern
 
 
 def test_a_forked_kernel_holds_its_servers_objects_out_of_the_collectors_reach(kernels):
-    """What the server imported (torch's modules, ipykernel's debugger: 0.17 CPU-s a kernel
+    """What the server imported (torch's modules, ipykernel's debugger, which each kernel
     imported at its start) is frozen before the fork: the kernel's collections do not scan it.
     The student's own objects are collected as before (the freeze is the server's, not theirs)."""
     probe = kernels[0]["first"]["probe"]
