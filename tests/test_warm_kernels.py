@@ -83,6 +83,11 @@ import errno, json, os, sys
 warm = "torch" in sys.modules and "matplotlib.pyplot" in sys.modules
 imported = {name: name in sys.modules for name in ("torch.utils.bundled_inputs",
             "distlab.checks.lab01", "torch.distributed.tensor", "torch.distributed.fsdp")}
+import gc, torch, ipykernel.debugger
+mine = [[]]   # the kernel's own: made after the fork
+tracked = {id(o) for o in gc.get_objects()}   # every generation but the frozen one
+frozen = {"torch": gc.is_tracked(vars(torch)) and id(vars(torch)) not in tracked,
+          "debugger": id(vars(ipykernel.debugger)) not in tracked, "mine": id(mine) not in tracked}
 import numpy
 channel = int(os.environ["DISTLAB_JUDGE"])
 inheritable = os.get_inheritable(channel)
@@ -95,7 +100,7 @@ def attempt(fn):
         return "ok"
     except OSError as exc:
         return errno.errorcode[exc.errno]
-print(json.dumps({"warm": warm, "imported": imported, "cwd": os.getcwd(), "path0": sys.path[0],
+print(json.dumps({"warm": warm, "imported": imported, "frozen": frozen, "cwd": os.getcwd(), "path0": sys.path[0],
     "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
     "random": numpy.random.rand(), "write outside": attempt(lambda: open(%r, "w")),
     "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w")),
@@ -179,6 +184,14 @@ def test_the_server_imports_the_torch_modules_it_is_told_and_no_course_code(kern
     imported = kernels[0]["first"]["probe"]["imported"]
     assert imported == {"torch.utils.bundled_inputs": True, "distlab.checks.lab01": False,
                         "torch.distributed.tensor": False, "torch.distributed.fsdp": False}
+
+
+def test_a_forked_kernel_holds_its_servers_objects_out_of_the_collectors_reach(kernels):
+    """What the server imported (torch's modules, ipykernel's debugger, which each kernel
+    imported at its start) is frozen before the fork: the kernel's collections do not scan it.
+    The student's own objects are collected as before (the freeze is the server's, not theirs)."""
+    probe = kernels[0]["first"]["probe"]
+    assert probe["frozen"] == {"torch": True, "debugger": True, "mine": False}, probe
 
 
 @pytest.mark.skipif(landlock.landlock_abi() == 0, reason="this kernel has no Landlock")

@@ -39,13 +39,20 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Any
 
+from distlab.grading.imports import freeze_imported
 from distlab.runtime.forked import ForkedProcess, fork_helper
 
 # What (nearly) every lab's first cells import, timed with time.process_time(): torch alone
 # is 1.1 s of CPU, ipykernel 0.15 s, matplotlib's pyplot 0.4 s. The labs' own helpers are not
-# here: each lab imports different ones, once per notebook either way.
+# here: each lab imports different ones, once per notebook either way. ipykernel's debugger
+# (debugpy's vendored pydevd) is what every kernel still imported after the fork: its CPU until
+# IPKernelApp.start() fell from 0.15 to 0.09 s. It starts no thread and sets no trace at import.
 PRELOAD = ("numpy", "torch", "torch.distributed", "torch.nn.functional", "matplotlib.pyplot",
-           "ipykernel.kernelapp", "distlab.checks.assertions")
+           "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger",
+           "distlab.checks.assertions")
+# pydevd warns on stderr at import that Python's frozen modules may hide breakpoints: nobody
+# debugs a graded kernel, and the warning would land in the worker's log once per student.
+QUIET_PYDEVD = {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 # ipykernel sets it unless it is set (kernelapp.init_gui_pylab): matplotlib reads it at import.
 MPLBACKEND = "module://matplotlib_inline.backend_inline"
 REPLY_TIMEOUT = 60.0   # seconds a fork may take on a loaded machine before the kernel starts cold
@@ -220,20 +227,28 @@ def serve_kernels(fd: int, cwd: str) -> int:
     """Import PRELOAD, then fork a kernel for each request on the socket ``fd`` until it closes;
     ``cwd`` (this process's working folder) is first on sys.path, as for ``python -m``."""
     from distlab.grading.sandbox import die_with_parent
+    import gc
+    gc.disable()   # until the imports below are done and frozen (freeze_imported)
     die_with_parent()
     sys.path[0] = cwd
+    quiet = {k: v for k, v in QUIET_PYDEVD.items() if k not in os.environ}
+    os.environ.update(quiet)
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in quiet:   # the forks' environments are the requests' own anyway
+        del os.environ[name]
     # The judge's zygotes for the student's ranks fork from here too, one per lab: what every
     # rank imports is imported once; what the graded labs' ranks import of PyTorch's parallel
     # APIs (a second of CPU, and most labs use none) comes with the worker's ``preload``.
     from distlab.runtime.zygote import RANK_BASE
     _import_extras(RANK_BASE)
+    freeze_imported()
     with socket.socket(fileno=fd) as sock:
         for request, fds in _requests(sock):
             try:
                 if "preload" in request:
                     _import_extras(request["preload"])
+                    freeze_imported()
                     reply = {"imported": True}
                 else:
                     reply = {"pid": _fork_zygote(request, fds) if request.get("zygote")

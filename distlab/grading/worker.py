@@ -23,6 +23,8 @@ from distlab.grading.settings import GradingSettings
 
 def main(argv: list[str]) -> int:
     start, cpu = time.monotonic(), _cpu_seconds()
+    import gc
+    gc.disable()   # the start imports, which make no garbage: collected from freeze_imported on
     root, student, settings_json, rows_fd, *labs = argv
     from distlab.grading.imports import skip_slow_imports
     skip_slow_imports()
@@ -30,9 +32,11 @@ def main(argv: list[str]) -> int:
     # What the kernels' server shares with this process, imported before it is forked: torch
     # (with the rank launcher) and jupyter_client. nbgrader's stack, which the server never
     # uses, comes after the fork, while the server imports the kernels' own modules.
+    from distlab.grading.imports import freeze_imported
     from distlab.grading.warm_kernels import WarmKernels
     from distlab.runtime import landlock
     from distlab.runtime.launch import Launcher  # noqa: F401 - torch, before the fork
+    freeze_imported(collect_after=False)   # the modules, here and in the kernels' server
 
     settings = GradingSettings.from_json(settings_json)
     root = Path(root)
@@ -53,6 +57,9 @@ def main(argv: list[str]) -> int:
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
     from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
+    # nbgrader's stack too: each lab's collections scan only its own objects. Collected again
+    # from here on, before anything is forked from this process (the judge's zygote).
+    freeze_imported()
     confine = landlock.landlock_abi() > 0
     scratch = str(folders["judge_scratch"])
     # The ranks of references a check computes on ranks (forked from here, with the instructor's
