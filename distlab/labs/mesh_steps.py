@@ -1,5 +1,5 @@
-"""One training step of a rank of Lab 7's mesh run (``distlab.labs.mesh.train_on_mesh``) and its loss:
-plain forward and backward, or one 1F1B pipeline step over two micro-batches."""
+"""One training step of a rank of Lab 7's mesh run (``distlab.labs.mesh.train_on_mesh``) and
+its loss: plain forward and backward, or one 1F1B pipeline step over two micro-batches."""
 from __future__ import annotations
 
 import torch
