@@ -690,6 +690,23 @@ def test_formula_traffic_is_what_the_records_hold(traced_3d):
     assert want["tp"] > want["dp"] > want["pp"] > 0          # why only PP should cross nodes
 
 
+def test_counting_the_last_step_alone_finds_what_counting_every_step_finds_there(traced_3d):
+    """The placement check counts DTensor's collectives in the graded (last) step alone
+    (``traced_mesh_rank(..., last_step_only=True)``): in that step every rank's bytes on every
+    axis are those a run counted throughout finds, and nothing is counted before it."""
+    import distlab
+    from distlab.labs.mesh_traffic import traced_mesh_rank
+    out = distlab.run(traced_mesh_rank, MESH_3D.world_size, MESH_3D, None, TinyConfig(), 0,
+                      megatron_plan, True, timeout=300)
+    layout = megatron_layout(MESH_3D)
+    for rank in range(MESH_3D.world_size):
+        start = out[rank]["step_windows"][-1][0]
+        assert out[rank]["functional"] and all(t >= start for t, *_ in out[rank]["functional"])
+        assert len(traced_3d[rank]["functional"]) > len(out[rank]["functional"])
+        assert axis_traffic(out[rank], out.comms[rank], rank, layout) == \
+            axis_traffic(traced_3d[rank], traced_3d.comms[rank], rank, layout), rank
+
+
 @pytest.mark.parametrize("triple", [(2, 2, 2), *lab07_design.HIDDEN_TRIPLES])
 def test_budget_is_the_least_of_every_placement_of_the_mesh(triple):
     """The design's budget, the least bytes across nodes (by the formulas) of every placement of

@@ -81,6 +81,16 @@ HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
 # (bench/grading_budget.py): 21.1 s and 35.4 CPU-s before, 13.2 s and 19.9 CPU-s after; again
 # 34.0 and 20.4 CPU-s (place_mesh 44-46%, tp_plan 39-40%). On the idle machine (load 0.5-1.7):
 # 19.3 s and 34.6 CPU-s before, 11.8 s and 20.1 CPU-s after (place_mesh 49%, tp_plan 37%).
+# Two thirds of a rank's CPU time is its first step, mostly DTensor working out each op's
+# placements on fake tensors (a per-process cache: every rank pays it; the zygote, which runs no
+# torch op, cannot fill it). Later the same day, two of those first-step costs went: the
+# pipeline's division of every gradient after backward (each micro-batch's loss is halved
+# instead: distlab.labs.mesh_steps) and, in exercise 6's runs, the dispatch mode that counts
+# DTensor's collectives in steps not graded (it counts the last alone). Beside main, alternated,
+# twice each, load 9-11 (the full answer alone; CPU-seconds of the lab, and of its 22 ranks):
+# 23.7 and 22.7 CPU-s before (ranks 16.3, 16.3), 21.6 and 19.9 after (ranks 14.4, 13.6);
+# place_mesh 10.8 and 10.5 CPU-s before, 8.1 and 9.1 after. The budget stays until it is
+# measured on an idle machine (none was, that day, after these).
 GRADING_BUDGET_S = 14.0
 # Seconds before the mesh runs count as hung: 8 ranks setting up DTensor, FSDP2 and a pipeline on
 # 2 shared cores take several seconds, more than a hang limit tuned for plain collectives.

@@ -19,13 +19,14 @@ Each axis is PyTorch's own tool:
       activations go forward and their gradients back by send/recv between stages.
 
 Why the losses agree with one process: every DP replica sees B/dp sequences, the schedule splits
-them into micro-batches and scales each micro-batch gradient by 1/m, FSDP averages over DP, so the
-update is the gradient of the mean loss over the whole batch B, which is what the single process
-computes. Only the order of floating-point additions differs.
+them into micro-batches, each micro-batch's loss (so its gradient) is scaled by 1/m, FSDP averages
+over DP, so the update is the gradient of the mean loss over the whole batch B, which is what the
+single process computes. Only the order of floating-point additions differs.
 """
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distlab.labs.mesh_steps import pipeline_step, replica_step, token_cross_entropy
 from distlab.labs.shard_adamw import ShardAdamW, local as _local
 from distlab.labs.tables import largest_residue
 from distlab.labs.threads import one_thread
@@ -167,11 +169,6 @@ def make_batches(cfg: TinyConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return tokens, perm[tokens]
 
 
-def token_cross_entropy(logits, targets):
-    """Mean cross-entropy of the next-token targets: logits (B, T, V), targets (B, T)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))  # (B*T, V)
-
-
 def reference_losses(cfg: TinyConfig, seed: int) -> torch.Tensor:
     """Loss of each step of plain single-process training on the whole batch, (steps,)."""
     with one_thread():   # tiny tensors: 2 threads on a busy machine were 10x slower (0.43 s vs 0.04 s)
@@ -250,7 +247,7 @@ def mesh_shares(shape: MeshShape, cfg: TinyConfig, seed: int, layout=None) -> li
 
 
 def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: TinyConfig,
-                  seed: "int | MeshShare", layout=None) -> dict:
+                  seed: "int | MeshShare", layout=None, last_step=None) -> dict:
     """Train ``cfg.steps`` steps on this rank's part of the PP x DP x TP mesh.
 
     ``layout``: the global rank at each (pp, dp, tp) coordinate, nested lists of shape
@@ -262,6 +259,7 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     collective record)}.
     ``seed``: the seed of the model and batches (the lab's runs), or this rank's ``MeshShare``
     (a check's runs: the rank gets its stage and rows, not the seed).
+    ``last_step``: a context manager the last step runs in (what a check measures of that step).
     """
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -284,16 +282,18 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
     fully_shard(stage, mesh=mesh["dp"])
     opt = ShardAdamW(stage.parameters(), cfg.lr)
 
-    run_step = _pipeline_step(stage, shape, pp_i, mesh, device, cfg) if shape.pp > 1 \
-        else _plain_step(stage)
+    run_step = pipeline_step(stage, shape, pp_i, mesh, device, cfg) if shape.pp > 1 \
+        else replica_step(stage)
 
     losses, windows = [], []
     for step in range(cfg.steps):
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = run_step(share.tokens[step].to(device), share.targets[step].to(device))
-        opt.step()
-        windows.append((start, time.perf_counter()))
+        watched = last_step if last_step is not None and step == cfg.steps - 1 else nullcontext()
+        with watched:
+            start = time.perf_counter()
+            opt.zero_grad()
+            loss = run_step(share.tokens[step].to(device), share.targets[step].to(device))
+            opt.step()
+            windows.append((start, time.perf_counter()))
         if loss is not None:                                 # the mean over DP replicas
             loss = loss.detach().clone()
             dist.all_reduce(loss, group=mesh["dp"].get_group())
@@ -302,43 +302,6 @@ def train_on_mesh(rank: int, world_size: int, shape: MeshShape, plan_fn, cfg: Ti
             "elements": _local_elements(stage), "step_windows": windows,
             "step_seconds": [end - start for start, end in windows],
             "losses": torch.stack(losses).cpu() if losses else None}
-
-
-def _plain_step(stage):
-    """Without pipelining: forward and backward of this replica's share of the batch."""
-    def step(x, y):
-        loss = token_cross_entropy(stage(x), y)
-        loss.backward()
-        return loss
-    return step
-
-
-def _pipeline_step(stage, shape: MeshShape, pp_i: int, mesh, device, cfg: TinyConfig):
-    """A function (tokens, targets) -> mean loss (last stage) or None (other stages) that runs
-    one 1F1B pipeline step with two micro-batches; backward runs inside the schedule."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    first, last = pp_i == 0, pp_i == shape.pp - 1
-    # What a stage takes and gives per micro-batch, stated: unstated, the first step runs every
-    # stage on fake tensors and passes the shapes along, a third of an 8-rank run's CPU time.
-    # (Activations and logits require grad: their gradients go back along the pipeline.)
-    rows = cfg.batch // shape.dp // 2
-    inputs = torch.empty(rows, cfg.seq, dtype=torch.long, device="meta") if first else \
-        torch.empty(rows, cfg.seq, cfg.dim, device="meta", requires_grad=True)
-    outputs = torch.empty(rows, cfg.seq, cfg.vocab if last else cfg.dim, device="meta",
-                          requires_grad=True)
-    pipe = PipelineStage(stage, pp_i, shape.pp, device, input_args=inputs, output_args=outputs,
-                         group=mesh["pp"].get_group())
-    schedule = Schedule1F1B(pipe, n_microbatches=2, loss_fn=token_cross_entropy)
-
-    def step(x, y):
-        losses = []
-        args = (x,) if first else ()
-        kwargs = {"target": y, "losses": losses} if last else {}
-        schedule.step(*args, **kwargs)
-        return torch.stack(losses).mean() if last else None
-
-    return step
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,15 +22,18 @@ class ShardAdamW:
     DTensors whose shards are views of the storage FSDP gathers from), with the DTensors'
     gradients handed to the shards before each step."""
 
-    def __init__(self, params, lr: float):
+    def __init__(self, params, lr: float, weight_decay: float | None = None):
         self.params = list(params)
         with torch.no_grad():
             self.shards = [local(p) for p in self.params]
-        self.opt = torch.optim.AdamW(self.shards, lr=lr, foreach=False)
+        decay = {} if weight_decay is None else {"weight_decay": weight_decay}
+        self.opt = torch.optim.AdamW(self.shards, lr=lr, foreach=False, **decay)
 
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Every gradient dropped, the shards' views of them too (held, they would keep the last
+        step's gradients alive through the next forward: Lab 8's design measures that)."""
+        for p, shard in zip(self.params, self.shards):
+            p.grad = shard.grad = None
 
     def step(self) -> None:
         with torch.no_grad():

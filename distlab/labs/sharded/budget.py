@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from distlab.labs.losses import loss_fn
+from distlab.labs.shard_adamw import ShardAdamW
 from distlab.labs.sharded.alive import quiet_warnings
 from distlab.labs.sharded.problem import ShardSetup, rank_batch
 from distlab.runtime.devices import device
@@ -147,7 +148,9 @@ def budget_training(rank: int, world_size: int, design, setup: ShardSetup, steps
             raise TypeError(f"the design returned {type(model).__name__}; it must return the "
                             f"model (an nn.Module) to train")
         _probe_everywhere(model, meter)
-        optimizer = setup.optimizer(model.parameters())
+        # AdamW as setup.optimizer makes it (foreach=False), on each parameter's local shard
+        # (distlab.labs.shard_adamw): the same update, bit for bit, and the same state bytes.
+        optimizer = ShardAdamW(model.parameters(), setup.lr, setup.weight_decay)
         for _ in range(steps):
             meter.peak = 0
             optimizer.zero_grad(set_to_none=True)
