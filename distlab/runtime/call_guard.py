@@ -223,7 +223,7 @@ def _carry(functions: dict) -> bool:
                     _calling_code[own] = f.__code__
                 _carried[f][2] += 1
                 done.append(f)
-        except (AttributeError, TypeError, ValueError):
+        except Exception:   # noqa: BLE001 - any failure: the watch falls back to the profile
             _drop(done)
             return False
         return True
