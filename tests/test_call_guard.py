@@ -7,17 +7,21 @@ import importlib
 import threading
 
 import cloudpickle
+import pytest
 import torch
 
 from distlab.labs.activation_memory import ActivationMeter
 from distlab.labs.timelines import intervals
-from distlab.runtime import call_guard
+from distlab.runtime import call_guard, entry_hooks
 from distlab.runtime.call_guard import Guard, load_submitted, static_use, watching
 
 UNION = "distlab.labs.timelines.intervals:union"
 METER = "distlab.labs.activation_memory:ActivationMeter"
 GUARD = Guard(frozenset({UNION, METER, "distlab.no_such_module:thing"}))
 SPANS = [(0.0, 1.0), (0.5, 2.0)]
+# Where the guarded code cannot call in itself (not CPython 3.11), a profile hook watches instead,
+# which the answer's own code can switch off or run around.
+ENTRY_CALLS = pytest.mark.skipif(not entry_hooks.SUPPORTED, reason="CPython 3.11's bytecode only")
 
 
 def uses(fn, *args) -> list[str]:
@@ -76,6 +80,65 @@ def test_calls_by_every_route_are_noticed():
                a_subclass_at_run_time):
         found = uses(fn, SPANS)
         assert found and (UNION in found[0] or METER in found[0]), (fn, found)
+
+
+@ENTRY_CALLS
+def test_calls_that_switch_hooks_off_or_skip_them_are_noticed():
+    """The guarded code calls in itself: no profile switched off, no thread however started and
+    no copy of its code escapes it."""
+    import _thread
+    import gc
+    import sys
+    import types
+
+    def profile_off(spans):
+        sys.setprofile(None)
+        threading.setprofile(None)
+        return intervals.union(spans)
+
+    def raw_thread(spans):
+        done = threading.Event()
+        _thread.start_new_thread(lambda: (intervals.union(spans), done.set()), ())
+        done.wait()
+
+    def code_copy(spans):
+        code = intervals.union.__code__.replace(co_name="mine")
+        return types.FunctionType(code, {"sorted": sorted, "max": max})(spans)
+
+    def found_by_gc(spans):
+        union = next(o for o in gc.get_objects()
+                     if getattr(o, "__qualname__", None) == "union" and callable(o))
+        return union(spans)
+
+    for fn in (profile_off, raw_thread, code_copy, found_by_gc):
+        found = uses(fn, SPANS)
+        assert found and UNION in found[0], (fn, found)
+
+
+def test_a_copy_of_the_code_pickled_by_value_is_noticed_when_called():
+    # Made where nothing watches (the student's kernel): the function's own code, by value.
+    import types
+    copy = types.FunctionType(intervals.union.__code__, {"sorted": sorted, "max": max}, "mine")
+
+    def answer(spans):
+        return copy(spans)
+    data = cloudpickle.dumps(answer)
+    with watching(GUARD) as watch:
+        load_submitted(data, "answer")(SPANS)
+    assert watch.uses and UNION in watch.uses[0]
+
+
+@ENTRY_CALLS
+def test_a_watch_leaves_the_functions_as_they_were():
+    own = intervals.union.__code__
+    with watching(GUARD):
+        with watching(GUARD) as inner:
+            assert intervals.union.__code__ is not own
+        assert intervals.union.__code__ is not own   # the outer watch still holds it
+        intervals.length(SPANS)
+        assert inner.uses == []
+    assert intervals.union.__code__ is own
+    assert call_guard._carried == {} and call_guard._open == []
 
 
 def test_the_course_calling_its_own_code_is_not_the_students_use():

@@ -273,7 +273,7 @@ def test_an_executor_forged_from_the_stored_case_loses_the_hidden_test():
 
 
 # ---------------------------------------------------------------------------------------------
-# The guard itself: a profile hook in the rank, which the answer's own code can reach
+# The guard itself: it runs in the rank, where the answer's own code runs
 
 TORCH_INTERLEAVED = ("    from distlab.labs.pipeline.torch_tables import torch_table\n"
                      "    return torch_table('ScheduleInterleaved1F1B', p, m, v)[0]\n")
@@ -330,14 +330,11 @@ def test_the_guard_switched_off_is_listed_for_the_instructor(route):
     assert _caught_or_listed(GUARD_OFF[route])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hole, known: the guard is a profile hook in the student's own rank; these routes switch it "
-    "off unseen. A fix (an audit hook) was built and taken out again the same day: it swallowed "
-    "the withheld stub's own message, so other routes' feedback no longer said why"))
 @pytest.mark.parametrize("route", list(GUARD_OFF_UNLISTED))
 def test_the_guard_switched_off_by_another_route_earns_nothing(route):
     """Routes the copy report does not list (sys by another name, a thread without the hook):
-    the guard notices them itself (call_guard's audit hook and its profile's thread starts)."""
+    the guard notices them itself, being the guarded code's own first call (call_guard,
+    entry_hooks), which no profile switch turns off and every thread runs."""
     assert _caught_or_listed(GUARD_OFF_UNLISTED[route])
 
 

@@ -10,10 +10,13 @@ that hands one of them in as its own answer must earn nothing, whatever the rout
   helper that calls one... anything that runs guarded code on behalf of the student's code.
 
 The first two are seen on the student's objects themselves (``load_submitted`` inspects each as
-a rank unpickles it). The third shows only at run time: while the rank runs, a profile hook
-(``sys.setprofile``, on every thread) looks at each Python function call; a call into guarded
-code counts when the nearest caller that is not a library's (torch, the standard library) is
-the student's code rather than the course's own (a check calling a reference is fine).
+a rank unpickles it). The third shows only at run time: while the rank runs, each guarded
+function's own code calls in as it starts (``entry_hooks``: the rank's other code runs at full
+speed, where a profile hook on every thread cost ~45% of its Python-heavy torch work); a call
+into guarded code counts when the nearest caller that is not a library's (torch, the standard
+library) is the student's code rather than the course's own (a check calling a reference is fine).
+Being the code itself, the check holds on every thread, however started, and whatever the
+student's code does to ``sys.setprofile``.
 
 A ``Guard`` names the guarded objects as ``"module:qualname"``; a class guards all its methods.
 """
@@ -22,11 +25,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import importlib
 import os
+import pickle
 import sys
 import sysconfig
 import threading
+import types
+
+from distlab.runtime import entry_hooks
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib",
@@ -112,9 +120,21 @@ def _undecorated(f):
     return f
 
 
+def guarded_functions(guard: Guard) -> dict:
+    """{function: "module:qualname" of the guarded object it belongs to}."""
+    return {f: name for obj, name in guard.objects().items() for f in _functions_of(obj)}
+
+
 def guarded_codes(guard: Guard) -> dict:
-    """{code object: "module:qualname" of the guarded object it belongs to}."""
-    return {f.__code__: name for obj, name in guard.objects().items() for f in _functions_of(obj)}
+    """{code object: "module:qualname" of the guarded object it belongs to}: a function's own
+    code and, while a watch holds it, the code that calls in (either may be copied: a copy is
+    equal to its code)."""
+    codes = {}
+    for f, name in guarded_functions(guard).items():
+        codes[f.__code__] = name
+        if f in _carried:
+            codes[_carried[f][0]] = name
+    return codes
 
 
 def static_use(obj, guard: Guard) -> str | None:
@@ -144,6 +164,7 @@ def static_use(obj, guard: Guard) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _kind(filename: str) -> str:
     """Whose code a frame runs: "course" (this package), "library" (the standard library,
     installed packages, generated code such as a dataclass's __init__) or "student"."""
@@ -170,39 +191,100 @@ def _caller(frame):
     return None, "student"
 
 
+# The guarded functions that carry the entry call now, in this process (a rank's, or a test's):
+# {function: [its own code, the code that calls in, how many open watches hold it]}; the watches
+# open now, each told of the calls into what it guards; {own code: code that calls in}, for a copy
+# of a guarded function's code that a rank unpickles (``load_submitted``).
+_carried: dict = {}
+_open: list = []
+_calling_code: dict = {}
+_lock = threading.Lock()
+
+
+def _entered(name: str) -> None:
+    """Run by a guarded function's code as it starts (the frame below is that function's)."""
+    frame = sys._getframe(1)
+    for watch in tuple(_open):
+        if name in watch.names:
+            watch.called(frame, name)
+
+
+def _carry(functions: dict) -> bool:
+    """Give each function the code that calls in (or count one more watch on it); False, and
+    nothing changed, when one of them cannot take it (not a plain Python function)."""
+    with _lock:
+        done = []
+        try:
+            for f, name in functions.items():
+                if f not in _carried:
+                    own = f.__code__
+                    f.__code__ = entry_hooks.with_entry_call(own, functools.partial(_entered, name))
+                    _carried[f] = [own, f.__code__, 0]
+                    _calling_code[own] = f.__code__
+                _carried[f][2] += 1
+                done.append(f)
+        except Exception:   # noqa: BLE001 - any failure: the watch falls back to the profile
+            _drop(done)
+            return False
+        return True
+
+
+def _drop(functions) -> None:
+    """One watch fewer on each function; the last gives the function its own code back."""
+    for f in functions:
+        entry = _carried[f]
+        entry[2] -= 1
+        if entry[2] == 0:
+            f.__code__ = entry[0]
+            del _carried[f], _calling_code[entry[0]]
+
+
 class Watch:
     """While open, notes every call into guarded code made by the student's code."""
 
     def __init__(self, guard: Guard):
         self.guard = guard
-        self.codes = guarded_codes(guard)
+        self.functions = guarded_functions(guard)
+        self.names = frozenset(self.functions.values())
         self.uses: list[str] = []
+        self._profiled = False
 
-    def _profile(self, frame, event, arg):
-        if event != "call" or frame.f_code not in self.codes:
-            return
+    def called(self, frame, name: str) -> None:
+        """``frame`` runs guarded ``name``: a use when its caller is the student's code."""
         caller, kind = _caller(frame)
         if kind == "student":
             where = (f"{caller.f_code.co_name} (line {caller.f_lineno})" if caller is not None
                      else "thread")
-            use = f"your {where} calls {self.codes[frame.f_code]}"
-            if use not in self.uses:
-                self.uses.append(use)
+            self.note(f"your {where} calls {name}")
+
+    def _profile(self, frame, event, arg):
+        # Where the code cannot call in (another Python's bytecode): every call is looked at.
+        if event == "call" and frame.f_code in self._codes:
+            self.called(frame, self._codes[frame.f_code])
 
     def note(self, use: str) -> None:
         if use not in self.uses:
             self.uses.append(use)
 
     def __enter__(self) -> "Watch":
-        if self.codes:
+        if not self.functions:
+            return self
+        if entry_hooks.SUPPORTED and _carry(self.functions):
+            _open.append(self)
+        else:
+            self._profiled, self._codes = True, guarded_codes(self.guard)
             threading.setprofile(self._profile)
             sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.codes:
+        if self._profiled:
             sys.setprofile(None)
             threading.setprofile(None)
+        elif self in _open:
+            _open.remove(self)
+            with _lock:
+                _drop(self.functions)
 
     def verdict(self) -> CourseCodeUsed | None:
         if not self.uses:
@@ -258,11 +340,32 @@ def watching(guard: Guard | None):
         _current.reset(token)
 
 
+class _Unpickler(pickle.Unpickler):
+    """cloudpickle's loads, but a code object equal to a guarded function's own code (a copy the
+    student's objects carry by value: ``types.FunctionType(f.__code__, ...)``, a module pickled
+    by value) becomes the code that calls in, as the function itself now runs."""
+
+    def find_class(self, module, name):
+        import cloudpickle
+        found = super().find_class(module, name)
+        if found is types.CodeType:
+            return _code_as_carried
+        if found is cloudpickle.cloudpickle._builtin_type:
+            return lambda type_name: (_code_as_carried if type_name == "CodeType"
+                                      else found(type_name))
+        return found
+
+
+def _code_as_carried(*args):
+    code = types.CodeType(*args)
+    return _calling_code.get(code, code)
+
+
 def load_submitted(data: bytes, name: str):
     """Unpickle a student's object (``Submitted.__reduce__`` calls this on the rank) and note it
     if it is, subclasses or wraps guarded course code."""
-    import cloudpickle
-    obj = cloudpickle.loads(data)
+    import io
+    obj = _Unpickler(io.BytesIO(data)).load()
     watch = _current.get()
     if watch is not None:
         used = static_use(obj, watch.guard)
@@ -270,4 +373,3 @@ def load_submitted(data: bytes, name: str):
             how = "subclasses" if isinstance(obj, type) and obj is not resolve(used) else "is"
             watch.note(f"your {name} {how} {used}")
     return obj
-
