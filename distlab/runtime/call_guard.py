@@ -31,16 +31,12 @@ import io
 import os
 import pickle
 import sys
-import sysconfig
 import threading
 import types
 
 from distlab.runtime import entry_hooks
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib",
-                                                                       "purelib", "platlib")
-                              if (p := sysconfig.get_paths().get(key))}))
+from distlab.runtime.callers import PACKAGE_DIR, _caller, _importable, _kind  # noqa: F401
 
 
 MARK = "your answer uses the course's own implementation of this exercise"
@@ -167,40 +163,6 @@ def static_use(obj, guard: Guard) -> str | None:
             if inner is not None:
                 todo.append(inner)
     return None
-
-
-def _importable(cls: type) -> bool:
-    obj = sys.modules.get(cls.__module__)   # not one a pickle made by value (the student's)
-    for part in cls.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is cls
-
-
-@functools.lru_cache(maxsize=None)
-def _kind(filename: str) -> str:
-    """Whose code a frame runs: "course" (this package), "library" (the standard library,
-    installed packages, generated code such as a dataclass's __init__) or "student"."""
-    path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    if path.startswith(PACKAGE_DIR + os.sep):
-        return "course"
-    if filename.startswith("<ipython-input"):
-        return "student"
-    if filename.startswith("<") or path.startswith(_LIBRARY_DIRS):
-        return "library"
-    return "student"
-
-
-def _caller(frame):
-    """The nearest frame above ``frame`` that is not a library's, with its kind. A stack of
-    library frames only is a thread's (the rank's own thread starts in the course's code): a
-    thread that runs guarded code was started by the student's code, or for it."""
-    caller = frame.f_back
-    while caller is not None:
-        kind = _kind(caller.f_code.co_filename)
-        if kind != "library":
-            return caller, kind
-        caller = caller.f_back
-    return None, "student"
 
 
 # The guarded functions that carry the entry call now, in this process (a rank's, or a test's):
