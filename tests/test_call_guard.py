@@ -106,8 +106,8 @@ def test_calls_that_switch_hooks_off_or_skip_them_are_noticed():
         return types.FunctionType(code, {"sorted": sorted, "max": max})(spans)
 
     def found_by_gc(spans):
-        union = next(o for o in gc.get_objects()
-                     if getattr(o, "__qualname__", None) == "union" and callable(o))
+        union = next(o for o in gc.get_objects()   # not getattr on every object: torch's
+                     if isinstance(o, types.FunctionType) and o.__qualname__ == "union")
         return union(spans)
 
     for fn in (profile_off, raw_thread, code_copy, found_by_gc):
@@ -187,7 +187,7 @@ def test_objects_handed_in_are_inspected_as_they_are_unpickled():
         pass
     with watching(GUARD) as watch:
         load_submitted(cloudpickle.dumps(Meter), "Meter")
-    assert watch.uses == [f"your Meter subclasses {METER}"]
+    assert watch.uses == [f"your Meter subclasses or carries {METER}"]
 
 
 def test_no_guard_watches_nothing():

@@ -27,19 +27,16 @@ import contextvars
 import dataclasses
 import functools
 import importlib
+import io
 import os
 import pickle
 import sys
-import sysconfig
 import threading
 import types
 
 from distlab.runtime import entry_hooks
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib",
-                                                                       "purelib", "platlib")
-                              if (p := sysconfig.get_paths().get(key))}))
+from distlab.runtime.callers import PACKAGE_DIR, _caller, _importable, _kind  # noqa: F401
 
 
 MARK = "your answer uses the course's own implementation of this exercise"
@@ -138,8 +135,8 @@ def guarded_codes(guard: Guard) -> dict:
 
 
 def static_use(obj, guard: Guard) -> str | None:
-    """The name of the guarded object that ``obj`` is, subclasses or directly wraps (a partial,
-    a bound method, a decorator's ``__wrapped__``, a method of a guarded class)."""
+    """The name of the guarded object that ``obj`` is, subclasses, directly wraps (a partial, a
+    bound method, a decorator's ``__wrapped__``, a method) or its own class holds (for checks)."""
     objects, codes = guard.objects(), guarded_codes(guard)
     seen, todo = set(), [obj]
     while todo:
@@ -156,7 +153,11 @@ def static_use(obj, guard: Guard) -> str | None:
             return codes[item.__code__]
         if isinstance(item, type):
             todo += [base for base in item.__mro__[1:] if base is not object]
+            if not _importable(item):   # the student's own class: what it borrows, the check calls
+                todo += [getattr(v, "fget", v) for v in vars(item).values()]
             continue
+        if type(item).__module__ != "builtins":     # an instance: its class
+            todo.append(type(item))
         for attr in ("func", "__func__", "__wrapped__"):   # partial, bound method, decorator
             inner = getattr(item, attr, None)
             if inner is not None:
@@ -164,40 +165,13 @@ def static_use(obj, guard: Guard) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _kind(filename: str) -> str:
-    """Whose code a frame runs: "course" (this package), "library" (the standard library,
-    installed packages, generated code such as a dataclass's __init__) or "student"."""
-    path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    if path.startswith(PACKAGE_DIR + os.sep):
-        return "course"
-    if filename.startswith("<ipython-input"):
-        return "student"
-    if filename.startswith("<") or path.startswith(_LIBRARY_DIRS):
-        return "library"
-    return "student"
-
-
-def _caller(frame):
-    """The nearest frame above ``frame`` that is not a library's, with its kind. A stack of
-    library frames only is a thread's (the rank's own thread starts in the course's code): a
-    thread that runs guarded code was started by the student's code, or for it."""
-    caller = frame.f_back
-    while caller is not None:
-        kind = _kind(caller.f_code.co_filename)
-        if kind != "library":
-            return caller, kind
-        caller = caller.f_back
-    return None, "student"
-
-
 # The guarded functions that carry the entry call now, in this process (a rank's, or a test's):
 # {function: [its own code, the code that calls in, how many open watches hold it]}; the watches
-# open now, each told of the calls into what it guards; {own code: code that calls in}, for a copy
-# of a guarded function's code that a rank unpickles (``load_submitted``).
+# open now, each told of the calls into what it guards; {what an own code runs (_runs): its name},
+# for a copy of a guarded function's code that a rank unpickles (``load_submitted``).
 _carried: dict = {}
 _open: list = []
-_calling_code: dict = {}
+_running_as: dict = {}
 _lock = threading.Lock()
 
 
@@ -220,7 +194,7 @@ def _carry(functions: dict) -> bool:
                     own = f.__code__
                     f.__code__ = entry_hooks.with_entry_call(own, functools.partial(_entered, name))
                     _carried[f] = [own, f.__code__, 0]
-                    _calling_code[own] = f.__code__
+                    _running_as[_runs(own)] = name
                 _carried[f][2] += 1
                 done.append(f)
         except Exception:   # noqa: BLE001 - any failure: the watch falls back to the profile
@@ -236,7 +210,7 @@ def _drop(functions) -> None:
         entry[2] -= 1
         if entry[2] == 0:
             f.__code__ = entry[0]
-            del _carried[f], _calling_code[entry[0]]
+            del _carried[f], _running_as[_runs(entry[0])]
 
 
 class Watch:
@@ -247,12 +221,14 @@ class Watch:
         self.functions = guarded_functions(guard)
         self.names = frozenset(self.functions.values())
         self.uses: list[str] = []
-        self._profiled = False
+        self._profiled = self._carrying = False
 
     def called(self, frame, name: str) -> None:
         """``frame`` runs guarded ``name``: a use when its caller is the student's code."""
         caller, kind = _caller(frame)
-        if kind == "student":
+        if caller is not None and caller.f_code is load_submitted.__code__:
+            self.note(f"unpickling your answer calls {name}")   # what a __reduce__ names
+        elif kind == "student":
             where = (f"{caller.f_code.co_name} (line {caller.f_lineno})" if caller is not None
                      else "thread")
             self.note(f"your {where} calls {name}")
@@ -270,6 +246,7 @@ class Watch:
         if not self.functions:
             return self
         if entry_hooks.SUPPORTED and _carry(self.functions):
+            self._carrying = True
             _open.append(self)
         else:
             self._profiled, self._codes = True, guarded_codes(self.guard)
@@ -281,8 +258,10 @@ class Watch:
         if self._profiled:
             sys.setprofile(None)
             threading.setprofile(None)
-        elif self in _open:
-            _open.remove(self)
+        elif self._carrying:   # not `self in _open`: the answer may have emptied that list
+            self._carrying = False
+            if self in _open:
+                _open.remove(self)
             with _lock:
                 _drop(self.functions)
 
@@ -341,9 +320,9 @@ def watching(guard: Guard | None):
 
 
 class _Unpickler(pickle.Unpickler):
-    """cloudpickle's loads, but a code object equal to a guarded function's own code (a copy the
-    student's objects carry by value: ``types.FunctionType(f.__code__, ...)``, a module pickled
-    by value) becomes the code that calls in, as the function itself now runs."""
+    """cloudpickle's loads, but a code object that runs a guarded function's own code (a copy the
+    student's objects carry by value: ``types.FunctionType(f.__code__, ...)``, renamed or not, a
+    module pickled by value) calls in as it starts, as the function itself now does."""
 
     def find_class(self, module, name):
         import cloudpickle
@@ -356,20 +335,27 @@ class _Unpickler(pickle.Unpickler):
         return found
 
 
+def _runs(code: types.CodeType) -> tuple:
+    """What a code runs, without the name, file and lines that a copy may change."""
+    return (code.co_code, code.co_consts, code.co_names, code.co_varnames, code.co_freevars,
+            code.co_cellvars, code.co_argcount, code.co_kwonlyargcount, code.co_flags)
+
+
 def _code_as_carried(*args):
     code = types.CodeType(*args)
-    return _calling_code.get(code, code)
+    name = _running_as.get(_runs(code))     # an exact or a renamed copy: it calls in as well
+    return code if name is None else entry_hooks.with_entry_call(
+        code, functools.partial(_entered, name))
 
 
 def load_submitted(data: bytes, name: str):
     """Unpickle a student's object (``Submitted.__reduce__`` calls this on the rank) and note it
     if it is, subclasses or wraps guarded course code."""
-    import io
     obj = _Unpickler(io.BytesIO(data)).load()
     watch = _current.get()
     if watch is not None:
         used = static_use(obj, watch.guard)
         if used is not None:
-            how = "subclasses" if isinstance(obj, type) and obj is not resolve(used) else "is"
-            watch.note(f"your {name} {how} {used}")
+            kin = "is" if obj is resolve(used) else "subclasses or carries"
+            watch.note(f"your {name} {kin} {used}")
     return obj
