@@ -71,6 +71,8 @@ def nbgrader_api(root: Path, db: Path | None = None, config=None):
     bindir = str(Path(sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    from distlab.grading.schema_version import read_not_run
+    read_not_run()   # a new gradebook's schema version read, not asked of a fresh interpreter
     cfg = Config(config or {})
     (root / "exchange").mkdir(parents=True, exist_ok=True)  # unused, but nbgrader wants one
     cfg.Exchange.root = str(root / "exchange")

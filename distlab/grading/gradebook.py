@@ -18,6 +18,8 @@ COURSE = "distlab"  # the course id of every gradebook the grader writes
 
 def _gradebook(db: Path):
     from nbgrader.api import Gradebook
+    from distlab.grading.schema_version import read_not_run
+    read_not_run()   # a new gradebook: its schema version without a subprocess
     return Gradebook(f"sqlite:///{db}", COURSE)
 
 
