@@ -64,7 +64,8 @@ def readme_python_example() -> str:
 # Each scenario runs these README commands, in this order.
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = [MAKE_SITE, "python3 -m http.server -d build/site",
-        'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
+        'make site SITE_ARGS="--version student"',
+        f".venv/bin/distlab site {test_site.ONE_LAB}"]
 RELEASE = [MAKE_RELEASE, ".venv/bin/distlab release build/week03 --lab 03_tensor_parallel_mlp"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
@@ -254,7 +255,7 @@ def _wait_free(port: int, timeout: float = 120) -> None:
 
 
 # `make site` ran every lab (the ``course_site`` fixture runs it, for the site's tests too); here
-# the students' site (rendered, not run) and one lab once more. Their own limits (900 + 900 s, and
+# the students' site (rendered, not run) and one lab once more (the cheapest: test_site.ONE_LAB). Their own limits (900 + 900 s, and
 # make site's 1800 s, counted with this test's when it makes the fixture) are what stop a hang.
 @pytest.mark.timeout(SITE_TIMEOUT + 1800)
 def test_site_commands(course, course_site):
@@ -283,7 +284,7 @@ def test_site_commands(course, course_site):
     finally:
         settings.write_text(shipped)
     index = (course / "build" / "site" / "index.html").read_text()
-    assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
+    assert test_site.ONE_LAB in index and LAB1 not in index   # a site of that one lab
     test_site.assert_one_lab_site_shows_the_settings_and_prints_no_noise(
         course / "build" / "site", done.stdout + done.stderr)
 
