@@ -31,6 +31,7 @@ import pytest
 
 import slurm_cluster
 import submissions
+import test_release
 import test_site
 from course_copy import MAKE_RELEASE, MAKE_SITE, environ, sh
 from conftest import SITE_TIMEOUT
@@ -291,10 +292,14 @@ def test_site_commands(course, course_site):
 
 def test_release_command(course, course_release):
     _, weekly = RELEASE
-    out = sh(weekly, course, timeout=600).stdout
     week = course / "build" / "week03"
-    assert [p.name for p in (week / "notebooks").iterdir()] == ["03_tensor_parallel_mlp"], out
-    assert "yours to write in Lab 3" in (week / "distlab/labs/tensor_parallel/ops.py").read_text()
+    # The weekly handout's folder first as a user's (refused, then replaced only with --force,
+    # by the command's own argv), then the README's command, unforced, over its own output.
+    test_release.assert_a_weekly_handout_replaces_a_users_folder_only_when_forced(
+        weekly.split(), week, course, environ(course))
+    out = sh(weekly, course, timeout=600).stdout
+    assert "hand out this folder" in out, out[-2000:]
+    test_release.assert_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(week)
     # `make release` (RELEASE[0]) ran once for this test and tests/test_release.py's, which use
     # the handout it wrote (conftest.py's ``course_release``).
     handout, out = course_release
