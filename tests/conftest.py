@@ -80,6 +80,17 @@ def course_release(course) -> tuple[Path, str]:
     return course / "build" / "release", done.stdout
 
 
+@pytest.fixture(scope="session")
+def course_references(course) -> Path:
+    """README.md's `make references` in the course copy, run once for tests/test_readme.py, which
+    runs the command, and tests/test_notebooks.py, which compares what it wrote with the
+    checkout's data/ (every lab's make_references() computed once, not twice: about 25 CPU-s,
+    most of them ranks'): the copy's data folder."""
+    from course_copy import MAKE_REFERENCES, sh
+    sh(MAKE_REFERENCES, course, timeout=1800)
+    return course / "data"
+
+
 # ---------------------------------------------------------------------------------------------
 # The sample submissions, graded once
 

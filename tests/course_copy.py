@@ -15,6 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MAKE_SITE = "make site"   # README.md's command that builds the site (every lab run)
 MAKE_RELEASE = "make release"   # README.md's command that writes the handout, build/release
+MAKE_REFERENCES = "make references"   # README.md's command that rewrites data/ (every lab)
 
 
 def copy_course(root: Path) -> Path | None:

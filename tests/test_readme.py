@@ -31,8 +31,9 @@ import pytest
 
 import slurm_cluster
 import submissions
+import test_release
 import test_site
-from course_copy import MAKE_RELEASE, MAKE_SITE, environ, sh
+from course_copy import MAKE_REFERENCES, MAKE_RELEASE, MAKE_SITE, environ, sh
 from conftest import SITE_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +65,8 @@ def readme_python_example() -> str:
 # Each scenario runs these README commands, in this order.
 SETUP = ["make lab", "make doctor", ".venv/bin/torchrun --standalone --nproc-per-node=4 demo.py"]
 SITE = [MAKE_SITE, "python3 -m http.server -d build/site",
-        'make site SITE_ARGS="--version student"', ".venv/bin/distlab site 01_collectives"]
+        'make site SITE_ARGS="--version student"',
+        f".venv/bin/distlab site {test_site.ONE_LAB}"]
 RELEASE = [MAKE_RELEASE, ".venv/bin/distlab release build/week03 --lab 03_tensor_parallel_mlp"]
 GRADING = ["make setup && .venv/bin/distlab grade submitted --jobs 2"]
 SLURM = ["mkdir -p logs",
@@ -74,7 +76,7 @@ SLURM = ["mkdir -p logs",
          "sbatch --array=3 --export=ALL,SUBMISSIONS=$PWD/submitted,SHARD_COUNT=8 "
          "grader/slurm/grade.sbatch",
          ".venv/bin/distlab merge grading-shards/shard-* --workdir grading --out scores.csv"]
-AUTHORING = ["make notebooks", "make references", "make formgrader"]
+AUTHORING = ["make notebooks", MAKE_REFERENCES, "make formgrader"]
 RUN_BY_CI = ["make test"]   # runs this very suite: .ci/run runs it
 CLUSTER = [".venv/bin/python -m distlab.cluster.busbw --max-bytes 64K",
            ".venv/bin/python -m distlab.cluster.train3d",
@@ -254,7 +256,7 @@ def _wait_free(port: int, timeout: float = 120) -> None:
 
 
 # `make site` ran every lab (the ``course_site`` fixture runs it, for the site's tests too); here
-# the students' site (rendered, not run) and one lab once more. Their own limits (900 + 900 s, and
+# the students' site (rendered, not run) and one lab once more (the cheapest: test_site.ONE_LAB). Their own limits (900 + 900 s, and
 # make site's 1800 s, counted with this test's when it makes the fixture) are what stop a hang.
 @pytest.mark.timeout(SITE_TIMEOUT + 1800)
 def test_site_commands(course, course_site):
@@ -283,17 +285,21 @@ def test_site_commands(course, course_site):
     finally:
         settings.write_text(shipped)
     index = (course / "build" / "site" / "index.html").read_text()
-    assert LAB1 in index and "05_pipeline_parallel" not in index   # a site of that one lab
+    assert test_site.ONE_LAB in index and LAB1 not in index   # a site of that one lab
     test_site.assert_one_lab_site_shows_the_settings_and_prints_no_noise(
         course / "build" / "site", done.stdout + done.stderr)
 
 
 def test_release_command(course, course_release):
     _, weekly = RELEASE
-    out = sh(weekly, course, timeout=600).stdout
     week = course / "build" / "week03"
-    assert [p.name for p in (week / "notebooks").iterdir()] == ["03_tensor_parallel_mlp"], out
-    assert "yours to write in Lab 3" in (week / "distlab/labs/tensor_parallel/ops.py").read_text()
+    # The weekly handout's folder first as a user's (refused, then replaced only with --force,
+    # by the command's own argv), then the README's command, unforced, over its own output.
+    test_release.assert_a_weekly_handout_replaces_a_users_folder_only_when_forced(
+        weekly.split(), week, course, environ(course))
+    out = sh(weekly, course, timeout=600).stdout
+    assert "hand out this folder" in out, out[-2000:]
+    test_release.assert_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(week)
     # `make release` (RELEASE[0]) ran once for this test and tests/test_release.py's, which use
     # the handout it wrote (conftest.py's ``course_release``).
     handout, out = course_release
@@ -397,14 +403,17 @@ def _logs(course: Path, pattern: str = "*") -> str:
                      for p in sorted((course / "logs").glob(pattern)))
 
 
-def test_authoring_commands(course):
+def test_authoring_commands(course, course_references):
     from distlab.course import references
-    notebooks, make_references, formgrader = AUTHORING
+    notebooks, _, formgrader = AUTHORING
     sh(notebooks, course, timeout=900)
     changed = [str(p.relative_to(course)) for p in sorted((course / "notebooks").rglob("*.ipynb"))
                if p.read_bytes() != (REPO / p.relative_to(course)).read_bytes()]
     assert not changed, f"`make notebooks` changed committed student labs: {changed}"
-    sh(make_references, course, timeout=1800)
+    # `make references` (AUTHORING[1]) ran once for this test and tests/test_notebooks.py's
+    # test_references_reproducible, which compares its values with data/ (conftest.py's
+    # ``course_references``).
+    assert course_references == course / "data"
     # Every lab's references (data/traces/ holds the shipped GPU traces, which no command makes).
     for lab in sorted(p.parent.name for p in (course / "solutions").glob("*/*.py")
                       if p.stem == p.parent.name):

@@ -188,25 +188,33 @@ def _get_json(url: str, timeout: float):
             time.sleep(1)
 
 
-def test_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(tmp_path):
-    lab3 = "03_tensor_parallel_mlp"
-    out = tmp_path / "week3"
-    out.mkdir()
+def assert_a_weekly_handout_replaces_a_users_folder_only_when_forced(
+        release: list[str], out: Path, cwd: Path, env: dict) -> None:
+    """``release`` (`distlab release OUT --lab LAB` as an argv) refuses ``out``, a user's folder,
+    naming it and --force, and leaves it alone; with --force it replaces it. (Then README.md's
+    weekly command, tests/test_readme.py's test_release_command, replaces its own output
+    unforced: two builds of the handout where this test once made two more of its own.)"""
+    out.mkdir(parents=True)
     (out / "notes.txt").write_text("my notes")   # a user's folder: kept without --force
-    release = [str(REPO / ".venv" / "bin" / "distlab"), "release", str(out), "--lab", lab3]
-    done = subprocess.run(release, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(release, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and str(out) in done.stderr and "--force" in done.stderr
     assert (out / "notes.txt").read_text() == "my notes"
-    for extra in (["--force"], []):   # replaces it; then replaces its own output, unforced
-        done = subprocess.run(release + extra, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert not (out / "notes.txt").exists() and (out / ".distlab-release").is_file()
+    done = subprocess.run(release + ["--force"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (out / "notes.txt").exists() and (out / ".distlab-release").is_file()
+
+
+def assert_a_weekly_handout_holds_its_lab_and_no_answer_to_it_or_a_later_one(out: Path) -> None:
+    """``out``, the handout of Lab 3 alone, made over its own previous output, unforced."""
+    lab3 = "03_tensor_parallel_mlp"
+    assert not (out / "notes.txt").exists() and (out / ".distlab-release").is_file()
     assert [p.name for p in (out / "notebooks").iterdir()] == [lab3]
     assert sorted(p.name for p in (out / "data").iterdir()) == [lab3, "traces"]
     package = out / "distlab" / "labs"
     layers = (package / "tensor_parallel" / "layers.py").read_text()
     assert "ColumnParallelLinear.forward is yours to write in Lab 3 (03_tensor_parallel_mlp)" in layers
+    assert "yours to write in Lab 3" in (package / "tensor_parallel" / "ops.py").read_text()
     assert "is yours to write in Lab 9" in (package / "experts" / "parallel.py").read_text()
     # Lab 2's answers stay: Lab 3 may build on them.
     assert "yours to write" not in (package / "data_parallel" / "ddp.py").read_text()

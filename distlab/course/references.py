@@ -84,10 +84,19 @@ def _previous_sets(folder: Path) -> list[str]:
         return []
 
 
-def differences(lab: str) -> list[str]:
-    """What differs between ``data/<lab>/`` and a fresh ``make_references()``: missing or extra
-    sets, other seeds, shapes or dtypes, or values beyond float rounding."""
-    files, manifest = make(lab)
+def written(data: Path, lab: str) -> tuple[dict[str, bytes], dict]:
+    """The files and manifest that ``write`` (`distlab references`) wrote for ``lab`` under
+    ``data``: what ``make`` returns, read back."""
+    manifest = json.loads((data / lab / MANIFEST).read_text())
+    return {name: (data / lab / name).read_bytes() for name in manifest["files"]}, manifest
+
+
+def differences(lab: str, made: Path | None = None) -> list[str]:
+    """What differs between ``data/<lab>/`` and a fresh ``make_references()`` (or, with ``made``,
+    the data folder a fresh `distlab references` wrote, in a copy of the course: the same
+    computation, read back): missing or extra sets, other seeds, shapes or dtypes, or values
+    beyond float rounding."""
+    files, manifest = make(lab) if made is None else written(made, lab)
     stored = json.loads((DATA / lab / MANIFEST).read_text())["files"]
     problems = [f"{name}: only in {where}" for name, where in
                 [(n, "data/") for n in stored if n not in files] +
