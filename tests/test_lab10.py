@@ -185,6 +185,23 @@ def test_a_ring_that_keeps_its_finished_requests_holds_one_block_too_many():
         lab10.check_ring_forward(keeps["ring_attention"], world_size=4)
 
 
+def test_the_ring_watch_imports_no_dynamo_on_a_rank():
+    """The forward's memory watch is a dispatch mode; PyTorch wraps a mode's __torch_dispatch__
+    in a Dynamo guard whose first call imports torch._dynamo (some 800 modules), which every rank
+    of every run would pay (the judge's zygote preloads no torch._dynamo for this lab). In a fresh interpreter, as a
+    rank forked from the judge's zygote: the watch still sees every operation, and imports nothing."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\n"
+            "from distlab.checks.lab10_watch import RingWatch\n"
+            "before = set(sys.modules)\n"
+            "with RingWatch() as watch:\n"
+            "    kv = torch.stack([torch.ones(2, 3), torch.ones(2, 3)])\n"
+            "print(watch.numel, watch.shape, sorted(set(sys.modules) - before))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[0] == f"{2 * 2 * 3} (2, 2, 3) []", done.stdout + done.stderr
+
+
 def test_ulysses_refuses_heads_that_do_not_divide():
     """Said as the failing case: its heads and ranks, what to raise and what came instead (a
     collective is stopped before it can hang or fail the ranks)."""

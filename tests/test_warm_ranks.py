@@ -85,3 +85,17 @@ def test_ranks_that_build_an_optimizer_find_what_it_imports_preloaded():
     finally:
         bare.close()
         judge.close()
+
+
+def test_the_judge_preloads_the_torch_modules_its_labs_guards_name():
+    """A guarded rank resolves every name of its check's guard as it starts, importing its
+    module: Lab 11's guard names PyTorch's pipeline schedules, whose import pulls in
+    torch._dynamo; the zygote imports them once instead of every rank."""
+    from distlab.checks.course_code import guard_of
+    lab = "11_pipeline_schedules"
+    module = distlab.checks.checks_module(lab)
+    named = {name.partition(":")[0] for check in module.COURSE_CODE
+             if (guard := guard_of(getattr(module, check))) is not None
+             for name in guard.guarded if name.startswith("torch.")}
+    assert "torch.distributed.pipelining.schedules" in named
+    assert named <= set(rank_torch_modules((lab,))) <= set(rank_modules((lab,)))

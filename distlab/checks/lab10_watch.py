@@ -15,6 +15,14 @@ class RingWatch(TorchDispatchMode):
     """While active: the largest tensor (in elements) any operation made, and the most bytes of
     receive buffers alive at once, counted at every receive (``c10d.recv_``) as it starts."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
+        # False, and that wrapper imports torch._dynamo (800 modules, sympy among them: 1.5-3
+        # CPU-s) on the first operation a rank dispatches under the mode: every rank of every
+        # run paid it. A rank compiles nothing here, so there is nothing for Dynamo to skip.
+        return False
+
     def __init__(self):
         super().__init__()
         self.numel, self.shape = 0, ()

@@ -148,5 +148,17 @@ def rank_torch_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
     one that runs a student's code.)"""
     import distlab.checks
     from distlab.runtime.zygote import TORCH_EXTRAS
-    return tuple(dict.fromkeys(name for lab in labs for name in getattr(
-        distlab.checks.checks_module(lab), "RANK_IMPORTS", TORCH_EXTRAS)))
+    return tuple(dict.fromkeys(name for lab in labs for module in [distlab.checks.checks_module(lab)]
+                               for name in (*getattr(module, "RANK_IMPORTS", TORCH_EXTRAS),
+                                            *guarded_torch_modules(module))))
+
+
+def guarded_torch_modules(checks_module) -> tuple[str, ...]:
+    """The PyTorch modules a checks module's course-code guards name (``COURSE_CODE``: Lab 11's,
+    PyTorch's own pipeline schedules): a guarded rank resolves every guarded name as it starts
+    (``call_guard.Watch``), importing its module, and torch.distributed.pipelining imports
+    torch._dynamo, 1.5-3 CPU-s on every rank of every run unless its zygote imported it."""
+    entries = getattr(checks_module, "COURSE_CODE", {}).values()
+    return tuple(dict.fromkeys(name.partition(":")[0] for entry in entries
+                               for name in (*entry.forbidden, *entry.watched)
+                               if name.startswith("torch.")))
