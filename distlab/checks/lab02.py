@@ -45,12 +45,11 @@ LAB = "02_data_parallel"
 # torch._dynamo (with DTensor and FSDP): an optimizer's constructor imports it, 0.4-0.8 s a rank.
 RANK_IMPORTS = ("torch._dynamo",)
 # Within the course's grading budget (CONTRIBUTING.md; bench/grading_budget.py): each exercise is
-# graded by one run on 4 ranks (visible: the stored reference; 4 is the world size that tells a
-# divide-by-W from a divide-by-2, or rows of rank 1 - r) and one on 2 with a fresh seed and
-# another width (hidden: 2 ranks are enough for the data to be unknown ahead); a 2-rank run costs
-# 0.4 CPU-s, a 4-rank one 0.7 (of which a run that does nothing 0.12 and 0.18, at load 20).
-# Measured 28 November 2026 (2 cores, load 6 to 12): 7.4 CPU-s, against 9.7 (load 0.4 to 6)
-# with 16 runs (each exercise on 2 and 4 ranks visible, 4 and 2 hidden), then 7.8 s wall idle.
+# graded by one run on 4 ranks (visible: the stored reference; 4 tells a divide-by-W from a
+# divide-by-2, or rows of rank 1 - r) and one on 2 with a fresh seed and another width (hidden).
+# Idle, the whole course side by side with main 00c1be4 (16 runs: 2 and 4 ranks visible, 4 and 2
+# hidden; bench/grading_budget.py, 28 November 2026, 2-core AMD EPYC, load 1.3-2.1): 7.0 s and
+# 9.4 CPU-s before, 3.7 s and 4.2 CPU-s after, the guard's entry calls included.
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
 PARAM_TOL = dict(atol=1e-9, rtol=1e-9)

@@ -43,23 +43,19 @@ RANK_IMPORTS = ("torch._dynamo",)
 # What needs it: 14 runs on real ranks, 42 rank processes. ZeRO-2, ZeRO-3 and prefetching are
 # each graded on 4 runs (visible on 2 and 4 ranks; hidden with fresh seeds on 4 ranks, blocks
 # that 4 does not divide, which only padding passes, and on 2): a rank trains in a tenth of a
-# CPU-second, the rest of a run (0.3 CPU-s on 2 ranks, 0.6 on 4) is starting and reporting its
-# ranks. The design trains FSDP2 with checkpointing for 4 steps on 2 ranks and, hidden, on 4
-# (the scale where sharding divides the states by 4; its peaks are stored, not measured per
-# student), every operation's storage and every module's boundary measured (LiveBytes): 1 to
-# 1.4 CPU-s a rank, half the lab. Its steady peak is the least of the 3 steps after the first:
-# under load, one or two of them count a gloo buffer (measured: up to 17 KB), more than the 4 KB
-# between the course's design and the bar on 4 ranks. Measured on main before this budget:
-# 14.3 s wall, 21.8 CPU-s at load 0.5 (2-core machine, 28 November 2026; design 51%); with it
-# (the reference's checkpoint choice summed from block profiles, LiveBytes' lighter bookkeeping),
-# idle the same day: 12.9 s, 19.6 CPU-s (design 48%). Later, the design's ranks step AdamW on
-# each parameter's local shard (distlab.labs.shard_adamw: the same update, bit for bit, and the
-# same state bytes; the stored peaks still measure equal), not on FSDP2's DTensors, whose every
-# op DTensor places afresh in a rank's first step: a design rank 0.57 -> 0.53 CPU-s outside the
-# grader (2 ranks, two runs each, one version after the other, load 9-12); in the grader at load
-# 7-13 the lab's CPU-seconds (14.2-16.7 either way) do not separate it from the noise. The budget
-# stays until it is measured on an idle machine.
-GRADING_BUDGET_S = 15.0
+# CPU-second, the rest of a run is starting and reporting its ranks. The design trains FSDP2 with
+# checkpointing for 4 steps on 2 ranks and, hidden, on 4 (the scale where sharding divides the
+# states by 4; its peaks are stored, not measured per student), every operation's storage and
+# every module's boundary measured (LiveBytes): half the lab. Its steady peak is the least of the
+# 3 steps after the first: under load, one or two of them count a gloo buffer (measured: up to
+# 17 KB), more than the 4 KB between the course's design and the bar on 4 ranks. What made it
+# cheaper: the reference's checkpoint choice summed from block profiles, LiveBytes' lighter
+# bookkeeping, the design's ranks stepping AdamW on each parameter's local shard
+# (distlab.labs.shard_adamw: the same update, bit for bit), the guard's entry calls. Measured idle,
+# the whole course side by side with main as this round began (00c1be4) (bench/grading_budget.py, 28
+# November 2026, 2-core AMD EPYC, load 1.3-2.1): 11.2 s and 16.3 CPU-s before, 8.9 s and 12.7 CPU-s
+# after (design 44%); 14.3 s and 21.8 CPU-s earlier (a23a509).
+GRADING_BUDGET_S = 11.0
 STEPS = 3
 GRAD_TOL = dict(atol=1e-12, rtol=1e-9)
 PARAM_TOL = dict(atol=1e-9, rtol=1e-9)
