@@ -81,7 +81,7 @@ HIDDEN_MESH = MeshShape(pp=2, dp=2, tp=2)
 # gradient after backward (distlab.labs.mesh_steps), exercise 6 counts DTensor's collectives in the
 # graded last step alone, the course-code guard calls in from the guarded code only
 # (runtime/entry_hooks, not a profile hook on every call). Measured idle, the whole course side by
-# side with main as the morning began (bench/grading_budget.py, 28 November 2026, 2-core AMD EPYC,
+# side with main 00c1be4 (bench/grading_budget.py, 28 November 2026, 2-core AMD EPYC,
 # load 1.3-2.1): 10.0 s and 16.8 CPU-s before, 5.7 s and 8.3 CPU-s after (place_mesh 45%, tp_plan
 # 34%): within the course's 6 s on this machine, with too little margin for 8-rank runs on a slower
 # one, so the lab keeps a budget of its own.

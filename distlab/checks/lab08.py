@@ -52,7 +52,7 @@ RANK_IMPORTS = ("torch._dynamo",)
 # cheaper: the reference's checkpoint choice summed from block profiles, LiveBytes' lighter
 # bookkeeping, the design's ranks stepping AdamW on each parameter's local shard
 # (distlab.labs.shard_adamw: the same update, bit for bit), the guard's entry calls. Measured idle,
-# the whole course side by side with main as this round began (00c1be4) (bench/grading_budget.py, 28
+# the whole course side by side with main 00c1be4 (bench/grading_budget.py, 28
 # November 2026, 2-core AMD EPYC, load 1.3-2.1): 11.2 s and 16.3 CPU-s before, 8.9 s and 12.7 CPU-s
 # after (design 44%); 14.3 s and 21.8 CPU-s earlier (a23a509).
 GRADING_BUDGET_S = 11.0

@@ -114,10 +114,10 @@ def check_checkpoint_plan_bar(plan_checkpoints, seed: int | None = None) -> str:
 # a rank's cost is its start, its FSDP2 trainer's first step (halved by the fused AdamW,
 # ``run_state.Trainer``) and its first save.
 # Measured 10.1 s wall and 15.9 CPU-s at load 0.5 before the fused AdamW (main a23a509, 28 November
-# 2026, 2-core AMD EPYC). Measured idle, the whole course side by side with main as the morning
-# began (bench/grading_budget.py, 28 November 2026, 2-core AMD EPYC, load 1.3-2.1): 7.8 s and 11.9
-# CPU-s before, 6.3 s and 8.9 CPU-s after (the restart 44%, resharding 23%, the whole state 14%; the
-# course-code guard's entry calls the change).
+# 2026, 2-core AMD EPYC). Idle, the whole course side by side with main 00c1be4
+# (bench/grading_budget.py, 28 November 2026, load 1.3-2.1): 7.8 s and 11.9 CPU-s before, 6.3 s and
+# 8.9 CPU-s after (the restart 44%, resharding 23%, the whole state 14%), the course-code guard's
+# entry calls the change.
 GRADING_BUDGET_S = 8.0
 # {test: (launches, rank processes)} of one graded run of the test cell, its visible and hidden
 # calls together, where the stored run is this machine's (elsewhere the whole state's visible

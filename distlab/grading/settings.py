@@ -148,9 +148,11 @@ def rank_torch_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
     one that runs a student's code.)"""
     import distlab.checks
     from distlab.runtime.zygote import TORCH_EXTRAS
-    return tuple(dict.fromkeys(name for lab in labs for module in [distlab.checks.checks_module(lab)]
-                               for name in (*getattr(module, "RANK_IMPORTS", TORCH_EXTRAS),
-                                            *guarded_torch_modules(module))))
+    names = []
+    for lab in labs:
+        module = distlab.checks.checks_module(lab)
+        names += [*getattr(module, "RANK_IMPORTS", TORCH_EXTRAS), *guarded_torch_modules(module)]
+    return tuple(dict.fromkeys(names))
 
 
 def guarded_torch_modules(checks_module) -> tuple[str, ...]:
