@@ -152,6 +152,31 @@ def test_each_node_checks_the_endpoint_before_its_torchrun_agent_starts():
         in script
 
 
+def test_the_endpoint_check_imports_no_torch():
+    # Each node of every Slurm job runs it before its torchrun agent: torch's import there was
+    # about 2 CPU-seconds a node and a job, for a socket check.
+    done = program("group", f"127.0.0.1:{free_port()}", "--node-rank", "0",
+                   PYTHONPROFILEIMPORTTIME="1")
+    assert done.returncode == 0, done.stderr
+    imported = re.findall(r"^import time:.*\|\s*(\S+)$", done.stderr, re.M)
+    assert "distlab.cluster" in imported, done.stderr[-2000:]   # the listing works
+    assert not [m for m in imported if m.split(".")[0] == "torch"], done.stderr[-2000:]
+
+
+def test_failures_become_one_message_and_a_status():
+    from distlab.runtime.outcome import RankCrashed
+
+    def fails(exc):
+        def main(argv):
+            raise exc
+        return main
+
+    assert group.guarded("prog", fails(SettingsError("no such thing"))) == 2
+    assert group.guarded("prog", fails(RankCrashed("rank 1 died"))) == 1
+    with pytest.raises(KeyError):      # not a run's failure: the traceback, as before
+        group.guarded("prog", fails(KeyError("x")))
+
+
 def test_world_size_that_does_not_fit_the_mesh():
     done = program("train3d", "--nproc", "6", "--tp", "2", "--pp", "2")
     assert done.returncode == 2, done.stderr
