@@ -2,8 +2,10 @@
 
 The server imports what a worker imports (torch, nbgrader's stack) once; what keeps students apart
 is that it holds nothing of any student when it forks: no thread, no answer (a lab's checks module,
-its references), no course folder. Every grading run of the suite (tests/test_grader.py, the
-classmate attack of tests/test_judge.py, tests/test_grade_resume.py) forks its workers this way.
+its references), no course folder. Every grading run of more than one student forks its workers this
+way: the suite's shared run (tests/test_grader.py, the attacks), the classmate attack of
+tests/test_judge.py (graded together; the victim alone is graded by a cold worker),
+tests/test_grade_resume.py.
 """
 from __future__ import annotations
 

@@ -52,9 +52,10 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     progress = Progress(total)
     failed = []
     # One process imports what every worker imports, once for the run, and forks each student's
-    # worker (distlab.grading.worker_server); started before the run's threads.
+    # worker (distlab.grading.worker_server); started before the run's threads. It costs what a
+    # worker's start does: a run of one student starts its worker cold instead.
     server = WorkerServer(worker_env(settings), cwd=str(workdir)) \
-        if todo and WorkerServer.wanted() else None
+        if len(todo) > 1 and WorkerServer.wanted() else None
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
             # The students with the most labs first: one started last would keep a worker

@@ -142,10 +142,10 @@ class ServedWorker:
 # The server: `python -m distlab.grading.worker_server FD PADDING`
 
 def main(argv: list[str]) -> int:
-    return serve(int(argv[0]))
+    return serve_workers(int(argv[0]))
 
 
-def serve(fd: int) -> int:
+def serve_workers(fd: int) -> int:
     """Import the worker's START_MODULES, then fork a worker for each request on the socket ``fd``
     until it closes; reap them all before returning."""
     import gc
