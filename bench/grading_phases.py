@@ -180,10 +180,16 @@ def _worker_through_this_script():
             command = [command[0], str(Path(__file__).resolve()), "--worker", *command[3:]]
         return real(command, *args, **kwargs)
     subprocess.Popen = popen
+    # Started cold, not forked from the run's worker server: its phases are timed from here.
+    fork = os.environ.pop("DISTLAB_FORK_WORKERS", None)
+    os.environ["DISTLAB_FORK_WORKERS"] = "0"
     try:
         yield
     finally:
         subprocess.Popen = real
+        os.environ.pop("DISTLAB_FORK_WORKERS")
+        if fork is not None:
+            os.environ["DISTLAB_FORK_WORKERS"] = fork
 
 
 def grade_one(nb, lab: str, tmp: Path, backend: str) -> tuple[float, list[dict]]:

@@ -444,27 +444,42 @@ def test_script_without_main_guard(two_scripts):
         assert "RESULT [3.0, 3.0]" in out
 
 
-def test_torchrun_uses_the_existing_processes(tmp_path):
-    path = _script(tmp_path, SCRIPT)
+# SCRIPT, and what the group is at the interpreter's very end: a handler registered before distlab
+# is imported runs after every exit handler distlab registers (atexit runs them last in, first
+# out), so it sees what they left.
+LEAVES = """
+    import atexit
+
+    def _left():
+        import torch.distributed as dist
+        print(f"LEFT {not dist.is_initialized()}")
+
+    atexit.register(_left)
+""" + SCRIPT
+
+
+@pytest.fixture(scope="module")
+def under_torchrun(tmp_path_factory) -> subprocess.CompletedProcess:
+    """LEAVES under `torchrun --nproc-per-node=2`, run once for the two tests below (one torchrun
+    agent and two ranks that import torch, not twice that)."""
+    tmp_path = tmp_path_factory.mktemp("torchrun")
+    path = _script(tmp_path, LEAVES)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
                           capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+
+def test_torchrun_uses_the_existing_processes(under_torchrun):
+    done = under_torchrun
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("RESULT [3.0, 3.0]") == 2
     assert "terminate called" not in done.stderr
 
 
-def test_torchrun_ranks_leave_their_group_at_exit(tmp_path):
+def test_torchrun_ranks_leave_their_group_at_exit(under_torchrun):
     # A group still alive while the interpreter exits can abort the rank ("terminate called
     # without an active exception"): the group distlab.run made is destroyed at exit.
-    path = _script(tmp_path, SCRIPT + """
-    import atexit
-    atexit._run_exitfuncs()
-    print(f"LEFT {not dist.is_initialized()}")
-""")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", str(path)],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = under_torchrun
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("LEFT True") == 2, done.stdout
 

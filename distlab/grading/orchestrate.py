@@ -21,6 +21,7 @@ from distlab.grading.progress import Progress
 from distlab.grading.scoring import collect_feedback, write_scores
 from distlab.grading.settings import GradingSettings
 from distlab.grading.stopping import stop_workers_on_interrupt, timed
+from distlab.grading.worker_server import WorkerServer
 
 LOG_TAIL = 200_000   # bytes of a worker's own output kept in grading.log (the rest is dropped)
 
@@ -50,13 +51,18 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     run.start()
     progress = Progress(total)
     failed = []
+    # One process imports what every worker imports, once for the run, and forks each student's
+    # worker (distlab.grading.worker_server); started before the run's threads. It costs what a
+    # worker's start does: a run of one student starts its worker cold instead.
+    server = WorkerServer(worker_env(settings), cwd=str(workdir)) \
+        if len(todo) > 1 and WorkerServer.wanted() else None
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
             # The students with the most labs first: one started last would keep a worker
             # busy alone at the end of the run while the others have nothing left to take.
             order = sorted(todo, key=lambda s: -len(todo[s]))
             futures = {pool.submit(timed, grade_student, s, todo[s], submissions, workdir,
-                                   settings): s for s in order}
+                                   settings, server): s for s in order}
             for future in as_completed(futures):
                 student = futures[future]
                 progress.clear()
@@ -68,6 +74,9 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
               f"students are recorded in {workdir / 'results'} and {out}. Run the same command "
               f"again to grade the rest.", file=sys.stderr)
         return 130
+    finally:
+        if server is not None:
+            server.close()
     run.finish(complete=not failed)
     print(f"wrote {out}, {workdir / 'gradebook.db'} and feedback under {workdir / 'feedback'} "
           f"in {time.monotonic() - start:.0f} s")
@@ -123,9 +132,20 @@ def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ..
                  if not any(p == q or p in q.parents for q in (*needed, course)))
 
 
+def worker_env(settings: GradingSettings) -> dict[str, str]:
+    """Every worker's environment (the same for all the students of a run)."""
+    env = dict(os.environ, **settings.checks().environ())
+    env.pop("DISTLAB_RANK", None)
+    # The kernels start no rank launcher on `import distlab` (distlab/__init__.py): a notebook
+    # that calls distlab.run starts one then, and most never do outside the judge.
+    env["DISTLAB_WARM_UP"] = "0"
+    return env
+
+
 def grade_student(student: str, labs: list[str], submissions: Path, workdir: Path,
-                  settings: GradingSettings) -> list[dict]:
-    """Grade one student's labs in a course directory of their own; one result row per lab.
+                  settings: GradingSettings, server: WorkerServer | None = None) -> list[dict]:
+    """Grade one student's labs in a course directory of their own; one result row per lab:
+    in a worker forked by the run's ``server``, or started cold.
 
     The rows come back on a pipe only the worker holds (kernels and ranks start with their
     descriptors closed), never from files the student's code could write."""
@@ -143,18 +163,16 @@ def grade_student(student: str, labs: list[str], submissions: Path, workdir: Pat
         flags[lab] = locked_cell_flags(template / "release" / lab / f"{lab}.ipynb",
                                        root / "submitted" / student / lab / f"{lab}.ipynb")
         (root / f"flags-{lab}.json").write_text(json.dumps(flags[lab]))
-    env = dict(os.environ, **settings.checks().environ())
-    env.pop("DISTLAB_RANK", None)
-    # The kernels start no rank launcher on `import distlab` (distlab/__init__.py): a notebook
-    # that calls distlab.run starts one then, and most never do outside the judge.
-    env["DISTLAB_WARM_UP"] = "0"
+    env = worker_env(settings)
     rows_r, rows_w = os.pipe()
-    command = [sys.executable, "-m", "distlab.grading.worker", str(root), student,
-               settings.to_json(), str(rows_w), *labs]
+    args = [str(root), student, settings.to_json(), str(rows_w), *labs]
     limit = len(labs) * (settings.notebook_timeout + 120)
-    proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, pass_fds=[rows_w])
+    proc = server.start(args, str(root), env, rows_w) if server is not None else None
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", "distlab.grading.worker", *args], cwd=root,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                pass_fds=[rows_w])
     os.close(rows_w)
     log = _LogTail(proc.stdout, root / "grading.log")
     received = _read_rows(rows_r, time.monotonic() + limit)

@@ -21,6 +21,17 @@ from pathlib import Path
 
 from distlab.grading.settings import GradingSettings
 
+# What a worker imports before it grades, in ``main`` (torch with the rank launcher, jupyter_client,
+# nbgrader's stack): about 2 CPU-s that a worker forked from the run's server
+# (``distlab.grading.worker_server``) finds paid. No checks module of a lab (their references):
+# each worker imports its labs' after its kernels' server is forked.
+START_MODULES = ("distlab.grading.sandbox", "distlab.grading.warm_kernels",
+                 "distlab.runtime.landlock", "distlab.runtime.launch", "distlab.grading.disk",
+                 "distlab.grading.course_dir", "distlab.grading.execution",
+                 "distlab.grading.judge", "distlab.grading.nbgrader_plugins",
+                 "distlab.grading.scoring", "nbformat", "nbgrader.utils", "psutil")
+
+
 def main(argv: list[str]) -> int:
     start, cpu = time.monotonic(), _cpu_seconds()
     import gc
