@@ -46,7 +46,11 @@ SHELL = textwrap.dedent("""\
 
 
 def _run(mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", SHELL, mode, json.dumps(CELLS)],
+    return _run_cells(mode, CELLS)
+
+
+def _run_cells(mode: str, cells: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", SHELL, mode, json.dumps(cells)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
@@ -64,3 +68,17 @@ def test_failing_cells_show_the_same_traceback_and_store_a_plain_one():
         text = "".join(stored["traceback"])
         assert text.startswith("Traceback (most recent call last)") or "Error" in text
         assert "\x1b[" not in text and stored["evalue"] in text
+
+
+def test_the_judges_failures_show_a_plain_traceback_with_the_same_name_and_message():
+    """A check the judge failed raises in the test cell through the messenger: IPython shows
+    Python's plain traceback of it (every frame with its line, no colours), with the name and
+    message the error output always had, which is all the feedback shows of a test cell."""
+    cell = ("from distlab.checks.messenger import _exception\n"
+            "def check_shard(f):\n    raise _exception('CheckFailed', 'rank 1 was wrong')\n"
+            "check_shard(len)")
+    shown = _run_cells("plain", [cell])["shown"][0]
+    assert "\x1b[" not in "".join(shown)
+    assert shown[0] == "Traceback (most recent call last):"
+    assert "<module>" in shown[1] and shown[2].strip() == "check_shard(len)"   # the cell's line first
+    assert shown[-1] == "distlab.checks.assertions.CheckFailed: rank 1 was wrong"
