@@ -15,7 +15,9 @@ traceback formatting (bench/grading_phases.py, profiled), in two parts:
   (``warm_tracebacks``), so each kernel starts with them done.
 
 Both leave the error output of every cell, test or not, byte for byte what it was
-(tests/test_kernel_tracebacks.py compares them).
+(tests/test_kernel_tracebacks.py compares them). What a test cell shows of a check the judge
+failed is Python's plain traceback, by the exception's own ``_render_traceback_``
+(``distlab.checks.messenger``): the feedback shows only its name and message.
 """
 from __future__ import annotations
 
