@@ -143,4 +143,20 @@ def _exception(ename: str, message: str) -> BaseException:
     known = {"CheckFailed": CheckFailed, "HangError": outcome.HangError,
              "RankCrashed": outcome.RankCrashed, "DistributedError": outcome.DistributedError}
     cls = known.get(ename) or type(ename, (AssertionError,), {})
-    return cls(message)
+    exc = cls(message)
+    exc._render_traceback_ = functools.partial(_plain_traceback, exc)
+    return exc
+
+
+def _plain_traceback(exc: BaseException) -> list[str]:
+    """How the graded kernel shows the judge's failure (IPython calls ``_render_traceback_``):
+    Python's plain traceback, every frame with its line, not IPython's, which formats each frame
+    with source context and colours (25 ms of the kernel's CPU a failing test cell, and an
+    untouched notebook fails every one). The judge answers with a failure in test cells only,
+    and the feedback shows a test cell's error as its name and message alone
+    (``FeedbackWithoutHiddenTests``): what a student reads is the same."""
+    import traceback
+    tb = exc.__traceback__   # from the cell's frame on, as IPython's own (its runner's left out)
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("IPython."):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb)).splitlines()

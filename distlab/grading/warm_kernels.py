@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
@@ -205,15 +206,10 @@ class WarmKernelManager(AsyncKernelManager):
 
     async def _async_pre_start_kernel(self, **kw):
         if self.provisioner is None:
-            self.kernel_id = self.kernel_id or kw.pop("kernel_id", None) or _new_id()
+            self.kernel_id = self.kernel_id or kw.pop("kernel_id", None) or str(uuid.uuid4())
             self.provisioner = WarmProvisioner(kernel_id=self.kernel_id,
                                                kernel_spec=self.kernel_spec, parent=self)
         return await super()._async_pre_start_kernel(**kw)
-
-
-def _new_id() -> str:
-    import uuid
-    return str(uuid.uuid4())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +233,8 @@ def serve_kernels(fd: int, cwd: str) -> int:
         importlib.import_module(name)
     for name in quiet:   # the forks' environments are the requests' own anyway
         del os.environ[name]
+    from distlab.grading import kernel_tracebacks   # what every kernel's first traceback costs
+    kernel_tracebacks.prepare_server()
     # The judge's zygotes for the student's ranks fork from here too, one per lab: what every
     # rank imports is imported once; what the graded labs' ranks import of PyTorch's parallel
     # APIs (a second of CPU, and most labs use none) comes with the worker's ``preload``.
