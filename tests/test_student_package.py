@@ -7,8 +7,9 @@ the lab or a later one, and the lab runs with it alone.
   equal.
 - The lab, solutions in place, runs top to bottom in a kernel that imports distlab from the lab's
   student package and cannot read the instructor's package, ``solutions/`` or ``tests/``
-  (Landlock, as the grader confines students): its visible tests pass, and its teaching cells
-  need nothing the handout leaves out.
+  (Landlock, as the grader confines students; the kernel forked by the grader's kernel server,
+  as graded kernels are): its visible tests pass, and its teaching cells need nothing the
+  handout leaves out.
 - The student version of the lab (stubs) fails every visible test.
 """
 from __future__ import annotations
@@ -232,7 +233,13 @@ def kernel_spec(folder: Path, package: Path, writable: Path) -> None:
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": argv, "display_name": "student", "language": "python",
-        "env": {"PYTHONPATH": str(package), "DISTLAB_PACKAGE": str(package)}}))
+        # TMPDIR: the one folder it may write (a kernel forked warm keeps the temporary folder it
+        # chose before its confinement otherwise). DISTLAB_WARM_UP=0, as the grader's kernels:
+        # a kernel forked warm imports distlab before it is confined, and its rank launcher,
+        # started then, would be outside the kernel's Landlock domain (its ranks unconfined, and
+        # out of reach of the kernel's signals); started at the first run, it is inside.
+        "env": {"PYTHONPATH": str(package), "DISTLAB_PACKAGE": str(package),
+                "TMPDIR": str(writable), "DISTLAB_WARM_UP": "0"}}))
 
 
 def errors_in(nb: nbformat.NotebookNode) -> dict[str, str]:
@@ -246,17 +253,58 @@ def errors_in(nb: nbformat.NotebookNode) -> dict[str, str]:
     return found
 
 
+@pytest.fixture(scope="module")
+def warm_kernels(tmp_path_factory):
+    """The grader's kernel server (``distlab.grading.warm_kernels``), which forks each lab's
+    kernel from a process that imported torch, matplotlib and ipykernel once, confined by the
+    same Landlock options as the kernel spec's command: the labs run in kernels started as the
+    grader starts students' (about 2 CPU-s of imports a lab saved). This process is a child
+    subreaper for the module, as the grader's worker is, so that the forked kernels are its
+    children; None where it cannot be (the kernels then start cold)."""
+    from distlab.grading import sandbox
+    from distlab.grading.warm_kernels import WarmKernels
+    if not sandbox.become_subreaper():
+        yield None
+        return
+    kernels = WarmKernels(dict(os.environ), cwd=str(tmp_path_factory.mktemp("kernel-server")))
+    try:
+        yield kernels
+    finally:
+        kernels.close()
+        _no_longer_subreaper()
+
+
+def _no_longer_subreaper() -> None:
+    """Orphans go to init again, and those that came here and exited (a lab's zygote that
+    outlived its kernel) are reaped: nothing of this module's stays a zombie of pytest's worker."""
+    import ctypes
+    from distlab.runtime.landlock import libc
+    libc().prctl(ctypes.c_int(36), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                 ctypes.c_ulong(0))   # PR_SET_CHILD_SUBREAPER, off
+    for entry in os.scandir("/proc"):
+        try:
+            state, ppid = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(ppid) == os.getpid() and state == "Z":
+            os.waitpid(int(entry.name), os.WNOHANG)
+
+
 def run_in_view(nb: nbformat.NotebookNode, package: Path, folder: Path,
-                monkeypatch) -> nbformat.NotebookNode:
+                monkeypatch, kernels=None) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
+    from distlab.grading.warm_kernels import WarmKernelManager
     jupyter, work = folder / "jupyter", folder / "work"
     work.mkdir(parents=True)
     kernel_spec(jupyter, package, folder)
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter))
     # jupyter_client writes the connection file to the temporary folder: one the kernel may read
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    NotebookClient(nb, timeout=300, startup_timeout=120, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(work)}}).execute()
+    km = WarmKernelManager(kernel_name="python3", kernels=kernels)
+    # cleanup_kc: the kernel shut down at the end, as when the client makes its own manager
+    NotebookClient(nb, km=km, timeout=300, startup_timeout=120, kernel_name="python3",
+                   allow_errors=True, resources={"metadata": {"path": str(work)}}
+                   ).execute(cleanup_kc=True)
     return nb
 
 
@@ -276,13 +324,14 @@ def reach_probe(package: Path) -> nbformat.NotebookNode:
 
 @needs_landlock
 @pytest.mark.parametrize("lab", LABS)
-def test_the_lab_runs_with_its_student_package_alone(packages, lab, tmp_path, monkeypatch):
+def test_the_lab_runs_with_its_student_package_alone(packages, warm_kernels, lab, tmp_path,
+                                                     monkeypatch):
     """The lab runs without an error in its view; and after it, in the same kernel, the
     instructor's package is out of reach (the probe, once a kernel of its own: about 5 CPU-s of
     kernel and zygote start for one cell, now checked in every lab's kernel for nothing)."""
     nb = notebooks.reader_notebook(lab)
     nb.cells.append(reach_probe(packages[lab]))
-    nb = run_in_view(nb, packages[lab], tmp_path, monkeypatch)
+    nb = run_in_view(nb, packages[lab], tmp_path, monkeypatch, warm_kernels)
     assert not errors_in(nb), f"{lab}, solutions in place, in its student package:\n  " + \
         "\n  ".join(f"{k}: {v}" for k, v in errors_in(nb).items())
     probe = [out.get("text", "") for out in nb.cells[-1].outputs if out.get("name") == "stdout"]
