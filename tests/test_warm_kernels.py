@@ -101,7 +101,7 @@ def attempt(fn):
     except OSError as exc:
         return errno.errorcode[exc.errno]
 print(json.dumps({"warm": warm, "imported": imported, "frozen": frozen, "cwd": os.getcwd(), "path0": sys.path[0],
-    "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
+    "warm up": os.environ.get("DISTLAB_WARM_UP"), "ppid": os.getppid(), "session leader": os.getsid(0) == os.getpid(), "env": os.environ["PROBE"],
     "random": numpy.random.rand(), "write outside": attempt(lambda: open(%r, "w")),
     "read hidden": attempt(lambda: open(%r).read()), "write lab": attempt(lambda: open("f", "w")),
     "channel inheritable": inheritable, "channel closed on exec": os.system(f"true <&{channel}") != 0}))
@@ -175,6 +175,10 @@ def test_a_forked_kernel_starts_with_torch_imported_in_its_labs_folder(kernels):
     assert probe["ppid"] == results["worker"]   # reparented to the worker, which reaps it
     assert probe["session leader"] and probe["env"] == "from the spec"
     assert probe["write lab"] == "ok"
+    # The server imports the lab's package before it confines the kernel: distlab/__init__.py
+    # would start a rank launcher there, outside the kernel's Landlock domain, with the ranks
+    # it forks (the grader's environment says so too; a kernel's fork does not count on it).
+    assert probe["warm up"] == "0", probe
 
 
 def test_the_server_imports_the_torch_modules_it_is_told_and_no_course_code(kernels):

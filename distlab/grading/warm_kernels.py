@@ -355,6 +355,7 @@ def _become_kernel(request: dict, judge: int | None):
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ["DISTLAB_WARM_UP"] = "0"   # distlab, imported below while unconfined, starts no launcher
         os.environ.pop(ENV, None)
         if judge is not None:
             os.set_inheritable(judge, False)
