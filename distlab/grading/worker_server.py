@@ -26,6 +26,7 @@ with one line on stderr saying why. ``DISTLAB_FORK_WORKERS=0`` starts every work
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -186,7 +187,7 @@ def _fork_worker(request: dict, rows: int, out: int, status: int) -> tuple[int, 
     """(worker's pid, its parent's): the parent, forked from here, forks the worker and writes
     its exit status on ``status``."""
     from distlab.grading.sandbox import die_with_parent
-    from distlab.runtime.forked import close_all_but
+    from distlab.runtime.forked import close_all_but, fork_helper
     sys.stdout.flush()
     sys.stderr.flush()
     read, write = os.pipe()
@@ -195,14 +196,14 @@ def _fork_worker(request: dict, rows: int, out: int, status: int) -> tuple[int, 
         try:
             os.close(read)
             die_with_parent()
-            worker = os.fork()
-            if worker == 0:
-                os.close(write)
-                _become_worker(request, rows, out)
-            os.write(write, str(worker).encode())
+            # What `python -m distlab.grading.worker ARGS` would get: its folder, environment,
+            # session, empty stdin, output on `out` and no descriptor of ours but its rows pipe.
+            worker = fork_helper(functools.partial(_run_worker, request, rows), keep=(rows,),
+                                 env=request["env"], cwd=request["cwd"], output=out,
+                                 new_session=True)
+            os.write(write, str(worker.pid).encode())
             close_all_but({status})
-            _, code = os.waitpid(worker, 0)
-            os.write(status, str(os.waitstatus_to_exitcode(code)).encode())
+            os.write(status, str(worker.wait()).encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -214,47 +215,18 @@ def _fork_worker(request: dict, rows: int, out: int, status: int) -> tuple[int, 
     return int(text), middle
 
 
-def _become_worker(request: dict, rows: int, out: int):
-    """Turn this fork into ``python -m distlab.grading.worker ARGS`` run in ``request["cwd"]``
-    with ``request["env"]``, writing on ``out`` and its rows on ``rows``; never returns."""
-    code = 1
-    try:
-        import tempfile
-        from distlab.runtime.forked import close_all_but
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        close_all_but({0, 1, 2, rows})
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        tempfile.tempdir = None   # the server's, cached at its first use
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for signum in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        if "numpy.random" in sys.modules:
-            sys.modules["numpy.random"].seed()
-        args = [str(a) for a in request["args"]]
-        args[3] = str(rows)
-        from distlab.grading import worker
-        sys.argv = [worker.__file__, *args]
-        sys.path[0] = os.getcwd()
-        _set_title([sys.executable, "-m", "distlab.grading.worker", *args])
-        code = worker.main(args)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:   # noqa: BLE001 - said on stderr, as a cold worker's crash would be
-        import traceback
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:   # noqa: BLE001
-                pass
-        os._exit(code if isinstance(code, int) else 1)
+def _run_worker(request: dict, rows: int) -> int | None:
+    """In the forked worker: what ``python -m distlab.grading.worker ARGS`` runs, its rows on
+    ``rows`` and its command line the cold worker's."""
+    if "numpy.random" in sys.modules:   # numpy's global generator: reseeded, as Python's is
+        sys.modules["numpy.random"].seed()
+    args = [str(a) for a in request["args"]]
+    args[3] = str(rows)
+    from distlab.grading import worker
+    sys.argv = [worker.__file__, *args]
+    sys.path[0] = os.getcwd()
+    _set_title([sys.executable, "-m", "distlab.grading.worker", *args])
+    return worker.main(args)
 
 
 def _set_title(argv: list[str]) -> None:
