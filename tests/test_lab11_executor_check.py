@@ -109,6 +109,7 @@ def test_blocking_sends_and_receives_are_refused():
     assert verdict.startswith("FAILED") and "called recv" in verdict, verdict
 
 
+@pytest.mark.stored_data
 def test_torchs_schedules_give_the_executors_gradients():
     """torch's ScheduleInterleaved1F1B, ScheduleZBVZeroBubble and ScheduleDualPipeV, each run
     with its own PipelineStages on the stored case's model (p = 4, m = 8, two stages per rank),
@@ -127,7 +128,10 @@ def test_torchs_schedules_give_the_executors_gradients():
         for n, g in theirs[name]["grads"].items():
             # sums in another order: about 1e-15 of gradients of order 10; 1e-6 is the lab's bar
             torch.testing.assert_close(ours[name]["grads"][n], g, atol=1e-6, rtol=1e-6)
-            torch.testing.assert_close(stored[name][n], g, atol=1e-6, rtol=1e-6)
+            # The stored set was made on another CPU: the model's float32 initial weights
+            # (torch.randn) differ in their last bit between torch's vectorised and plain paths,
+            # up to 2.5e-5 relative on these gradients (ATEN_CPU_CAPABILITY=default, measured)
+            torch.testing.assert_close(stored[name][n], g, atol=1e-4, rtol=1e-4)
 
 
 def test_ranks_get_their_own_inputs_and_no_expected_value(monkeypatch):

@@ -8,6 +8,8 @@ Wrong submissions are the solution's own cell with a textual edit (``solution_na
 they stay in step with the lab."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import launch_count
@@ -62,14 +64,20 @@ def _all_checks(ns: dict, seed=None) -> dict:
         "test_resharding": lambda: lab12.check_resharding(ns["save"], ns["load"], **hidden)})
 
 
+@pytest.mark.stored_data
 def test_the_solution_passes_the_stored_run_and_fresh_ones():
     """... in the launches the lab's budget counts (``lab12.LAUNCHES``): the test cell's visible
     call and one hidden call."""
     ns = namespace()
     with launch_count.counted() as visible:
         line = lab12.check_whole_state(ns["whole_state"], ns["restore"])
-    assert "resumed after step 3 of 6 on 2 ranks (the stored run)" in line, line
+    # On a CPU whose float64 sums differ from the one that wrote data/ in their last bits, the
+    # check makes the stored run again (check_whole_state): both say the stored run.
+    assert re.search(r"resumed after step 3 of 6 on 2 ranks \(the stored run(, made again on "
+                     r"this machine)?\)", line), line
     assert "3 losses after the resume and all 8 parameters" in line, line
+    if "made again" in line:   # the budget counts the stored run's check, not its remaking (last)
+        visible = visible[:-1]
     for seed in SEEDS:
         with launch_count.counted() as hidden:
             line = lab12.check_whole_state(ns["whole_state"], ns["restore"], seed=seed)
