@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import uuid
 
 from jupyter_client.manager import AsyncKernelManager
@@ -41,6 +39,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Any
 
 from distlab.grading.imports import freeze_imported
+from distlab.grading.json_lines import Client, answer, requests
 from distlab.runtime.forked import ForkedProcess, fork_helper
 
 # What (nearly) every lab's first cells import, timed with time.process_time(): torch alone
@@ -77,10 +76,7 @@ class WarmKernels:
                 [sys.executable, "-m", "distlab.grading.warm_kernels", str(fd)],
                 env=env, cwd=cwd, pass_fds=[fd], stdin=subprocess.DEVNULL)
         theirs.close()
-        mine.settimeout(REPLY_TIMEOUT)
-        self.socket, self.replies = mine, mine.makefile("rb")
-        self.lock = threading.Lock()
-        self.unread = 0   # replies to ``preload`` not read yet
+        self.client = Client(mine, REPLY_TIMEOUT)   # the judge's thread and nbgrader's both ask
 
     def __deepcopy__(self, memo):
         return self   # traitlets deep-copies config values: one server, shared
@@ -92,10 +88,11 @@ class WarmKernels:
     def fork(self, cmd: list[str], env: dict[str, str], cwd: str,
              judge: socket.socket | None = None) -> int | None:
         """``judge``: the kernel's end of its judge channel, which the kernel keeps."""
-        if self.socket is None or kernel_args(cmd) is None:
+        if self.client.closed or kernel_args(cmd) is None:
             return None
-        reply = self._ask({"cmd": cmd, "env": env, "cwd": str(cwd), "judge": judge is not None},
-                          fds=[judge.fileno()] if judge is not None else [])
+        reply = self.client.ask({"cmd": cmd, "env": env, "cwd": str(cwd),
+                                 "judge": judge is not None},
+                                fds=[judge.fileno()] if judge is not None else [])
         if "pid" in reply:
             return reply["pid"]
         print(f"distlab grading worker: the warm kernel server failed ({reply['error']}); this "
@@ -108,48 +105,25 @@ class WarmKernels:
         graded) before it forks the judge's zygotes, which import them otherwise, one per lab.
         Its reply is read before the next request's is: the worker goes on meanwhile, and one
         request at a time is in flight (a request's descriptors are never read with another)."""
-        if self.socket is None or not names:
-            return
-        with self.lock:
-            try:
-                self.socket.sendall(json.dumps({"preload": list(names)}).encode() + b"\n")
-                self.unread += 1
-            except OSError:   # a dead server: the next request says so
-                pass
+        if names:
+            self.client.tell({"preload": list(names)})
 
     def spawn_zygote(self, env: dict[str, str], sock_fd: int, log_fd: int) -> int | None:
         """A zygote forked from the server with ``env``, talking on ``sock_fd`` and writing to
         ``log_fd``: its pid, or None (start it as a fresh interpreter). ``LaunchSettings.spawn``
         of the judge's ranks: the server holds no answer, and forks while the judge's thread
         runs (a process with threads cannot fork safely)."""
-        if self.socket is None:
+        if self.client.closed:
             return None
-        reply = self._ask({"zygote": True, "env": env}, fds=[sock_fd, log_fd])
+        reply = self.client.ask({"zygote": True, "env": env}, fds=[sock_fd, log_fd])
         if "pid" in reply:
             return reply["pid"]
         print(f"distlab grading worker: the warm kernel server could not fork a zygote "
-              f"({reply['error']}); it starts as a fresh interpreter", file=sys.stderr)
+              f"({reply['error']}); it and later ones start as fresh interpreters", file=sys.stderr)
         return None
 
-    def _ask(self, request: dict, fds: list[int] = ()) -> dict:
-        """One request and its reply (the judge's thread and nbgrader's may both ask)."""
-        with self.lock:
-            try:
-                while self.unread:   # the server imported what ``preload`` named (or it failed)
-                    self.replies.readline()
-                    self.unread -= 1
-                message = json.dumps(request).encode() + b"\n"
-                socket.send_fds(self.socket, [message], list(fds)) if fds else \
-                    self.socket.sendall(message)
-                return json.loads(self.replies.readline() or b'{"error": "the server exited"}')
-            except (OSError, ValueError) as exc:   # a timeout, a dead server: it serves no more
-                return {"error": f"{type(exc).__name__}: {exc}"}
-
     def close(self) -> None:
-        if self.socket is not None:
-            self.replies.close()
-            self.socket.close()   # the server exits at end of file
-            self.socket = None
+        self.client.close()
 
 
 def kernel_args(cmd: list[str]) -> tuple[list[str], list[str]] | None:
@@ -242,7 +216,7 @@ def serve_kernels(fd: int, cwd: str) -> int:
     _import_extras(RANK_BASE)
     freeze_imported()
     with socket.socket(fileno=fd) as sock:
-        for request, fds in _requests(sock):
+        for request, fds in requests(sock):
             try:
                 if "preload" in request:
                     _import_extras(request["preload"])
@@ -256,7 +230,7 @@ def serve_kernels(fd: int, cwd: str) -> int:
             finally:
                 for passed in fds:
                     os.close(passed)
-            sock.sendall(json.dumps(reply).encode() + b"\n")
+            answer(sock, reply)
     return 0
 
 
@@ -270,20 +244,6 @@ def _import_extras(names) -> None:
             importlib.import_module(name)
         except Exception:   # noqa: BLE001 - an optional extra: a rank imports it if it needs it
             pass
-
-
-def _requests(sock: socket.socket):
-    """(request, file descriptors passed with it) for each JSON line until the worker closes."""
-    buffer, fds = b"", []
-    while True:
-        data, got, _, _ = socket.recv_fds(sock, 1 << 20, 8)
-        if not data:
-            return
-        buffer, fds = buffer + data, fds + got
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield json.loads(line), fds
-            fds = []
 
 
 def _fork_zygote(request: dict, fds: list[int]) -> int:

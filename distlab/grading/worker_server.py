@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import os
 import select
 import signal
@@ -36,6 +35,8 @@ import socket
 import subprocess
 import sys
 import threading
+
+from distlab.grading.json_lines import Client, answer, requests
 
 ENV = "DISTLAB_FORK_WORKERS"
 TITLE_ROOM = 4096   # bytes of this server's command line that a forked worker's title may fill
@@ -55,9 +56,7 @@ class WorkerServer:
              " " * TITLE_ROOM], env=env, cwd=cwd, pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
-        mine.settimeout(REPLY_TIMEOUT)
-        self.socket, self.replies = mine, mine.makefile("rb")
-        self.lock = threading.Lock()   # one request at a time: the run's threads share it
+        self.client = Client(mine, REPLY_TIMEOUT)   # the run's threads share it
 
     @classmethod
     def wanted(cls) -> bool:
@@ -71,12 +70,8 @@ class WorkerServer:
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         try:
-            with self.lock:
-                if self.socket is None:
-                    reply = {"error": "the server was closed"}
-                else:
-                    reply = self._ask({"args": args, "cwd": str(cwd), "env": env},
-                                      [rows_fd, out_w, status_w])
+            reply = self.client.ask({"args": args, "cwd": str(cwd), "env": env},
+                                    [rows_fd, out_w, status_w])
         finally:
             os.close(out_w)
             os.close(status_w)
@@ -88,25 +83,10 @@ class WorkerServer:
               f"starts as a fresh interpreter", file=sys.stderr)
         return None
 
-    def _ask(self, request: dict, fds: list[int]) -> dict:
-        try:
-            socket.send_fds(self.socket, [json.dumps(request).encode() + b"\n"], fds)
-            return json.loads(self.replies.readline() or b'{"error": "the server exited"}')
-        except (OSError, ValueError) as exc:   # a timeout, a dead server: it serves no more
-            self._close_socket()
-            return {"error": f"{type(exc).__name__}: {exc}"}
-
-    def _close_socket(self) -> None:
-        if self.socket is not None:
-            self.replies.close()
-            self.socket.close()   # the server exits at end of file
-            self.socket = None
-
     def close(self) -> None:
         """Stop serving; the server is reaped (its CPU time, its workers' too, counts as the
         run's: ``RUSAGE_CHILDREN``)."""
-        with self.lock:
-            self._close_socket()
+        self.client.close()
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -160,11 +140,10 @@ def serve_workers(fd: int) -> int:
     for name in worker.START_MODULES:
         importlib.import_module(name)
     freeze_imported(collect_after=False)
-    from distlab.grading.warm_kernels import _requests
     from distlab.runtime.forked import can_fork
     middles: set[int] = set()
     with socket.socket(fileno=fd) as sock:
-        for request, fds in _requests(sock):
+        for request, fds in requests(sock):
             try:
                 if not can_fork() or len(fds) != 3:
                     raise RuntimeError(f"{threading.active_count()} threads, {len(fds)} descriptors")
@@ -176,7 +155,7 @@ def serve_workers(fd: int) -> int:
             finally:
                 for passed in fds:
                     os.close(passed)
-            sock.sendall(json.dumps(reply).encode() + b"\n")
+            answer(sock, reply)
             middles = {m for m in middles if os.waitpid(m, os.WNOHANG)[0] == 0}
     for middle in middles:   # the run is over: its workers were stopped
         os.waitpid(middle, 0)
