@@ -325,3 +325,70 @@ def test_a_classmate_graded_alongside_cannot_reach_a_student_s_judge(tmp_path):
     assert reached[:2] == ("[]", "[]"), reached
     # Not the kernel's own channel either: the ranks it starts hold no socket of the worker's.
     assert _printed(attacker, "ranks hold a judge channel:") == "[[], []]"
+
+
+STUB_KERNEL = textwrap.dedent('''
+    import torch, torch.distributed as dist
+    from distlab.checks.lab01 import check_all_reduce_rs_ag
+    def stub(tensor):
+        """The handout's stub, as nbgrader leaves it."""
+        # YOUR CODE HERE
+        raise NotImplementedError()
+    try:
+        check_all_reduce_rs_ag(stub, world_size=2, seed=1)
+    except Exception as exc:
+        print("kernel saw:", type(exc).__name__, str(exc).splitlines()[0])
+''')
+
+# The judge counts its launches (every check's ranks start through Ranks.run).
+COUNTING_JUDGE = JUDGE.replace("channel = j.channel()", textwrap.dedent('''\
+    launches, real_run = [], j.launcher.run
+    j.launcher.run = lambda fn, world, *a, **k: (launches.append(world), real_run(fn, world, *a, **k))[1]
+    channel = j.channel()''')) + 'print("launches:", len(launches))\n'
+
+
+def test_a_check_given_only_the_handout_s_stub_fails_as_not_done_without_ranks():
+    cell = "check_all_reduce_rs_ag(stub, world_size=2, seed=fresh_seed())"
+    done = subprocess.run([sys.executable, "-c", COUNTING_JUDGE, STUB_KERNEL, cell],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = [line.split(None, 3) for line in done.stdout.splitlines()
+                if line.startswith("verdict:")]
+    assert [v[1:3] for v in verdicts] == [["check_all_reduce_rs_ag", "not-done"]], done.stdout
+    assert "stub raised NotImplementedError: it is still the handout's stub" in verdicts[0][3]
+    assert "kernel saw: SubmittedError stub raised NotImplementedError" in done.stdout
+    assert "launches: 0" in done.stdout   # the same check with a written function starts ranks
+    done = subprocess.run([sys.executable, "-c", COUNTING_JUDGE, STUB_KERNEL.replace(
+        "raise NotImplementedError()", "return tensor"), cell], capture_output=True, text=True,
+        timeout=300)
+    assert "launches: 0" not in done.stdout and "launches:" in done.stdout, done.stdout
+
+
+def test_only_a_body_that_just_raises_a_bare_not_implemented_error_is_a_stub():
+    from distlab.checks.messenger import is_stub
+
+    def bare():
+        raise NotImplementedError
+
+    def nbgrader_stub(x, y=1, *rest, **named):
+        """Its docstring stays."""
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def withheld():   # the student package's: its message must reach the student
+        raise NotImplementedError("all_reduce is yours to write in Lab 1")
+
+    def begun(x):
+        if x:
+            raise NotImplementedError()
+        return x
+
+    def other():
+        raise ValueError()
+
+    class Answer:
+        def method(self):
+            raise NotImplementedError()
+    assert is_stub(bare) and is_stub(nbgrader_stub) and is_stub(Answer.method)
+    for value in (withheld, begun, other, Answer, Answer().method, lambda: None, 3):
+        assert not is_stub(value), value

@@ -20,6 +20,9 @@ The judge
   hidden inputs and references exist nowhere before the test runs, and only in the judge and its
   ranks; only the positional arguments (the student's objects) come from the kernel;
 - computes references and makes every comparison in its own process;
+- takes one word from the kernel: that a function is still the handout's stub (its body only
+  raises NotImplementedError), and then fails its check without starting ranks (a lie can only
+  cost the student's own points);
 - records a verdict per check, attributed to the test cell the grader is executing.
 
 The grader then scores a test cell from the judge's record: a cell whose checks never reached the
@@ -68,8 +71,9 @@ class Submitted:
     pickled into a rank's task it becomes ``cloudpickle.loads(data)`` there, and calling it in the
     judge runs it on one confined rank and returns what it returned (plain data only)."""
 
-    def __init__(self, data: bytes, name: str):
-        self.data, self.name = data, name
+    def __init__(self, data: bytes, name: str, stub: bool = False):
+        """``stub``: the kernel said the object is still the handout's stub (``is_stub``)."""
+        self.data, self.name, self.stub = data, name, stub
 
     def __reduce__(self):
         # Unpickled on a rank, where the check's guard looks at what the student handed in.
@@ -255,6 +259,7 @@ class Judge:
         seed = kwargs.get("seed")
         output = io.StringIO()
         try:
+            _refuse_stubs(args, kwargs)
             with contextlib.redirect_stdout(output), self.launcher.active(), \
                     call_guard.guarding(guard_of(check)):
                 _, line = run_check(check, *args, **kwargs)
@@ -283,7 +288,9 @@ class Judge:
 
         def unpack(item):
             kind, blob, label = item
-            return loads_value(blob) if kind == "data" else Submitted(bytes(blob), str(label)[:100])
+            if kind == "data":
+                return loads_value(blob)
+            return Submitted(bytes(blob), str(label)[:100], stub=kind == "stub")
         args = [unpack(a) for a in args]
         kwargs = {str(k): unpack(v) for k, v in dict(kwargs).items()}
         return name, check, args, kwargs
@@ -291,6 +298,22 @@ class Judge:
     def close(self) -> None:
         self.launcher.close()
         self.channels.close()
+
+
+def _refuse_stubs(args: list, kwargs: dict) -> None:
+    """A check given nothing of the student's but stubs, functions whose body only raises
+    NotImplementedError, fails without starting ranks: each would only raise it (an untouched
+    notebook's every test cell starts some; about a second of CPU a notebook). Its status is the
+    one that raise gives, not done. A check given one written answer runs as ever."""
+    submitted = [v for v in (*args, *kwargs.values()) if isinstance(v, Submitted)]
+    if submitted and all(s.stub for s in submitted):
+        names = list(dict.fromkeys(s.name for s in submitted))
+        it, is_ = ("them", "are") if len(names) > 1 else ("it", "is")
+        raise SubmittedError("NotImplementedError", (
+            f"{' and '.join(names)} raised NotImplementedError: {'they' if it == 'them' else it} "
+            f"{is_} still the handout's stub, whose body only raises it, so the check ran nothing. "
+            f"Write {it} in {'their cells' if it == 'them' else 'its cell'}, run "
+            f"{'them' if it == 'them' else 'that cell'}, then run this test again."))
 
 
 def _course_code_used(exc: BaseException) -> str | None:
