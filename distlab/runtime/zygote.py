@@ -149,9 +149,8 @@ def _confine_if_asked() -> None:
     folders = os.environ.get("DISTLAB_CONFINE")
     if folders:
         from distlab.runtime.landlock import confine
-        hidden, readable = (os.environ.get(k) for k in ("DISTLAB_HIDE", "DISTLAB_READ"))
-        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [],
-                readable=None if readable is None else [r for r in readable.split(os.pathsep) if r],
+        from distlab.runtime.rank import confined_reads
+        confine(folders.split(os.pathsep), **confined_reads(),
                 max_file_bytes=int(os.environ.get("DISTLAB_FILE_LIMIT") or 0))
 
 
