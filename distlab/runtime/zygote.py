@@ -38,6 +38,11 @@ RANK_BASE = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle")
 TORCH_EXTRAS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
                 "torch.distributed.tensor.debug", "torch.distributed.pipelining",
                 "torch.distributed.fsdp")
+# What each rank imports as it runs (distlab.runtime.rank's own lazy imports, and torch.load's,
+# which unpickling a tensor calls): ~2 ms of CPU a rank when each imports them afresh.
+RANK_RUNTIME = ("distlab.runtime.rank", "distlab.runtime.comms", "distlab.runtime.call_guard",
+                "distlab.runtime.devices", "distlab.runtime.safe_pickle",
+                "distlab.runtime.landlock", "tempfile", "torch.utils.serialization")
 
 
 def send(sock: socket.socket, message, fds=()) -> None:
@@ -58,7 +63,7 @@ def _preload() -> None:
         __import__(name)
     named = os.environ.get(PRELOAD_ENV)
     extra = TORCH_EXTRAS if named is None else filter(None, named.split(os.pathsep))
-    for name in ("numpy", "distlab.runtime.rank", *extra):
+    for name in ("numpy", *RANK_RUNTIME, *extra):
         try:
             __import__(name)
         except Exception:  # an optional extra: the rank imports it itself if it needs it
