@@ -31,6 +31,9 @@ PRELOAD_ENV = "DISTLAB_ZYGOTE_PRELOAD"
 # Where the ranks import distlab from (a student's view, distlab.grading.student_package): the
 # grader's judge sets it for the ranks that run a student's code.
 PACKAGE_ENV = "DISTLAB_PACKAGE"
+# The course code its ranks' guards watch ("module:qualname", space-separated): the grader's
+# judge names its labs' (distlab.runtime.call_guard.prepare).
+GUARDED_ENV = "DISTLAB_ZYGOTE_GUARDED"
 # What every rank needs: torch, its process groups, DDP, and cloudpickle to read its task.
 RANK_BASE = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle")
 # PyTorch's parallel APIs (DTensor, FSDP, pipelining): labs use them on their ranks, and they
@@ -169,6 +172,10 @@ def main(fd: int) -> None:
         wire.own_network()   # before confinement, which drops the capabilities it needs
     _confine_if_asked()
     _preload()
+    guarded = os.environ.get(GUARDED_ENV)
+    if guarded:
+        from distlab.runtime.call_guard import prepare
+        prepare(guarded.split())
     serve(sock)
 
 
