@@ -201,11 +201,11 @@ def prepare(guarded) -> None:
     process that forks the ranks that will watch them (the judge's zygote)."""
     if not entry_hooks.SUPPORTED:
         return
-    for f, name in guarded_functions(Guard(frozenset(guarded))).items():
-        try:
+    try:   # nothing here may stop the zygote: whatever fails, each rank's watch meets it again
+        for f, name in guarded_functions(Guard(frozenset(guarded))).items():
             _calling_in(f.__code__, name)
-        except Exception:   # noqa: BLE001 - a rank's watch meets it again and falls back
-            pass
+    except Exception:   # noqa: BLE001
+        pass
 
 
 def _carry(functions: dict) -> bool:
