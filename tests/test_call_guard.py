@@ -141,6 +141,21 @@ def test_a_watch_leaves_the_functions_as_they_were():
     assert call_guard._carried == {} and call_guard._open == []
 
 
+@ENTRY_CALLS
+def test_a_prepared_guard_installs_the_codes_made_before_and_notices_calls_as_ever():
+    # A zygote prepares before it forks: its ranks' watches install the codes, not rewrite them.
+    call_guard.prepare(GUARD.guarded)
+    made = call_guard._with_entry[(intervals.union.__code__, UNION)]
+
+    def wrapper(spans):
+        return intervals.union(spans)
+    with watching(GUARD) as watch:
+        assert intervals.union.__code__ is made
+        wrapper(SPANS)
+    assert watch.uses and UNION in watch.uses[0]
+    assert intervals.union.__code__ is not made
+
+
 def test_the_course_calling_its_own_code_is_not_the_students_use():
     # intervals.length calls union itself: the caller of union is the course, not the student.
     assert uses(intervals.length, SPANS) == []

@@ -7,8 +7,11 @@ import sys
 
 import types
 
+import pytest
+
 import distlab.checks
 from distlab.grading.settings import GradingSettings, rank_modules, rank_torch_modules
+from distlab.runtime import entry_hooks
 from distlab.runtime.launch import Launcher, LaunchSettings
 from distlab.runtime.zygote import TORCH_EXTRAS
 
@@ -85,6 +88,31 @@ def test_ranks_that_build_an_optimizer_find_what_it_imports_preloaded():
     finally:
         bare.close()
         judge.close()
+
+
+def _prepared(rank, world_size):
+    from distlab.runtime import call_guard
+    return sorted({name for _, name in call_guard._with_entry})
+
+
+@pytest.mark.skipif(not entry_hooks.SUPPORTED, reason="CPython 3.11's bytecode only")
+def test_a_zygote_told_the_guarded_names_prepares_its_ranks_watch(tmp_path):
+    """The judge names its labs' guarded code to its zygotes, which make the code that calls in
+    once before they fork: a rank's watch installs it rather than rewriting ~30 functions."""
+    from distlab.checks.course_code import guard_of
+    lab = "03_tensor_parallel_mlp"
+    module = distlab.checks.checks_module(lab)
+    named = {name for check in module.COURSE_CODE
+             if (guard := guard_of(getattr(module, check))) is not None for name in guard.guarded}
+    assert set(GradingSettings().launch_settings(str(tmp_path), False, (lab,)).guarded) == named
+    union = "distlab.labs.timelines.intervals:union"
+    cold, told = Launcher(LaunchSettings()), Launcher(LaunchSettings(guarded=(union,)))
+    try:
+        assert cold.run(_prepared, 1, backend="gloo")[0] == []
+        assert told.run(_prepared, 2, backend="gloo") == [[union], [union]]
+    finally:
+        cold.close()
+        told.close()
 
 
 def test_the_judge_preloads_the_torch_modules_its_labs_guards_name():

@@ -104,7 +104,8 @@ class GradingSettings:
                               readable=self.readable_to_students(labs[0]) if student else None,
                               file_limit=self.disk_bytes if student else 0,
                               package=package,
-                              preload=rank_modules(labs), fork_zygote=package is None,
+                              preload=rank_modules(labs), guarded=guarded_names(labs),
+                              fork_zygote=package is None,
                               spawn=spawn,
                               # a student's ranks reach no network but their own, on which
                               # every byte they send is counted (distlab.runtime.wire)
@@ -155,12 +156,25 @@ def rank_torch_modules(labs: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def guarded_names(labs: tuple[str, ...]) -> tuple[str, ...]:
+    """Every name the ``labs``' checks guard, for their ranks' zygote to prepare the watch of
+    once (``distlab.runtime.call_guard.prepare``)."""
+    import distlab.checks
+    return tuple(dict.fromkeys(name for lab in labs
+                               for name in _guarded_by(distlab.checks.checks_module(lab))))
+
+
+def _guarded_by(checks_module) -> tuple[str, ...]:
+    """The names ("module:qualname") a checks module's course-code guards name (``COURSE_CODE``)."""
+    entries = getattr(checks_module, "COURSE_CODE", {}).values()
+    return tuple(dict.fromkeys(name for entry in entries
+                               for name in (*entry.forbidden, *entry.watched)))
+
+
 def guarded_torch_modules(checks_module) -> tuple[str, ...]:
     """The PyTorch modules a checks module's course-code guards name (``COURSE_CODE``: Lab 11's,
     PyTorch's own pipeline schedules): a guarded rank resolves every guarded name as it starts
     (``call_guard.Watch``), importing its module, and torch.distributed.pipelining imports
     torch._dynamo, 1.5-3 CPU-s on every rank of every run unless its zygote imported it."""
-    entries = getattr(checks_module, "COURSE_CODE", {}).values()
-    return tuple(dict.fromkeys(name.partition(":")[0] for entry in entries
-                               for name in (*entry.forbidden, *entry.watched)
+    return tuple(dict.fromkeys(name.partition(":")[0] for name in _guarded_by(checks_module)
                                if name.startswith("torch.")))

@@ -75,6 +75,8 @@ class LaunchSettings:
     spawn: object = dataclasses.field(default=None, compare=False, repr=False)
     # modules the zygote imports once, not every rank (None: zygote.TORCH_EXTRAS)
     preload: tuple[str, ...] | None = None
+    # the course code ("module:qualname") its ranks' guards watch: the zygote prepares the watch
+    guarded: tuple[str, ...] = ()
     # fork the zygote from the launching process where that is safe (ZygoteHandle), not start
     # a fresh interpreter: for a process that has imported torch and runs no student's script
     fork_zygote: bool = False
@@ -96,6 +98,9 @@ class LaunchSettings:
             env[wire.OWN_NETWORK_ENV] = "1"
         if self.preload is not None:
             env["DISTLAB_ZYGOTE_PRELOAD"] = os.pathsep.join(self.preload)
+        if self.guarded:
+            from distlab.runtime.zygote import GUARDED_ENV
+            env[GUARDED_ENV] = " ".join(self.guarded)
         if self.confine:
             env.update(DISTLAB_CONFINE=os.pathsep.join(self.confine),
                        DISTLAB_HIDE=os.pathsep.join(self.hide),

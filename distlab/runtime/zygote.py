@@ -31,6 +31,9 @@ PRELOAD_ENV = "DISTLAB_ZYGOTE_PRELOAD"
 # Where the ranks import distlab from (a student's view, distlab.grading.student_package): the
 # grader's judge sets it for the ranks that run a student's code.
 PACKAGE_ENV = "DISTLAB_PACKAGE"
+# The course code its ranks' guards watch ("module:qualname", space-separated): the grader's
+# judge names its labs' (distlab.runtime.call_guard.prepare).
+GUARDED_ENV = "DISTLAB_ZYGOTE_GUARDED"
 # What every rank needs: torch, its process groups, DDP, and cloudpickle to read its task.
 RANK_BASE = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle")
 # PyTorch's parallel APIs (DTensor, FSDP, pipelining): labs use them on their ranks, and they
@@ -38,6 +41,11 @@ RANK_BASE = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle")
 TORCH_EXTRAS = ("torch.distributed.tensor", "torch.distributed.tensor.parallel",
                 "torch.distributed.tensor.debug", "torch.distributed.pipelining",
                 "torch.distributed.fsdp")
+# What each rank imports as it runs (distlab.runtime.rank's own lazy imports, and torch.load's,
+# which unpickling a tensor calls): ~2 ms of CPU a rank when each imports them afresh.
+RANK_RUNTIME = ("distlab.runtime.rank", "distlab.runtime.comms", "distlab.runtime.call_guard",
+                "distlab.runtime.devices", "distlab.runtime.safe_pickle",
+                "distlab.runtime.landlock", "tempfile", "torch.utils.serialization")
 
 
 def send(sock: socket.socket, message, fds=()) -> None:
@@ -58,7 +66,7 @@ def _preload() -> None:
         __import__(name)
     named = os.environ.get(PRELOAD_ENV)
     extra = TORCH_EXTRAS if named is None else filter(None, named.split(os.pathsep))
-    for name in ("numpy", "distlab.runtime.rank", *extra):
+    for name in ("numpy", *RANK_RUNTIME, *extra):
         try:
             __import__(name)
         except Exception:  # an optional extra: the rank imports it itself if it needs it
@@ -149,9 +157,8 @@ def _confine_if_asked() -> None:
     folders = os.environ.get("DISTLAB_CONFINE")
     if folders:
         from distlab.runtime.landlock import confine
-        hidden, readable = (os.environ.get(k) for k in ("DISTLAB_HIDE", "DISTLAB_READ"))
-        confine(folders.split(os.pathsep), hidden=hidden.split(os.pathsep) if hidden else [],
-                readable=None if readable is None else [r for r in readable.split(os.pathsep) if r],
+        from distlab.runtime.rank import confined_reads
+        confine(folders.split(os.pathsep), **confined_reads(),
                 max_file_bytes=int(os.environ.get("DISTLAB_FILE_LIMIT") or 0))
 
 
@@ -165,6 +172,10 @@ def main(fd: int) -> None:
         wire.own_network()   # before confinement, which drops the capabilities it needs
     _confine_if_asked()
     _preload()
+    guarded = os.environ.get(GUARDED_ENV)
+    if guarded:
+        from distlab.runtime.call_guard import prepare
+        prepare(guarded.split())
     serve(sock)
 
 
