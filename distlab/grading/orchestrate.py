@@ -33,6 +33,33 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     start, submissions = time.monotonic(), submissions.resolve()
     settings = dataclasses.replace(settings, hide=hidden_folders(workdir, submissions, out))
     scope = selection.in_shard(found, shard)
+    server = _worker_server(settings, workdir, len(scope))
+    try:
+        return _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
+                            regrade, server, start)
+    except BaseException:
+        if server is not None:
+            server.close(now=True)   # a failed start (the template, the views): not waited for
+        raise
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _worker_server(settings: GradingSettings, workdir: Path, students: int):
+    """One process that imports what every worker imports, once for the run, and forks each
+    student's worker (distlab.grading.worker_server); started before the run's threads, and
+    before the template and the views are copied, so that its imports (3 s) take the other core
+    meanwhile instead of delaying the first student. A run of one student starts its worker cold
+    instead (the server would cost what a worker's start does)."""
+    if students < 2 or not WorkerServer.wanted():
+        return None
+    return WorkerServer(worker_env(settings), cwd=str(workdir))
+
+
+def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard, regrade,
+                 server, start) -> int:
+    """``grade_run`` once the worker server is started."""
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
     # Students' code runs with their handout's package, never the instructor's (one per lab).
@@ -51,11 +78,8 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     run.start()
     progress = Progress(total)
     failed = []
-    # One process imports what every worker imports, once for the run, and forks each student's
-    # worker (distlab.grading.worker_server); started before the run's threads. It costs what a
-    # worker's start does: a run of one student starts its worker cold instead.
-    server = WorkerServer(worker_env(settings), cwd=str(workdir)) \
-        if len(todo) > 1 and WorkerServer.wanted() else None
+    if not todo and server is not None:
+        server.close(now=True)   # nothing to grade: its imports are not waited for
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
             # The students with the most labs first: one started last would keep a worker
@@ -74,9 +98,6 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
               f"students are recorded in {workdir / 'results'} and {out}. Run the same command "
               f"again to grade the rest.", file=sys.stderr)
         return 130
-    finally:
-        if server is not None:
-            server.close()
     run.finish(complete=not failed)
     print(f"wrote {out}, {workdir / 'gradebook.db'} and feedback under {workdir / 'feedback'} "
           f"in {time.monotonic() - start:.0f} s")

@@ -102,11 +102,14 @@ class WorkerServer:
             self.socket.close()   # the server exits at end of file
             self.socket = None
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         """Stop serving; the server is reaped (its CPU time, its workers' too, counts as the
-        run's: ``RUSAGE_CHILDREN``)."""
+        run's: ``RUSAGE_CHILDREN``). ``now``: killed first, for a server that forked no worker
+        (it would finish its imports before it reads that the socket closed)."""
         with self.lock:
             self._close_socket()
+        if now:
+            self.process.kill()
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
