@@ -40,12 +40,17 @@ def test_the_server_imports_no_lab_s_checks_and_starts_no_thread():
         from distlab.grading import worker
         for name in worker.START_MODULES:
             importlib.import_module(name)
+        # What a run's preload may name (WorkerServer.preload): PyTorch's modules only
+        from distlab.grading.warm_kernels import _import_extras
+        _import_extras(["torch._dynamo", "torch.distributed.pipelining", "distlab.checks.lab01"])
         print(json.dumps({"checks": sorted(m for m in sys.modules
                                            if m.startswith(("distlab.checks.lab", "distlab.labs"))),
                           "threads": threading.active_count(), "torch": "torch" in sys.modules,
-                          "nbgrader": "nbgrader" in sys.modules}))
+                          "nbgrader": "nbgrader" in sys.modules,
+                          "preloaded": "torch.distributed.pipelining" in sys.modules}))
     """))
-    assert seen == {"checks": [], "threads": 1, "torch": True, "nbgrader": True}
+    assert seen == {"checks": [], "threads": 1, "torch": True, "nbgrader": True,
+                    "preloaded": True}
 
 
 def test_a_forked_worker_shows_the_cold_worker_s_command_line():

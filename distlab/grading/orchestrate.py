@@ -20,6 +20,7 @@ from distlab.grading.intake import locked_cell_flags, prepare_template
 from distlab.grading.progress import Progress
 from distlab.grading.scoring import collect_feedback, write_scores
 from distlab.grading.settings import GradingSettings
+from distlab.grading.student_package import rank_imports
 from distlab.grading.stopping import stop_workers_on_interrupt, timed
 from distlab.grading.worker_server import WorkerServer
 
@@ -63,8 +64,13 @@ def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
     # Students' code runs with their handout's package, never the instructor's (one per lab).
-    settings = dataclasses.replace(settings, views=str(student_views(
-        workdir, sorted({lab for labs in scope.values() for lab in labs}))))
+    graded = sorted({lab for labs in scope.values() for lab in labs})
+    views = student_views(workdir, graded)
+    settings = dataclasses.replace(settings, views=str(views))
+    if server is not None:
+        # What the labs' ranks import of PyTorch, imported once for the run, not by every
+        # student's kernels' server (1.1-1.5 CPU-s each): forked, they find it imported.
+        server.preload(dict.fromkeys(m for lab in graded for m in rank_imports(views / lab)))
     current = selection.lab_fingerprints(submissions, scope, template, settings.fingerprint())
     run = records.Run(workdir, out, scope, shard, current, write_scores)
     todo, skipped = selection.plan(current, run.records, regrade)

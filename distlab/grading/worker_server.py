@@ -88,6 +88,17 @@ class WorkerServer:
               f"starts as a fresh interpreter", file=sys.stderr)
         return None
 
+    def preload(self, names) -> None:
+        """Have the server import ``names`` (PyTorch modules: what the run's labs' ranks import)
+        before it forks a worker: every student's kernels' server, forked from the worker,
+        finds them imported. No reply: the next request's waits behind it."""
+        with self.lock:
+            if self.socket is not None and names:
+                try:
+                    self.socket.sendall(json.dumps({"preload": list(names)}).encode() + b"\n")
+                except OSError:   # a dead server: the workers start cold
+                    self._close_socket()
+
     def _ask(self, request: dict, fds: list[int]) -> dict:
         try:
             socket.send_fds(self.socket, [json.dumps(request).encode() + b"\n"], fds)
@@ -163,11 +174,15 @@ def serve_workers(fd: int) -> int:
     for name in worker.START_MODULES:
         importlib.import_module(name)
     freeze_imported(collect_after=False)
-    from distlab.grading.warm_kernels import _requests
+    from distlab.grading.warm_kernels import _import_extras, _requests
     from distlab.runtime.forked import can_fork
     middles: set[int] = set()
     with socket.socket(fileno=fd) as sock:
         for request, fds in _requests(sock):
+            if "preload" in request:   # PyTorch's modules only (``_import_extras``); no reply
+                _import_extras(request["preload"])
+                freeze_imported(collect_after=False)
+                continue
             try:
                 if not can_fork() or len(fds) != 3:
                     raise RuntimeError(f"{threading.active_count()} threads, {len(fds)} descriptors")
