@@ -28,16 +28,19 @@ LOG_TAIL = 200_000   # bytes of a worker's own output kept in grading.log (the r
 
 
 def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, list[str]],
-              workdir: Path, out: Path, jobs: int = 1, shard=None, regrade=None) -> int:
+              workdir: Path, out: Path, jobs: int = 1, shard=None, regrade=None,
+              tail=None) -> int:
     """Grade ``found`` (the shard's part of it) in ``workdir``, ``jobs`` students at a time,
-    skipping what is recorded there; 0 when every student was graded."""
+    skipping what is recorded there; 0 when every student was graded. ``tail()``: called once,
+    when fewer students are left than ``jobs`` (a core is free from then on), to start what
+    comes after grading (the similarity report)."""
     start, submissions = time.monotonic(), submissions.resolve()
     settings = dataclasses.replace(settings, hide=hidden_folders(workdir, submissions, out))
     scope = selection.in_shard(found, shard)
     server = _worker_server(settings, workdir, len(scope))
     try:
         return _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
-                            regrade, server, start)
+                            regrade, server, start, tail)
     except BaseException:
         if server is not None:
             server.close(now=True)   # a failed start (the template, the views): not waited for
@@ -59,7 +62,7 @@ def _worker_server(settings: GradingSettings, workdir: Path, students: int):
 
 
 def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard, regrade,
-                 server, start) -> int:
+                 server, start, tail) -> int:
     """``grade_run`` once the worker server is started."""
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
@@ -93,12 +96,15 @@ def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
             order = sorted(todo, key=lambda s: -len(todo[s]))
             futures = {pool.submit(timed, grade_student, s, todo[s], submissions, workdir,
                                    settings, server): s for s in order}
+            left = len(futures)
+            tail = _start_tail(tail, left, jobs)
             for future in as_completed(futures):
-                student = futures[future]
+                student, left = futures[future], left - 1
                 progress.clear()
                 if not _record(student, future, workdir, run):
                     failed.append(student)
                 progress.done(len(todo[student]))
+                tail = _start_tail(tail, left, jobs)
     except KeyboardInterrupt:
         print(f"distlab grade: interrupted; {len(scope) - len(run.missing())} of {len(scope)} "
               f"students are recorded in {workdir / 'results'} and {out}. Run the same command "
@@ -111,6 +117,15 @@ def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
         print(f"distlab grade: grading failed for {', '.join(failed)} (not recorded); run the same "
               f"command again to retry them.", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _start_tail(tail, left: int, jobs: int):
+    """Call ``tail()`` once fewer students are left than ``jobs`` (a core is free from then
+    on, until the run ends); what is still to call: ``tail``, or None once called."""
+    if tail is not None and left < jobs:
+        tail()
+        return None
+    return tail
 
 
 def _record(student: str, future, workdir: Path, run) -> bool:
