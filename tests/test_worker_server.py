@@ -97,3 +97,18 @@ def test_a_worker_forked_by_the_server_reports_its_exit_and_output(tmp_path):
         server.close()
     assert server.process.returncode == 0
     assert server.start(["x"] * 5, str(tmp_path), env, 0) is None   # closed: cold again
+
+
+def test_every_worker_of_a_run_is_asked_in_the_server_s_environment(monkeypatch, tmp_path):
+    # The server starts before the run opens its first gradebook, which puts this interpreter's
+    # scripts on PATH (nbgrader runs alembic): a worker asked for after that must still be of
+    # the server's environment, else every student's worker starts cold (2 CPU-s each), silently.
+    from distlab.grading.course_dir import nbgrader_api
+    from distlab.grading.orchestrate import worker_env
+    from distlab.grading.settings import GradingSettings
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
+    settings = GradingSettings()
+    before = worker_env(settings)
+    nbgrader_api(tmp_path)
+    assert os.environ["PATH"] != os.pathsep.join(["/usr/bin", "/bin"])   # it changed it here
+    assert worker_env(settings) == before

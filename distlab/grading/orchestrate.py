@@ -175,9 +175,14 @@ def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ..
 
 
 def worker_env(settings: GradingSettings) -> dict[str, str]:
-    """Every worker's environment (the same for all the students of a run)."""
+    """Every worker's environment (the same for all the students of a run, whenever it is
+    asked: the worker server, started first, forks only workers of its own environment)."""
+    from distlab.grading.course_dir import scripts_on_path
     env = dict(os.environ, **settings.checks().environ())
     env.pop("DISTLAB_RANK", None)
+    # As it is once this process has opened a gradebook (nbgrader_api), which the template and
+    # the records do after the server has started.
+    env["PATH"] = scripts_on_path(env.get("PATH", ""))
     # The kernels start no rank launcher on `import distlab` (distlab/__init__.py): a notebook
     # that calls distlab.run starts one then, and most never do outside the judge.
     env["DISTLAB_WARM_UP"] = "0"
