@@ -551,3 +551,28 @@ def test_after_grading_keeps_the_exit_code_and_survives_its_own_failure(tmp_path
     assert not (tmp_path / "similarity.csv").exists()
     assert similarity.after_grading(tmp_path, {}, tmp_path, 130) == 130   # interrupted: no report
     assert not (tmp_path / "similarity.csv").exists()
+
+
+def test_a_report_made_during_grading_is_the_one_made_after(tmp_path, capsys):
+    # `distlab grade` starts the report on a thread once a core is free (grade_run's tail): the
+    # same file and lines as a report made after grading, and a failure in the thread is the
+    # same warning.
+    folder, lab = tmp_path / "submitted", "01_collectives"
+    submissions.write(submissions.solved(lab), folder, "alice", lab)
+    submissions.write(copies.rewritten(), folder, "rewriter", lab)
+    found = {"alice": [lab], "rewriter": [lab]}
+    outputs = []
+    for started in (False, True):
+        workdir = tmp_path / f"started-{started}"
+        making = similarity.Making(folder, found, workdir)
+        if started:
+            making.start()
+        assert similarity.after_grading(folder, found, workdir, 0, making) == 0
+        outputs.append(((workdir / "similarity.csv").read_text(),
+                        capsys.readouterr().out.replace(str(workdir), "WORKDIR")))
+    assert outputs[0] == outputs[1] and "alice hands in solution" in outputs[0][1]
+    failing = similarity.Making(tmp_path / "missing", {"x": ["no_such_lab"]}, tmp_path)
+    failing.start()
+    assert similarity.after_grading(tmp_path / "missing", {"x": ["no_such_lab"]}, tmp_path, 0,
+                                    failing) == 0
+    assert "the similarity report failed" in capsys.readouterr().err

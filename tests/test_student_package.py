@@ -199,6 +199,9 @@ def test_a_view_is_copied_from_the_build_folders_with_its_modules_compiled(packa
                       if p.is_file())
     assert files(again) == files(packages[lab]) == files(made)
     assert (again / "data").resolve() == paths.data().resolve()
+    # What its ranks import of PyTorch, for the worker server's preload (no checks imported)
+    from distlab.grading.settings import rank_torch_modules
+    assert student_package.rank_imports(again) == list(rank_torch_modules((lab,)))
     for module in sorted((again / "distlab").rglob("*.py")):
         # what a timestamped .pyc records of its source: its mtime, which the copy kept
         header = Path(importlib.util.cache_from_source(str(module))).read_bytes()[:16]

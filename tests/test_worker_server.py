@@ -40,12 +40,17 @@ def test_the_server_imports_no_lab_s_checks_and_starts_no_thread():
         from distlab.grading import worker
         for name in worker.START_MODULES:
             importlib.import_module(name)
+        # What a run's preload may name (WorkerServer.preload): PyTorch's modules only
+        from distlab.grading.warm_kernels import _import_extras
+        _import_extras(["torch._dynamo", "torch.distributed.pipelining", "distlab.checks.lab01"])
         print(json.dumps({"checks": sorted(m for m in sys.modules
                                            if m.startswith(("distlab.checks.lab", "distlab.labs"))),
                           "threads": threading.active_count(), "torch": "torch" in sys.modules,
-                          "nbgrader": "nbgrader" in sys.modules}))
+                          "nbgrader": "nbgrader" in sys.modules,
+                          "preloaded": "torch.distributed.pipelining" in sys.modules}))
     """))
-    assert seen == {"checks": [], "threads": 1, "torch": True, "nbgrader": True}
+    assert seen == {"checks": [], "threads": 1, "torch": True, "nbgrader": True,
+                    "preloaded": True}
 
 
 def test_a_forked_worker_shows_the_cold_worker_s_command_line():
@@ -92,3 +97,18 @@ def test_a_worker_forked_by_the_server_reports_its_exit_and_output(tmp_path):
         server.close()
     assert server.process.returncode == 0
     assert server.start(["x"] * 5, str(tmp_path), env, 0) is None   # closed: cold again
+
+
+def test_every_worker_of_a_run_is_asked_in_the_server_s_environment(monkeypatch, tmp_path):
+    # The server starts before the run opens its first gradebook, which puts this interpreter's
+    # scripts on PATH (nbgrader runs alembic): a worker asked for after that must still be of
+    # the server's environment, else every student's worker starts cold (2 CPU-s each), silently.
+    from distlab.grading.course_dir import nbgrader_api
+    from distlab.grading.orchestrate import worker_env
+    from distlab.grading.settings import GradingSettings
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
+    settings = GradingSettings()
+    before = worker_env(settings)
+    nbgrader_api(tmp_path)
+    assert os.environ["PATH"] != os.pathsep.join(["/usr/bin", "/bin"])   # it changed it here
+    assert worker_env(settings) == before

@@ -60,17 +60,21 @@ def write_source(lab: str, dest: Path) -> Path:
     return path
 
 
+def scripts_on_path(path: str) -> str:
+    """``path`` (a PATH) with this interpreter's scripts folder on it: nbgrader runs the
+    `alembic` command to open a gradebook, found even when the virtual environment is not
+    activated."""
+    bindir = str(Path(sys.executable).parent)
+    return path if bindir in path.split(os.pathsep) else bindir + os.pathsep + path
+
+
 def nbgrader_api(root: Path, db: Path | None = None, config=None):
     """An in-process nbgrader API on the course directory ``root`` (its gradebook in ``db``)."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
-    # nbgrader runs the `alembic` command to open a gradebook: make this interpreter's scripts
-    # findable even when the virtual environment is not activated.
-    bindir = str(Path(sys.executable).parent)
-    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    os.environ["PATH"] = scripts_on_path(os.environ.get("PATH", ""))
     from distlab.grading.schema_version import read_not_run
     read_not_run()   # a new gradebook's schema version read, not asked of a fresh interpreter
     cfg = Config(config or {})

@@ -171,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         claim_workdir(workdir)   # a user's folder is never written into, a run's is resumed
         with locked(workdir):
             mark(workdir, "grade")
+            # The report is made while the last students are graded (a core is free then).
+            making = None if args.shard else similarity.Making(args.submissions, found, workdir)
             status = grade_run(settings_of(args), args.submissions, found, workdir, out,
-                               jobs=args.jobs, shard=args.shard, regrade=args.regrade)
+                               jobs=args.jobs, shard=args.shard, regrade=args.regrade,
+                               tail=making and making.start)
             if args.shard:
                 # A shard reads every student's answers, so its report would be the whole
                 # class's, made again by each of the N tasks and merged by none: it is made once,
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(similarity.after_shard(args.submissions))
                 return status
             # A report on the graded work that never changes a score: <workdir>/similarity.csv
-            return similarity.after_grading(args.submissions, found, workdir, status)
+            return similarity.after_grading(args.submissions, found, workdir, status, making)
     except (Busy, FolderInUse) as exc:
         print(f"distlab grade: {exc}", file=sys.stderr)
         return 2

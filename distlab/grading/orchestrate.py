@@ -20,6 +20,7 @@ from distlab.grading.intake import locked_cell_flags, prepare_template
 from distlab.grading.progress import Progress
 from distlab.grading.scoring import collect_feedback, write_scores
 from distlab.grading.settings import GradingSettings
+from distlab.grading.student_package import rank_imports
 from distlab.grading.stopping import stop_workers_on_interrupt, timed
 from distlab.grading.worker_server import WorkerServer
 
@@ -27,17 +28,52 @@ LOG_TAIL = 200_000   # bytes of a worker's own output kept in grading.log (the r
 
 
 def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, list[str]],
-              workdir: Path, out: Path, jobs: int = 1, shard=None, regrade=None) -> int:
+              workdir: Path, out: Path, jobs: int = 1, shard=None, regrade=None,
+              tail=None) -> int:
     """Grade ``found`` (the shard's part of it) in ``workdir``, ``jobs`` students at a time,
-    skipping what is recorded there; 0 when every student was graded."""
+    skipping what is recorded there; 0 when every student was graded. ``tail()``: called once,
+    when fewer students are left than ``jobs`` (a core is free from then on), to start what
+    comes after grading (the similarity report)."""
     start, submissions = time.monotonic(), submissions.resolve()
     settings = dataclasses.replace(settings, hide=hidden_folders(workdir, submissions, out))
     scope = selection.in_shard(found, shard)
+    server = _worker_server(settings, workdir, len(scope))
+    try:
+        return _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard,
+                            regrade, server, start, tail)
+    except BaseException:
+        if server is not None:
+            server.close(now=True)   # a failed start (the template, the views): not waited for
+        raise
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _worker_server(settings: GradingSettings, workdir: Path, students: int):
+    """One process that imports what every worker imports, once for the run, and forks each
+    student's worker (distlab.grading.worker_server); started before the run's threads, and
+    before the template and the views are copied, so that its imports (3 s) take the other core
+    meanwhile instead of delaying the first student. A run of one student starts its worker cold
+    instead (the server would cost what a worker's start does)."""
+    if students < 2 or not WorkerServer.wanted():
+        return None
+    return WorkerServer(worker_env(settings), cwd=str(workdir))
+
+
+def _grade_scope(settings, submissions, found, scope, workdir, out, jobs, shard, regrade,
+                 server, start, tail) -> int:
+    """``grade_run`` once the worker server is started."""
     # Every shard makes the same template from all the labs found, so their gradebooks agree.
     template = prepare_template(workdir, sorted({lab for ls in found.values() for lab in ls}))
     # Students' code runs with their handout's package, never the instructor's (one per lab).
-    settings = dataclasses.replace(settings, views=str(student_views(
-        workdir, sorted({lab for labs in scope.values() for lab in labs}))))
+    graded = sorted({lab for labs in scope.values() for lab in labs})
+    views = student_views(workdir, graded)
+    settings = dataclasses.replace(settings, views=str(views))
+    if server is not None:
+        # What the labs' ranks import of PyTorch, imported once for the run, not by every
+        # student's kernels' server (1.1-1.5 CPU-s each): forked, they find it imported.
+        server.preload(dict.fromkeys(m for lab in graded for m in rank_imports(views / lab)))
     current = selection.lab_fingerprints(submissions, scope, template, settings.fingerprint())
     run = records.Run(workdir, out, scope, shard, current, write_scores)
     todo, skipped = selection.plan(current, run.records, regrade)
@@ -51,11 +87,8 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
     run.start()
     progress = Progress(total)
     failed = []
-    # One process imports what every worker imports, once for the run, and forks each student's
-    # worker (distlab.grading.worker_server); started before the run's threads. It costs what a
-    # worker's start does: a run of one student starts its worker cold instead.
-    server = WorkerServer(worker_env(settings), cwd=str(workdir)) \
-        if len(todo) > 1 and WorkerServer.wanted() else None
+    if not todo and server is not None:
+        server.close(now=True)   # nothing to grade: its imports are not waited for
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool, stop_workers_on_interrupt(pool):
             # The students with the most labs first: one started last would keep a worker
@@ -63,20 +96,20 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
             order = sorted(todo, key=lambda s: -len(todo[s]))
             futures = {pool.submit(timed, grade_student, s, todo[s], submissions, workdir,
                                    settings, server): s for s in order}
+            left = len(futures)
+            tail = _start_tail(tail, left, jobs)
             for future in as_completed(futures):
-                student = futures[future]
+                student, left = futures[future], left - 1
                 progress.clear()
                 if not _record(student, future, workdir, run):
                     failed.append(student)
                 progress.done(len(todo[student]))
+                tail = _start_tail(tail, left, jobs)
     except KeyboardInterrupt:
         print(f"distlab grade: interrupted; {len(scope) - len(run.missing())} of {len(scope)} "
               f"students are recorded in {workdir / 'results'} and {out}. Run the same command "
               f"again to grade the rest.", file=sys.stderr)
         return 130
-    finally:
-        if server is not None:
-            server.close()
     run.finish(complete=not failed)
     print(f"wrote {out}, {workdir / 'gradebook.db'} and feedback under {workdir / 'feedback'} "
           f"in {time.monotonic() - start:.0f} s")
@@ -84,6 +117,15 @@ def grade_run(settings: GradingSettings, submissions: Path, found: dict[str, lis
         print(f"distlab grade: grading failed for {', '.join(failed)} (not recorded); run the same "
               f"command again to retry them.", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _start_tail(tail, left: int, jobs: int):
+    """Call ``tail()`` once fewer students are left than ``jobs`` (a core is free from then
+    on, until the run ends); what is still to call: ``tail``, or None once called."""
+    if tail is not None and left < jobs:
+        tail()
+        return None
+    return tail
 
 
 def _record(student: str, future, workdir: Path, run) -> bool:
@@ -133,9 +175,14 @@ def hidden_folders(workdir: Path, submissions: Path, out: Path) -> tuple[str, ..
 
 
 def worker_env(settings: GradingSettings) -> dict[str, str]:
-    """Every worker's environment (the same for all the students of a run)."""
+    """Every worker's environment (the same for all the students of a run, whenever it is
+    asked: the worker server, started first, forks only workers of its own environment)."""
+    from distlab.grading.course_dir import scripts_on_path
     env = dict(os.environ, **settings.checks().environ())
     env.pop("DISTLAB_RANK", None)
+    # As it is once this process has opened a gradebook (nbgrader_api), which the template and
+    # the records do after the server has started.
+    env["PATH"] = scripts_on_path(env.get("PATH", ""))
     # The kernels start no rank launcher on `import distlab` (distlab/__init__.py): a notebook
     # that calls distlab.run starts one then, and most never do outside the judge.
     env["DISTLAB_WARM_UP"] = "0"

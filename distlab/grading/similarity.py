@@ -66,6 +66,7 @@ import csv
 import dataclasses
 import functools
 import sys
+import threading
 from pathlib import Path
 
 from distlab import paths
@@ -313,16 +314,48 @@ def _line(f: Flag) -> str:
     return f"{f.student} ~ {f.other} ({f.similarity:.0%} of {f.tokens} tokens)"
 
 
+class Making:
+    """The report of a ``distlab grade`` run, made on a thread of its own once ``start`` is
+    called (when the run's last students are graded, a core is free: ``grade_run``'s ``tail``)
+    or else by ``flags``. Its inputs are the submissions and the template's release, which
+    grading never changes."""
+
+    def __init__(self, submissions: Path, found: dict[str, list[str]], workdir: Path):
+        self.args = (submissions.resolve(), found, workdir / "template" / "release")
+        self.thread: threading.Thread | None = None
+        self.made: list[Flag] | BaseException = []
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._make, name="similarity", daemon=True)
+            self.thread.start()
+
+    def _make(self) -> None:
+        try:
+            self.made = report(*self.args)
+        except Exception as exc:  # noqa: BLE001 - raised where the flags are asked for
+            self.made = exc
+
+    def flags(self) -> list[Flag]:
+        if self.thread is None:
+            return report(*self.args)
+        self.thread.join()
+        if isinstance(self.made, BaseException):
+            raise self.made
+        return self.made
+
+
 def after_grading(submissions: Path, found: dict[str, list[str]], workdir: Path,
-                  code: int) -> int:
+                  code: int, making: Making | None = None) -> int:
     """The report at the end of ``distlab grade``: written to ``<workdir>/similarity.csv``, its
     summary printed. Returns the grading's exit code unchanged: the report never changes a score,
-    and a failure in it is a warning, not a failed grading run. Skipped after an interrupt."""
+    and a failure in it is a warning, not a failed grading run. Skipped after an interrupt.
+    ``making``: the report, started during grading."""
     if code == 130:
         return code
     path = workdir / "similarity.csv"
     try:
-        flags = report(submissions.resolve(), found, workdir / "template" / "release")
+        flags = (making or Making(submissions, found, workdir)).flags()
         write_report(flags, path)
     except Exception as exc:  # noqa: BLE001 - the scores are written; say so and go on
         print(f"warning: the similarity report failed ({type(exc).__name__}: {exc}); the scores "

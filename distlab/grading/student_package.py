@@ -152,6 +152,7 @@ def _stub_body(node, lines: list[str], message: str) -> tuple[int, int, list[str
 # Views for grading: one per lab, made once and reused while the course does not change
 
 STAMP = ".fingerprint"   # a view's file holding the package's fingerprint it was made for
+RANK_IMPORTS = ".rank-imports"   # a view's file naming what its lab's ranks import of PyTorch
 
 def view(workdir: Path, lab: str) -> Path:
     """A folder holding the student package for grading ``lab`` (``distlab/``, its modules
@@ -192,10 +193,21 @@ def built_view(lab: str, fingerprint: str | None = None) -> Path:
 
 def _write_view(folder: Path, lab: str) -> None:
     import compileall
+    from distlab.grading.settings import rank_torch_modules
     write_package(folder, [lab])
     compileall.compile_dir(str(folder / "distlab"), quiet=2)
+    (folder / RANK_IMPORTS).write_text("\n".join(rank_torch_modules((lab,))))
     (folder / "notebooks").mkdir()
     os.symlink(paths.data().resolve(), folder / "data")
+
+
+def rank_imports(folder: Path) -> list[str]:
+    """What the ranks of a view's lab import of PyTorch (``settings.rank_torch_modules``), as
+    written when the view was made: known without importing the lab's checks (its answers)."""
+    try:
+        return (Path(folder) / RANK_IMPORTS).read_text().split()
+    except OSError:
+        return []
 
 
 def _package_fingerprint() -> str:

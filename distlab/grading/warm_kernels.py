@@ -34,12 +34,12 @@ import subprocess
 import sys
 import uuid
 
-from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Any
 
 from distlab.grading.imports import freeze_imported
 from distlab.grading.json_lines import Client, answer, requests
+from distlab.grading.kernel_waits import QuickKernelManager
 from distlab.runtime.forked import ForkedProcess, fork_helper
 
 # What (nearly) every lab's first cells import, timed with time.process_time(): torch alone
@@ -171,7 +171,7 @@ class WarmProvisioner(LocalProvisioner):
         return self.connection_info
 
 
-class WarmKernelManager(AsyncKernelManager):
+class WarmKernelManager(QuickKernelManager):
     """The kernel manager of graded notebooks (``GradedExecute``): a WarmProvisioner's kernels."""
     kernels = Any(None, allow_none=True, help="the worker's WarmKernels (None: start kernels "
                                               "cold)").tag(config=True)

@@ -83,10 +83,20 @@ class WorkerServer:
               f"starts as a fresh interpreter", file=sys.stderr)
         return None
 
-    def close(self) -> None:
+    def preload(self, names) -> None:
+        """Have the server import ``names`` (PyTorch modules: what the run's labs' ranks import)
+        before it forks a worker: every student's kernels' server, forked from the worker,
+        finds them imported. Its reply is read before the next request's."""
+        if names:
+            self.client.tell({"preload": list(names)})
+
+    def close(self, now: bool = False) -> None:
         """Stop serving; the server is reaped (its CPU time, its workers' too, counts as the
-        run's: ``RUSAGE_CHILDREN``)."""
+        run's: ``RUSAGE_CHILDREN``). ``now``: killed first, for a server that forked no worker
+        (it would finish its imports before it reads that the socket closed)."""
         self.client.close()
+        if now:
+            self.process.kill()
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -140,10 +150,16 @@ def serve_workers(fd: int) -> int:
     for name in worker.START_MODULES:
         importlib.import_module(name)
     freeze_imported(collect_after=False)
+    from distlab.grading.warm_kernels import _import_extras
     from distlab.runtime.forked import can_fork
     middles: set[int] = set()
     with socket.socket(fileno=fd) as sock:
         for request, fds in requests(sock):
+            if "preload" in request:   # PyTorch's modules only (``_import_extras``)
+                _import_extras(request["preload"])
+                freeze_imported(collect_after=False)
+                answer(sock, {"preloaded": True})
+                continue
             try:
                 if not can_fork() or len(fds) != 3:
                     raise RuntimeError(f"{threading.active_count()} threads, {len(fds)} descriptors")
