@@ -76,7 +76,7 @@ def test_a_forked_worker_shows_the_cold_worker_s_command_line():
     assert before == after == cut and xs == before - 1
 
 
-def test_a_worker_forked_by_the_server_reports_its_exit_and_output(tmp_path):
+def test_a_worker_forked_by_the_server_reports_its_exit_and_output(tmp_path, capfd):
     env = dict(os.environ)
     server = WorkerServer(env, cwd=str(tmp_path))
     try:
@@ -91,8 +91,11 @@ def test_a_worker_forked_by_the_server_reports_its_exit_and_output(tmp_path):
         assert "JSONDecodeError" in output   # its stderr is the grader's pipe
         assert os.read(rows_r, 100) == b""   # no row, and no other holder of the rows pipe
         os.close(rows_r)
-        # Imported in another environment: that worker starts cold, not from this server.
+        # Imported in another environment: that worker starts cold, not from this server, and
+        # the run says so (a cold worker costs 2 CPU-s more, which no score would show).
+        capfd.readouterr()
         assert server.start(["x"] * 5, str(tmp_path), {**env, "OTHER": "1"}, 0) is None
+        assert "differs from the worker server's (OTHER)" in capfd.readouterr().err
     finally:
         server.close()
     assert server.process.returncode == 0

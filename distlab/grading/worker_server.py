@@ -66,6 +66,9 @@ class WorkerServer:
               rows_fd: int) -> "ServedWorker | None":
         """A worker running ``worker.main(args)`` (``args[3]`` becomes its end of ``rows_fd``)."""
         if env != self.env:   # imported in another environment: what it read there may differ
+            changed = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
+            print(f"distlab grade: this worker's environment differs from the worker server's "
+                  f"({', '.join(changed)}); it starts as a fresh interpreter", file=sys.stderr)
             return None
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
