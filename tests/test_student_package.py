@@ -209,6 +209,15 @@ def test_a_view_is_copied_from_the_build_folders_with_its_modules_compiled(packa
         assert int.from_bytes(header[8:12], "little") == int(module.stat().st_mtime), module
 
 
+def test_a_view_made_where_the_data_was_elsewhere_is_made_again(monkeypatch, tmp_path):
+    """A view links to the course's data by its absolute path: a checkout copied or moved with
+    its build folder would otherwise grade with the old checkout's data, or with none once the
+    kernel is confined (a copy graded Lab 6's solution 13/17)."""
+    here = student_package._package_fingerprint()
+    monkeypatch.setattr(paths, "data", lambda: tmp_path)
+    assert student_package._package_fingerprint() != here
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_no_answer_in_the_student_package(packages, lab):
     answers = answer_shapes(lab)

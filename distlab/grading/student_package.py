@@ -211,7 +211,10 @@ def rank_imports(folder: Path) -> list[str]:
 
 
 def _package_fingerprint() -> str:
-    digest = hashlib.sha256()
+    """The package's modules, and where the course's data is: a view links to that folder by
+    its absolute path, so a checkout moved or copied with its build folder makes its views
+    again instead of reading the data of the one that made them (or none, once confined)."""
+    digest = hashlib.sha256(str(paths.data().resolve()).encode())
     for path in sorted(paths.PACKAGE.rglob("*.py")):
         if "course_files" in path.parts:
             continue
