@@ -72,7 +72,9 @@ def main(argv: list[str]) -> int:
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
-    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
+    from distlab.grading.nbgrader_plugins import (FeedbackExporter, NotebookBudget, faster_nbgrader,
+                                                  load_config)
+    faster_nbgrader()
     # nbgrader's stack too: each lab's collections scan only its own objects. Collected again
     # from here on, before anything is forked from this process (the judge's zygote).
     freeze_imported()
