@@ -1,6 +1,10 @@
 """nbgrader in a grading worker without its repeated work (distlab.grading.nbgrader_plugins
-.faster_nbgrader): the same validation errors, the same gradebook."""
+.faster_nbgrader): the same validation errors, the same gradebook; and the feedback's one-time
+costs paid in the worker server (``warm_up_feedback``): the same page."""
 import copy
+import subprocess
+import sys
+import textwrap
 
 import jsonschema
 import pytest
@@ -60,3 +64,24 @@ def test_gradebooks_of_one_database_share_an_engine_and_its_data(faster, tmp_pat
         assert other.engine is not engine and other.students == []
     with Gradebook(url, "distlab") as third:
         assert sorted(s.id for s in third.students) == ["alice", "bob"]
+
+
+def test_a_feedback_page_is_the_same_after_the_warm_up():
+    # In a fresh interpreter: the first page made cold, then the warm-up, then the same page.
+    code = textwrap.dedent("""
+        import nbformat, sys
+        from distlab import paths
+        from distlab.grading.nbgrader_plugins import feedback_page, warm_up_feedback
+        lab = "06_timelines"
+        nb = nbformat.read(paths.notebooks() / lab / f"{lab}.ipynb", as_version=4)
+        nb.metadata["language_info"] = {"name": "python", "pygments_lexer": "ipython3"}
+        for cell in nb.cells:   # what nbgrader's GetGrades adds
+            cell.metadata.get("nbgrader", {}).update(score=0, comment=None)
+        cold = feedback_page(nb, lab)
+        assert warm_up_feedback()
+        assert feedback_page(nb, lab) == cold
+        assert len(cold) > 100_000, len(cold)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

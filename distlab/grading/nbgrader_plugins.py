@@ -238,6 +238,44 @@ def faster_nbgrader() -> None:
         api.create_engine = _one_engine_per_database(api.create_engine)
 
 
+def warm_up_feedback() -> bool:
+    """In the run's worker server, before it forks a worker: a feedback page of a notebook of
+    two cells, made as a worker makes one (``FeedbackExporter`` as nbgrader's GenerateFeedback
+    configures it). What every worker's first page paid for again comes with the fork instead:
+    the templates compiled (``_COMPILED``), nbconvert's CSS selectors compiled (soupsieve),
+    BeautifulSoup's entity tables, the ipython3 lexer's rules, nbformat's schema compiled for
+    validation: a worker's first notebook cost 0.5 CPU-s more in nbgrader than its others.
+    Best effort: a warm-up that fails leaves the workers to pay as before (False)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+    test = {"grade": True, "grade_id": "test_warm_up", "locked": True, "points": 1,
+            "schema_version": 3, "solution": False, "task": False, "score": 1, "comment": None}
+    nb = new_notebook(cells=[
+        new_markdown_cell("# Warm-up\n\nA *page* with `code`, $x^2$ and a [link](#top)."),
+        new_code_cell("print(len([1, 2]))  # a test", metadata={"nbgrader": test},
+                      outputs=[new_output("stream", name="stdout", text="2\n"),
+                               new_output("error", ename="ValueError", evalue="x",
+                                          traceback=["ValueError: x"])])])
+    nb.metadata["language_info"] = {"name": "python", "pygments_lexer": "ipython3"}
+    try:
+        nbformat.validate(nb)
+        feedback_page(nb, "warm-up")
+    except Exception:   # noqa: BLE001 - only a cost moved, never a result
+        return False
+    return True
+
+
+def feedback_page(nb, name: str) -> str:
+    """The feedback page of ``nb`` (its cells' scores in their metadata) as a worker's
+    ``generate_feedback`` makes it, but for nbgrader's preprocessors (the gradebook's scores)."""
+    from nbgrader.converters import GenerateFeedback
+    from nbgrader.coursedir import CourseDirectory
+    converter = GenerateFeedback(coursedir=CourseDirectory(), config=load_config())
+    exporter = FeedbackExporter(parent=converter, config=converter.config)
+    return exporter.from_notebook_node(nb, resources={"nbgrader": {
+        "notebook": name, "score": 1, "max_score": 1, "late_penalty": 0}})[0]
+
+
 def load_config():
     """The course's nbgrader config (grader/nbgrader_config.py) as a traitlets Config."""
     from traitlets.config.loader import PyFileConfigLoader
