@@ -20,16 +20,21 @@ import time
 from pathlib import Path
 
 from distlab.grading.settings import GradingSettings
+from distlab.runtime.zygote import TORCH_EXTRAS
 
 # What a worker imports before it grades, in ``main`` (torch with the rank launcher, jupyter_client,
 # nbgrader's stack): about 2 CPU-s that a worker forked from the run's server
 # (``distlab.grading.worker_server``) finds paid. No checks module of a lab (their references):
-# each worker imports its labs' after its kernels' server is forked.
+# each worker imports its labs' after its kernels' server is forked. And PyTorch's modules that a
+# student's grading imports anyway, twice over unless the server has: torch._dynamo (1.1-1.4 CPU-s;
+# every optimizer imports it) in the judge's references, and it with PyTorch's parallel APIs in
+# the kernels' server for the zygotes' ranks (``settings.rank_torch_modules``; Labs 2, 6-8, 12).
 START_MODULES = ("distlab.grading.sandbox", "distlab.grading.warm_kernels",
                  "distlab.runtime.landlock", "distlab.runtime.launch", "distlab.grading.disk",
                  "distlab.grading.course_dir", "distlab.grading.execution",
                  "distlab.grading.judge", "distlab.grading.nbgrader_plugins",
-                 "distlab.grading.scoring", "nbformat", "nbgrader.utils", "psutil")
+                 "distlab.grading.scoring", "nbformat", "nbgrader.utils", "psutil",
+                 *TORCH_EXTRAS, "torch._dynamo", "torch.distributed.checkpoint.state_dict")
 
 
 def main(argv: list[str]) -> int:
@@ -67,7 +72,9 @@ def main(argv: list[str]) -> int:
     from distlab.grading.course_dir import nbgrader_api
     from distlab.grading.execution import Guards
     from distlab.grading.judge import Judge
-    from distlab.grading.nbgrader_plugins import FeedbackExporter, NotebookBudget, load_config
+    from distlab.grading.nbgrader_plugins import (FeedbackExporter, NotebookBudget, faster_nbgrader,
+                                                  load_config)
+    faster_nbgrader()
     # nbgrader's stack too: each lab's collections scan only its own objects. Collected again
     # from here on, before anything is forked from this process (the judge's zygote).
     freeze_imported()

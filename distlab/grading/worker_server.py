@@ -152,6 +152,9 @@ def serve_workers(fd: int) -> int:
     from distlab.grading import worker
     for name in worker.START_MODULES:
         importlib.import_module(name)
+    # What every worker's first feedback page (and autograde) paid again, paid once here
+    from distlab.grading.nbgrader_plugins import warm_up_feedback
+    warm_up_feedback()
     freeze_imported(collect_after=False)
     from distlab.grading.warm_kernels import _import_extras
     from distlab.runtime.forked import can_fork
