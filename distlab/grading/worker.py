@@ -20,21 +20,18 @@ import time
 from pathlib import Path
 
 from distlab.grading.settings import GradingSettings
-from distlab.runtime.zygote import TORCH_EXTRAS
 
 # What a worker imports before it grades, in ``main`` (torch with the rank launcher, jupyter_client,
 # nbgrader's stack): about 2 CPU-s that a worker forked from the run's server
 # (``distlab.grading.worker_server``) finds paid. No checks module of a lab (their references):
-# each worker imports its labs' after its kernels' server is forked. And PyTorch's modules that a
-# student's grading imports anyway, twice over unless the server has: torch._dynamo (1.1-1.4 CPU-s;
-# every optimizer imports it) in the judge's references, and it with PyTorch's parallel APIs in
-# the kernels' server for the zygotes' ranks (``settings.rank_torch_modules``; Labs 2, 6-8, 12).
+# each worker imports its labs' after its kernels' server is forked. What the run's labs' ranks
+# import of PyTorch (torch._dynamo, which the judge's references import too with every optimizer,
+# 1.1-1.4 CPU-s) the server imports once the views name it (``WorkerServer.preload``).
 START_MODULES = ("distlab.grading.sandbox", "distlab.grading.warm_kernels",
                  "distlab.runtime.landlock", "distlab.runtime.launch", "distlab.grading.disk",
                  "distlab.grading.course_dir", "distlab.grading.execution",
                  "distlab.grading.judge", "distlab.grading.nbgrader_plugins",
-                 "distlab.grading.scoring", "nbformat", "nbgrader.utils", "psutil",
-                 *TORCH_EXTRAS, "torch._dynamo", "torch.distributed.checkpoint.state_dict")
+                 "distlab.grading.scoring", "nbformat", "nbgrader.utils", "psutil")
 
 
 def main(argv: list[str]) -> int:
